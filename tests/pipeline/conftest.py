@@ -2,12 +2,14 @@
 
 `write_head_model` writes a graph whose output is a fixed head [B, 4 + nc, N] plus, per image,
 `input_gain` times the image's mean value, so tests can both place known boxes and check that
-each output row belongs to the right input image.
+each output row belongs to the right input image. `yolov8n_export` exports a randomly initialised
+YOLOv8n through Ultralytics (skipped without it; no weights are downloaded).
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -128,3 +130,34 @@ def make_head() -> Callable[[Sequence[Sequence[float]], Sequence[Sequence[float]
         return np.ascontiguousarray(np.concatenate([boxes, cls], axis=1).T)
 
     return make
+
+
+YoloExport = tuple[object, Path]  # (the Ultralytics YOLO object, its exported .onnx)
+
+
+@pytest.fixture(scope="session")
+def yolov8n_export(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[int | tuple[int, int], bool], YoloExport]:
+    """Export a randomly initialised YOLOv8n to ONNX at (imgsz, dynamic); cached per session."""
+    cache: dict[tuple[object, bool], YoloExport] = {}
+
+    def export(imgsz: int | tuple[int, int], dynamic: bool) -> YoloExport:
+        if (imgsz, dynamic) in cache:
+            return cache[imgsz, dynamic]
+        ultralytics = pytest.importorskip("ultralytics")
+        folder = tmp_path_factory.mktemp("yolov8n")
+        previous = Path.cwd()
+        os.chdir(folder)  # the exporter writes next to the (yaml) model name, i.e. here
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the exporter's own deprecation noise
+                model = ultralytics.YOLO("yolov8n.yaml")
+                size = list(imgsz) if isinstance(imgsz, tuple) else imgsz
+                exported = model.export(format="onnx", imgsz=size, simplify=False, dynamic=dynamic)
+        finally:
+            os.chdir(previous)
+        cache[imgsz, dynamic] = (model, Path(folder, exported).resolve())
+        return cache[imgsz, dynamic]
+
+    return export
