@@ -1,0 +1,77 @@
+"""The contract every inference backend (ONNX Runtime, Torch, TensorRT) fulfils.
+
+This module owns only the interface: a backend takes a letterboxed NCHW float32 batch and returns
+the raw head [B, 4 + nc, N] as float32, whatever precision it runs in internally. Preprocess and
+NMS are not a backend's business (see vdet.pipeline.preprocess / postprocess), so every backend
+is tested against the same CPU reference.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from types import TracebackType
+
+import numpy as np
+
+from ...types import FloatArray
+from ..model import ModelInfo
+
+
+class InferenceBackend(ABC):
+    """One loaded model on one device.
+
+    `infer` must be safe to call from several threads at once (each video source runs its own
+    worker thread); a backend that cannot run concurrently serialises internally.
+    """
+
+    name: str
+    info: ModelInfo
+
+    @property
+    @abstractmethod
+    def device(self) -> str:
+        """Human-readable description of where inference runs, e.g. "cpu (onnxruntime 1.20)"."""
+
+    @property
+    @abstractmethod
+    def max_batch(self) -> int | None:
+        """The most images one `infer` call runs at once; None when the batch is unbounded.
+
+        Larger batches are still accepted (split internally); batchers use this to size groups.
+        """
+
+    @abstractmethod
+    def infer(self, batch: FloatArray) -> FloatArray:
+        """Run the network on (n, 3, H, W) float32 in [0, 1]; return raw head (n, 4 + nc, N).
+
+        n >= 1; H, W must equal `info.input_hw`.
+        """
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the model and its device memory; calling it twice is harmless."""
+
+    def check_batch(self, batch: FloatArray) -> FloatArray:
+        """Validate an `infer` argument against the model; shared so all backends agree."""
+        H, W = self.info.input_hw
+        if batch.ndim != 4 or batch.shape[1:] != (3, H, W):
+            raise ValueError(f"batch must have shape (n, 3, {H}, {W}), got {batch.shape}")
+        if batch.shape[0] == 0:
+            raise ValueError("batch is empty; infer needs at least one image")
+        if batch.dtype != np.float32:
+            raise ValueError(f"batch must be float32, got {batch.dtype}")
+        return batch
+
+    def __enter__(self) -> InferenceBackend:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.info.path)!r}, device={self.device!r})"
