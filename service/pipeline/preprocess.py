@@ -138,8 +138,10 @@ def letterbox(
     new_w, new_h = transform.resized_wh
     resized: ImageArray = image_bgr
     if (new_w, new_h) != (w, h):
+        # OpenCV rejects some views (negative strides, e.g. a flipped frame); copy those only.
+        source = np.ascontiguousarray(image_bgr)
         resized = np.asarray(
-            cv2.resize(image_bgr, (new_w, new_h), interpolation=cv2.INTER_LINEAR), np.uint8
+            cv2.resize(source, (new_w, new_h), interpolation=cv2.INTER_LINEAR), np.uint8
         )
 
     left, top = transform.pad_x, transform.pad_y

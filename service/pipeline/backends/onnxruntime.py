@@ -8,7 +8,6 @@ It must not preprocess or postprocess: it maps an NCHW float32 batch to the raw 
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import onnxruntime as ort
@@ -45,7 +44,6 @@ class OnnxRuntimeBackend(InferenceBackend):
         self._output_name: str = self._session.get_outputs()[0].name
         # Half-precision exports take float16; the contract with callers stays float32.
         self._input_dtype = np.float16 if model_input.type == "tensor(float16)" else np.float32
-        self._close_lock = threading.Lock()
 
     @property
     def device(self) -> str:
@@ -88,8 +86,8 @@ class OnnxRuntimeBackend(InferenceBackend):
         return raw
 
     def close(self) -> None:
-        with self._close_lock:
-            self._session = None
+        # Dropping the reference frees the session once in-flight `infer` calls return.
+        self._session = None
 
 
 register_backend(
