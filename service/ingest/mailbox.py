@@ -1,0 +1,101 @@
+"""A per-source latest-frame slot between a decoding thread and whoever consumes its frames.
+
+Decoding must never wait for inference: a camera that is not read falls behind and its server
+drops the connection or buffers seconds of latency. So the producer's `put` never blocks; a
+frame that nobody took before the next one arrived is replaced and counted as dropped, the way
+a live view skips frames rather than lagging. The consumer always gets the newest frame.
+
+One producer (the source's worker) and any number of consumers; thread-safe. It does not know
+about sources' states or the pipeline's batching.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from vdet.types import VideoFrame
+
+
+class FrameMailbox:
+    """Holds at most one frame: the newest one that has not been taken yet."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._frame: VideoFrame | None = None
+        self._closed = False
+        self._put = 0
+        self._dropped = 0
+        self._delivered = 0
+
+    def put(self, frame: VideoFrame) -> bool:
+        """Offer `frame` without blocking; False (and nothing stored) once the box is closed.
+
+        A frame still waiting is replaced and counted in `dropped`.
+        """
+        with self._cond:
+            if self._closed:
+                return False
+            if self._frame is not None:
+                self._dropped += 1
+            self._frame = frame
+            self._put += 1
+            self._cond.notify()
+            return True
+
+    def get(self, timeout: float | None = None) -> VideoFrame | None:
+        """Take the newest frame, waiting up to `timeout` seconds (None: until one or close).
+
+        Returns None on timeout, or at once when the box is closed and empty. A frame put
+        before `close()` is still handed out, so a finished file's last frame is not lost.
+        """
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        with self._cond:
+            while self._frame is None and not self._closed:
+                if deadline is None:
+                    self._cond.wait()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            frame = self._frame
+            if frame is not None:
+                self._frame = None
+                self._delivered += 1
+            return frame
+
+    def close(self) -> None:
+        """Refuse further frames and wake every waiting `get`. Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        with self._cond:
+            return self._closed
+
+    @property
+    def pending(self) -> bool:
+        """Whether a frame is waiting to be taken."""
+        with self._cond:
+            return self._frame is not None
+
+    @property
+    def put_count(self) -> int:
+        """Frames accepted by `put` (delivered + dropped + the one pending, if any)."""
+        with self._cond:
+            return self._put
+
+    @property
+    def dropped(self) -> int:
+        """Frames replaced by a newer one before anybody took them."""
+        with self._cond:
+            return self._dropped
+
+    @property
+    def delivered(self) -> int:
+        """Frames handed out by `get`."""
+        with self._cond:
+            return self._delivered

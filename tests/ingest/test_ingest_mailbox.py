@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+from vdet.ingest.mailbox import FrameMailbox
+from vdet.types import VideoFrame
+
+
+def frame(index: int) -> VideoFrame:
+    return VideoFrame(
+        source_id="cam",
+        index=index,
+        image_bgr=np.zeros((4, 6, 3), np.uint8),
+        pts_seconds=index / 30,
+        arrival_time=time.time(),
+        decode_seconds=0.0,
+    )
+
+
+def test_get_returns_the_newest_frame_and_counts_the_replaced_ones() -> None:
+    box = FrameMailbox()
+    assert box.put(frame(0))
+    assert box.put(frame(1))
+    assert box.put(frame(2))
+    assert box.pending
+    got = box.get(timeout=0)
+    assert got is not None
+    assert got.index == 2
+    assert (box.dropped, box.delivered, box.put_count) == (2, 1, 3)
+    assert box.get(timeout=0) is None
+    assert not box.pending
+
+
+def test_consumed_frames_are_not_counted_as_dropped() -> None:
+    box = FrameMailbox()
+    for i in range(5):
+        box.put(frame(i))
+        got = box.get(timeout=0)
+        assert got is not None
+        assert got.index == i
+    assert (box.dropped, box.delivered) == (0, 5)
+
+
+def test_get_times_out_with_none() -> None:
+    box = FrameMailbox()
+    started = time.monotonic()
+    assert box.get(timeout=0.05) is None
+    assert 0.04 <= time.monotonic() - started < 1.0
+
+
+def test_get_wakes_when_a_frame_is_put_from_another_thread() -> None:
+    box = FrameMailbox()
+    threading.Timer(0.05, box.put, args=(frame(7),)).start()
+    got = box.get(timeout=5)
+    assert got is not None
+    assert got.index == 7
+
+
+def test_close_wakes_every_waiting_getter() -> None:
+    box = FrameMailbox()
+    results: list[VideoFrame | None] = []
+    waiters = [threading.Thread(target=lambda: results.append(box.get())) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.05)
+    box.close()
+    for waiter in waiters:
+        waiter.join(2)
+        assert not waiter.is_alive()
+    assert results == [None, None, None]
+
+
+def test_a_closed_box_hands_out_its_last_frame_then_refuses_new_ones() -> None:
+    box = FrameMailbox()
+    box.put(frame(1))
+    box.close()
+    box.close()  # idempotent
+    assert box.closed
+    assert not box.put(frame(2))
+    got = box.get(timeout=0)
+    assert got is not None
+    assert got.index == 1
+    assert box.get() is None  # closed and empty: no wait even without a timeout
+    assert box.put_count == 1
+
+
+def test_a_fast_producer_never_blocks_and_every_frame_is_accounted_for() -> None:
+    box = FrameMailbox()
+    produced = 5000
+    received: list[int] = []
+
+    def consume() -> None:
+        while (got := box.get(timeout=2)) is not None:
+            received.append(got.index)
+            time.sleep(0.0005)  # a slow consumer
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    started = time.monotonic()
+    for i in range(produced):
+        box.put(frame(i))
+    put_seconds = time.monotonic() - started
+    box.close()
+    consumer.join(5)
+    assert not consumer.is_alive()
+    assert received == sorted(received)  # newest-first never goes backwards
+    assert received[-1] == produced - 1  # the last frame is never lost
+    assert box.delivered == len(received)
+    assert box.dropped + box.delivered == produced
+    assert box.dropped > 0
+    assert put_seconds < 5.0
