@@ -1,0 +1,130 @@
+"""Core value types that travel through the pipeline.
+
+Data flows one way: source -> decode -> preprocess -> infer -> postprocess -> results hub -> API.
+Every stage hands the next one of the types below; none of them holds a reference back to the
+stage that made it. Arrays are validated once, here, so later stages can trust their shapes.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int32]
+ImageArray = npt.NDArray[np.uint8]
+
+
+@dataclass(frozen=True)
+class Detections:
+    """Boxes of one image in source pixels, xyxy, best score first."""
+
+    xyxy: FloatArray
+    scores: FloatArray
+    class_ids: IntArray
+
+    def __post_init__(self) -> None:
+        n = len(self.scores)
+        if self.xyxy.shape != (n, 4):
+            raise ValueError(f"xyxy must have shape ({n}, 4), got {self.xyxy.shape}")
+        if self.scores.shape != (n,):
+            raise ValueError(f"scores must have shape ({n},), got {self.scores.shape}")
+        if self.class_ids.shape != (n,):
+            raise ValueError(f"class_ids must have shape ({n},), got {self.class_ids.shape}")
+
+    @classmethod
+    def empty(cls) -> Detections:
+        return cls(
+            xyxy=np.zeros((0, 4), np.float32),
+            scores=np.zeros((0,), np.float32),
+            class_ids=np.zeros((0,), np.int32),
+        )
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def select(self, keep: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> Detections:
+        return Detections(self.xyxy[keep], self.scores[keep], self.class_ids[keep])
+
+
+@dataclass(frozen=True)
+class VideoFrame:
+    """One decoded frame as it leaves ingest.
+
+    `pts_seconds` is the stream's presentation time (None when the container has none);
+    `arrival_time` is the wall clock (time.time()) when the packet that completed the frame was
+    read, the start of the end-to-end latency that metrics report.
+    """
+
+    source_id: str
+    index: int
+    image_bgr: ImageArray
+    pts_seconds: float | None
+    arrival_time: float
+    decode_seconds: float
+
+    def __post_init__(self) -> None:
+        img = self.image_bgr
+        if img.dtype != np.uint8 or img.ndim != 3 or img.shape[2] != 3:
+            raise ValueError(f"image_bgr must be HxWx3 uint8, got {img.shape} {img.dtype}")
+
+    @property
+    def size_wh(self) -> tuple[int, int]:
+        return int(self.image_bgr.shape[1]), int(self.image_bgr.shape[0])
+
+
+@dataclass(frozen=True)
+class StageTimings:
+    """Seconds spent in each stage for one frame; end_to_end runs from arrival to publish."""
+
+    decode: float = 0.0
+    preprocess: float = 0.0
+    inference: float = 0.0
+    postprocess: float = 0.0
+    end_to_end: float = 0.0
+
+
+@dataclass(frozen=True)
+class DetectionResult:
+    """What the results hub stores and the API serves for one processed frame."""
+
+    source_id: str
+    frame_index: int
+    pts_seconds: float | None
+    arrival_time: float
+    published_time: float
+    image_size_wh: tuple[int, int]
+    detections: Detections
+    timings: StageTimings
+    seq: int = 0  # assigned by the results hub, strictly increasing across all sources
+
+
+class SourceState(enum.StrEnum):
+    """Where a source's supervised worker is in its reconnect cycle."""
+
+    CONNECTING = "connecting"
+    STREAMING = "streaming"
+    STALLED = "stalled"
+    FAILED = "failed"
+    BACKOFF = "backoff"
+    STOPPED = "stopped"
+
+
+@dataclass
+class SourceStatus:
+    """A snapshot of one source's health, readable by the API and metrics."""
+
+    state: SourceState = SourceState.CONNECTING
+    attempts: int = 0
+    reconnects: int = 0
+    last_error: str | None = None
+    last_frame_time: float | None = None
+    frames_decoded: int = 0
+    frames_dropped: int = 0
+    width: int | None = None
+    height: int | None = None
+    fps: float | None = None
+    history: list[str] = field(default_factory=list)
