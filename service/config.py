@@ -1,0 +1,309 @@
+"""Service configuration: one validated `Settings`, from defaults, a YAML file and `VDET_*` env.
+
+Precedence, highest first: keyword arguments, environment (`VDET_PORT=9000`, nested with `__`:
+`VDET_DETECTION__CONF_THRESHOLD=0.4`), the YAML file (`--config` or `VDET_CONFIG`), defaults.
+Unknown keys are rejected, in the file and in nested env groups, so a typo fails at startup
+instead of being ignored. This module only describes and validates; it starts nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from contextvars import ContextVar
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+from vdet.ingest.worker import IngestOptions
+
+CONFIG_ENV_VAR = "VDET_CONFIG"
+STREAM_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+MiB = 1 << 20
+
+# The YAML file for the Settings being built now; set by load_settings, else $VDET_CONFIG.
+_config_file: ContextVar[Path | None] = ContextVar("vdet_config_file", default=None)
+
+
+def default_model_path() -> Path:
+    """The demo model shipped inside the package (it may be absent in a development checkout)."""
+    return Path(str(files("vdet").joinpath("assets", "demo.onnx")))
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message lists every offending key and why."""
+
+
+ConfThreshold = Annotated[
+    float, Field(ge=0.0, le=1.0, description="Minimum class score a detection must reach.")
+]
+IouThreshold = Annotated[
+    float, Field(ge=0.0, le=1.0, description="IoU above which NMS suppresses the weaker box.")
+]
+MaxDet = Annotated[
+    int, Field(ge=1, le=10_000, description="Most detections kept per frame, best first.")
+]
+ClassRef = Annotated[
+    str | int,
+    Field(description="A class name from the model, or its integer id."),
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamSpec(_Strict):
+    """A video source to run detection on, as declared in config or POSTed to /v1/streams.
+
+    Threshold fields left null use the server's `detection` defaults.
+    """
+
+    id: str = Field(
+        pattern=STREAM_ID_PATTERN,
+        description="Unique stream id: 1-64 letters, digits, '_', '.', '-'.",
+        examples=["gate-cam-1"],
+    )
+    url: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Source URL: rtsp://, rtsps://, http(s):// or a local file (see errors for "
+        "the schemes this server allows).",
+        examples=["rtsp://camera.local:554/stream1"],
+    )
+    loop: bool = Field(
+        default=False, description="Restart a file source from the start when it ends."
+    )
+    realtime: bool = Field(
+        default=True,
+        description="Pace file sources at their native frame rate, like a camera. Live "
+        "sources are real time anyway.",
+    )
+    conf_threshold: ConfThreshold | None = Field(
+        default=None, description="Minimum score; null: the server default."
+    )
+    iou_threshold: IouThreshold | None = Field(
+        default=None, description="NMS IoU threshold; null: the server default."
+    )
+    classes: list[ClassRef] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="Only report these classes (names or ids, checked against the model when "
+        "the stream is added); null: all classes.",
+        examples=[["person", "car"]],
+    )
+    max_det: MaxDet | None = Field(
+        default=None, description="Most detections per frame; null: default."
+    )
+
+
+class DetectionDefaults(_Strict):
+    """Postprocessing defaults for streams and uploads that do not set their own."""
+
+    conf_threshold: ConfThreshold = 0.25
+    iou_threshold: IouThreshold = 0.45
+    max_det: MaxDet = 300
+    top_k: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Candidates kept by score before NMS, bounding its cost on noisy frames.",
+    )
+
+
+def _ingest_field(name: str) -> Any:
+    """A Field with the default, bounds and doc of `IngestOptions.<name>`, so the two agree."""
+    spec = next(f for f in dataclasses.fields(IngestOptions) if f.name == name)
+    meta = spec.metadata
+    return Field(default=spec.default, ge=meta["min"], le=meta["max"], description=meta["doc"])
+
+
+class IngestSettings(_Strict):
+    """How source workers open, read, watch and reconnect to sources (see IngestOptions)."""
+
+    connect_timeout_s: float = _ingest_field("connect_timeout_s")
+    read_timeout_s: float = _ingest_field("read_timeout_s")
+    stall_timeout_s: float = _ingest_field("stall_timeout_s")
+    backoff_initial_s: float = _ingest_field("backoff_initial_s")
+    backoff_max_s: float = _ingest_field("backoff_max_s")
+    backoff_multiplier: float = _ingest_field("backoff_multiplier")
+    jitter: float = _ingest_field("jitter")
+    max_consecutive_decode_errors: int = _ingest_field("max_consecutive_decode_errors")
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> IngestSettings:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError(
+                f"backoff_initial_s ({self.backoff_initial_s}) must not exceed "
+                f"backoff_max_s ({self.backoff_max_s})"
+            )
+        return self
+
+    def options(self, *, loop_files: bool, realtime: bool) -> IngestOptions:
+        """The worker options for one stream."""
+        return IngestOptions(**self.model_dump(), loop_files=loop_files, realtime=realtime)
+
+
+class HubSettings(_Strict):
+    """How many results are kept for replay and how far a WebSocket client may fall behind."""
+
+    capacity_per_source: int = Field(
+        default=256, ge=1, le=100_000, description="Results kept per stream for replay."
+    )
+    capacity_total: int = Field(
+        default=4096, ge=1, le=1_000_000, description="Results kept across all streams."
+    )
+    subscriber_queue_size: int = Field(
+        default=256,
+        ge=1,
+        le=100_000,
+        description="Results a WebSocket client may fall behind before it is disconnected as "
+        "lagging (it can resume from the replay buffer).",
+    )
+
+
+class Settings(BaseSettings):
+    """Everything `vdet serve` needs. See the module docstring for where values come from."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="VDET_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="Address to listen on.")
+    port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="When set, every endpoint except /healthz, /readyz and /metrics requires it "
+        "(X-API-Key or Authorization: Bearer; WebSockets: ?api_key= or subprotocol).",
+    )
+    max_streams: int = Field(default=16, ge=1, le=1024, description="Most concurrent streams.")
+    max_upload_bytes: int = Field(
+        default=20 * MiB,
+        ge=1024,
+        le=1 << 30,
+        description="Largest request body accepted by POST /v1/detect.",
+    )
+    model_path: Path = Field(
+        default_factory=default_model_path,
+        description="Detection model (ONNX, raw YOLOv8 head). Default: the bundled demo model.",
+    )
+    backend: str = Field(
+        default="auto",
+        min_length=1,
+        max_length=64,
+        description="Inference backend kind; 'auto' picks the best one available.",
+    )
+    detection: DetectionDefaults = Field(
+        default_factory=DetectionDefaults, description="Postprocessing defaults."
+    )
+    ingest: IngestSettings = Field(
+        default_factory=IngestSettings, description="Source reading and reconnects."
+    )
+    hub: HubSettings = Field(default_factory=HubSettings, description="Result replay buffers.")
+    sources: list[StreamSpec] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="Streams added at start-up.",
+    )
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        default="info", description="Log level for vdet and uvicorn."
+    )
+
+    @field_validator("api_key")
+    @classmethod
+    def _api_key_long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 8:
+            raise ValueError("api_key must be at least 8 characters")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = _config_file.get() or os.environ.get(CONFIG_ENV_VAR)
+        if not config_file:
+            return init_settings, env_settings
+        return (
+            init_settings,
+            env_settings,
+            YamlConfigSettingsSource(settings_cls, yaml_file=config_file),
+        )
+
+
+def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides: Any) -> Settings:
+    """Build Settings from `config_file` (else $VDET_CONFIG), the environment and `overrides`.
+
+    Raises ConfigError with one line per problem (key path and reason, plus the file name) for
+    a missing or unreadable file, unknown keys and out-of-range values.
+    """
+    _check_env_names(os.environ)
+    path = Path(config_file) if config_file is not None else None
+    if path is None and os.environ.get(CONFIG_ENV_VAR):
+        path = Path(os.environ[CONFIG_ENV_VAR])
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    token = _config_file.set(path)
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+    except (ValueError, TypeError, OSError, yaml.YAMLError) as exc:
+        # YAML syntax errors, a file whose top level is not a mapping, an unreadable file.
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    finally:
+        _config_file.reset(token)
+
+
+def _check_env_names(environ: Mapping[str, str]) -> None:
+    """Reject VDET_* variables that name no setting: a typo must not be silently ignored."""
+    known = {name.upper() for name in Settings.model_fields} | {CONFIG_ENV_VAR[5:]}
+    unknown = sorted(
+        name
+        for name in environ
+        if name.upper().startswith("VDET_") and name[5:].upper().split("__")[0] not in known
+    )
+    if unknown:
+        raise ConfigError(
+            f"unknown environment variable(s) {', '.join(unknown)}; settings are "
+            f"{', '.join(sorted('VDET_' + k for k in known))} (nested keys with '__')"
+        )
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    where = f" (config file {path}; environment VDET_*)" if path else " (environment VDET_*)"
+    lines = [f"invalid configuration{where}:"]
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key")
+        elif "api_key" in key:  # never echo a secret
+            lines.append(f"  {key}: {err['msg']}")
+        else:
+            lines.append(f"  {key}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)

@@ -1,0 +1,281 @@
+"""The results hub: where processed frames are numbered, kept for replay and fanned out.
+
+It owns the global sequence number (`DetectionResult.seq`, strictly increasing across all
+sources), the latest result per source, a bounded replay history, and one bounded queue per
+live subscriber. Pipeline threads call `publish`; the event loop reads from subscriptions.
+
+It must not block the publisher on a slow reader: a subscriber whose queue is full is cut off
+and marked lagging, and the client resumes from the replay history with the last seq it saw.
+It knows nothing about HTTP, JSON or metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import threading
+from collections import deque
+from collections.abc import Iterable
+
+from vdet.types import DetectionResult
+
+
+class SubscriptionEnd(enum.StrEnum):
+    """Why a subscription stopped delivering results."""
+
+    CLOSED = "closed"  # the subscriber or the hub closed it
+    LAGGING = "lagging"  # the subscriber fell `queue_size` results behind
+    SOURCE_REMOVED = "source_removed"  # its source was removed from the hub
+
+
+class SubscriptionEndedError(Exception):
+    """Raised by `Subscription.get` once the subscription has ended; `reason` says why."""
+
+    def __init__(self, reason: SubscriptionEnd) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """What a new subscriber must send before live results so that nothing is missed twice.
+
+    `results` holds everything still kept with seq > the requested one, oldest first.
+    `gap` is True when results after the requested seq have already been evicted (or the
+    requested seq is from before a restart, i.e. larger than anything published here);
+    `oldest_seq` is then the first seq that can still be replayed (None when nothing is kept).
+    """
+
+    results: tuple[DetectionResult, ...]
+    gap: bool
+    oldest_seq: int | None
+
+
+class Subscription:
+    """A bounded, single-consumer queue of results for one event-loop reader.
+
+    Created by `ResultsHub.subscribe` on the event loop; filled through
+    `loop.call_soon_threadsafe`, so all state below is touched by the loop thread only.
+    """
+
+    def __init__(
+        self,
+        hub: ResultsHub,
+        source_id: str | None,
+        loop: asyncio.AbstractEventLoop,
+        queue_size: int,
+        replay: Replay,
+        start_seq: int,
+    ) -> None:
+        self.source_id = source_id
+        self.replay = replay
+        self.start_seq = start_seq  # the hub's last seq when subscribing
+        self._hub = hub
+        self._loop = loop
+        self._queue_size = queue_size
+        self._items: deque[DetectionResult] = deque()
+        self._wakeup = asyncio.Event()
+        self._end: SubscriptionEnd | None = None
+        # Results delivered live that replay already covered are skipped: publish() may have
+        # queued a result between the replay snapshot and the subscriber's first read.
+        self._last_seq = replay.results[-1].seq if replay.results else 0
+
+    @property
+    def ended(self) -> SubscriptionEnd | None:
+        return self._end
+
+    def _deliver(self, result: DetectionResult) -> None:
+        if self._end is not None or result.seq <= self._last_seq:
+            return
+        if len(self._items) >= self._queue_size:
+            self._finish(SubscriptionEnd.LAGGING)
+            return
+        self._last_seq = result.seq
+        self._items.append(result)
+        self._wakeup.set()
+
+    def _finish(self, reason: SubscriptionEnd) -> None:
+        if self._end is not None:
+            return
+        self._end = reason
+        # A lagging reader resumes from the hub's history, so what it has not read is dropped
+        # now rather than held for a client that cannot keep up.
+        self._items.clear()
+        self._wakeup.set()
+        self._hub._unregister(self)
+
+    async def get(self) -> DetectionResult:
+        """The next live result; raises SubscriptionEndedError once the subscription has ended."""
+        while True:
+            if self._items:
+                return self._items.popleft()
+            if self._end is not None:
+                raise SubscriptionEndedError(self._end)
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> DetectionResult:
+        try:
+            return await self.get()
+        except SubscriptionEndedError:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        """Stop receiving; safe to call more than once. Call on the loop thread."""
+        self._finish(SubscriptionEnd.CLOSED)
+
+    def _end_threadsafe(self, reason: SubscriptionEnd) -> None:
+        # A closed loop (RuntimeError) has nobody left to tell.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._finish, reason)
+
+
+class ResultsHub:
+    """Numbers, keeps and fans out `DetectionResult`s. Thread-safe."""
+
+    def __init__(
+        self,
+        capacity_per_source: int = 256,
+        capacity_total: int = 4096,
+        subscriber_queue_size: int = 256,
+    ) -> None:
+        for name, value in (
+            ("capacity_per_source", capacity_per_source),
+            ("capacity_total", capacity_total),
+            ("subscriber_queue_size", subscriber_queue_size),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._capacity_per_source = capacity_per_source
+        self._subscriber_queue_size = subscriber_queue_size
+        self._history: deque[DetectionResult] = deque(maxlen=capacity_total)
+        self._per_source: dict[str, deque[DetectionResult]] = {}
+        # Highest seq per source that can no longer be replayed from its own history: a resume
+        # from below it must be told about the gap.
+        self._evicted_through: dict[str, int] = {}
+        self._latest: dict[str, DetectionResult] = {}
+        self._subscribers: set[Subscription] = set()
+
+    def publish(self, result: DetectionResult) -> DetectionResult:
+        """Number `result`, keep it and hand it to subscribers; returns the numbered copy."""
+        with self._lock:
+            self._seq += 1
+            numbered = dataclasses.replace(result, seq=self._seq)
+            source = numbered.source_id
+            self._history.append(numbered)
+            ring = self._per_source.get(source)
+            if ring is None:
+                ring = self._per_source[source] = deque()
+            if len(ring) >= self._capacity_per_source:
+                self._evicted_through[source] = ring.popleft().seq
+            ring.append(numbered)
+            self._latest[source] = numbered
+            # Scheduled under the lock so every loop sees results in seq order.
+            for sub in self._subscribers:
+                if sub.source_id is None or sub.source_id == source:
+                    with contextlib.suppress(RuntimeError):  # that subscriber's loop is gone
+                        sub._loop.call_soon_threadsafe(sub._deliver, numbered)
+        return numbered
+
+    @property
+    def last_seq(self) -> int:
+        """The seq of the newest result published so far (0 before the first)."""
+        with self._lock:
+            return self._seq
+
+    @property
+    def oldest_seq(self) -> int | None:
+        """The oldest seq still replayable across all sources; None when nothing is kept."""
+        with self._lock:
+            return self._history[0].seq if self._history else None
+
+    def latest(self, source_id: str) -> DetectionResult | None:
+        with self._lock:
+            return self._latest.get(source_id)
+
+    def since(self, after_seq: int, source_id: str | None = None) -> list[DetectionResult]:
+        """Kept results with seq > after_seq, oldest first, of one source or of all."""
+        with self._lock:
+            return self._since_locked(after_seq, source_id)
+
+    def _since_locked(self, after_seq: int, source_id: str | None) -> list[DetectionResult]:
+        kept: Iterable[DetectionResult]
+        kept = self._history if source_id is None else self._per_source.get(source_id, ())
+        return [r for r in kept if r.seq > after_seq]
+
+    def _replay_locked(self, after_seq: int, source_id: str | None) -> Replay:
+        results = self._since_locked(after_seq, source_id)
+        if source_id is None:
+            oldest = self._history[0].seq if self._history else None
+            evicted_through = (oldest - 1) if oldest is not None else self._seq
+        else:
+            ring = self._per_source.get(source_id)
+            oldest = ring[0].seq if ring else None
+            evicted_through = self._evicted_through.get(source_id, 0)
+        gap = after_seq < evicted_through or after_seq > self._seq
+        if after_seq > self._seq:  # a seq from before a restart: replay everything kept
+            results = self._since_locked(0, source_id)
+        return Replay(tuple(results), gap, oldest)
+
+    def subscribe(
+        self,
+        source_id: str | None = None,
+        after_seq: int | None = None,
+        *,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> Subscription:
+        """Start receiving results of one source (or all) on `loop` (default: the running one).
+
+        With `after_seq`, `subscription.replay` holds the kept results after it, and live
+        delivery starts right after the last of them: no gap, no duplicate. Without it, only
+        results published from now on are delivered.
+        """
+        loop = loop or asyncio.get_running_loop()
+        with self._lock:
+            if after_seq is None:
+                replay = Replay((), False, None)
+            else:
+                replay = self._replay_locked(after_seq, source_id)
+            sub = Subscription(
+                self, source_id, loop, self._subscriber_queue_size, replay, self._seq
+            )
+            self._subscribers.add(sub)
+        return sub
+
+    def _unregister(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subscribers.discard(sub)
+
+    @property
+    def subscriber_count(self) -> int:
+        with self._lock:
+            return len(self._subscribers)
+
+    def remove_source(self, source_id: str) -> None:
+        """Forget a removed source's latest result and history; end its subscriptions.
+
+        Results already in the all-sources history stay there: they did happen. A later source
+        with the same id starts with a gap marker, so a resume across the two is flagged.
+        """
+        with self._lock:
+            latest = self._latest.pop(source_id, None)
+            self._per_source.pop(source_id, None)
+            if latest is not None:
+                self._evicted_through[source_id] = latest.seq
+            ending = [s for s in self._subscribers if s.source_id == source_id]
+        for sub in ending:
+            sub._end_threadsafe(SubscriptionEnd.SOURCE_REMOVED)
+
+    def close(self) -> None:
+        """End every subscription (on shutdown)."""
+        with self._lock:
+            ending = list(self._subscribers)
+        for sub in ending:
+            sub._end_threadsafe(SubscriptionEnd.CLOSED)

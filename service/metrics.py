@@ -1,0 +1,226 @@
+"""Every Prometheus metric vdet exports, defined once, here, with its unit in its name.
+
+Each app instance owns a `Metrics` with its own `CollectorRegistry`, so several apps (tests)
+can live in one process. Other modules report through the methods below and never create
+metrics of their own; this module never reaches into streams, workers or the hub.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from vdet.types import DetectionResult, SourceState, SourceStatus
+
+# 1 ms .. 2 s, roughly x2 per step with a finer grid where real-time budgets sit (5-50 ms).
+LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+)
+STAGES: tuple[str, ...] = ("decode", "preprocess", "inference", "postprocess")
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+@dataclass
+class _SourceTotals:
+    """The last cumulative counts seen for one source, to turn snapshots into increments."""
+
+    decoded: int = 0
+    dropped: int = 0
+    reconnects: int = 0
+
+
+class Metrics:
+    """The metrics of one app instance and the small API the rest of vdet reports through."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.stage_latency = Histogram(
+            "vdet_stage_latency_seconds",
+            "Seconds one frame spent in a pipeline stage.",
+            ["source", "stage"],
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.end_to_end_latency = Histogram(
+            "vdet_end_to_end_latency_seconds",
+            "Seconds from a frame's packet arrival to its result being published.",
+            ["source"],
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.frames_decoded = Counter(
+            "vdet_frames_decoded_total", "Frames decoded from a source.", ["source"], registry=r
+        )
+        self.frames_processed = Counter(
+            "vdet_frames_processed_total",
+            "Frames that went through detection and were published.",
+            ["source"],
+            registry=r,
+        )
+        self.frames_dropped = Counter(
+            "vdet_frames_dropped_total",
+            "Decoded frames skipped because detection was still busy with an earlier one.",
+            ["source"],
+            registry=r,
+        )
+        self.source_reconnects = Counter(
+            "vdet_source_reconnects_total",
+            "Times a source was reopened after an error, end of stream or stall.",
+            ["source"],
+            registry=r,
+        )
+        self.inference_eager_fallbacks = Counter(
+            "vdet_inference_eager_fallbacks_total",
+            "Inference calls that could not replay a captured CUDA graph and ran eagerly.",
+            registry=r,
+        )
+        self.source_state = Gauge(
+            "vdet_source_state",
+            "1 for the state a source's worker is in now, 0 for the others.",
+            ["source", "state"],
+            registry=r,
+        )
+        self.source_last_frame_age = Gauge(
+            "vdet_source_last_frame_age_seconds",
+            "Seconds since a source last delivered a decoded frame (absent before the first).",
+            ["source"],
+            registry=r,
+        )
+        self.websocket_clients = Gauge(
+            "vdet_websocket_clients", "WebSocket event clients connected now.", registry=r
+        )
+        self.streams = Gauge("vdet_streams", "Streams configured now.", registry=r)
+        self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
+        self.gpu_memory_used = Gauge(
+            "vdet_gpu_memory_used_bytes",
+            "GPU memory used by this process, per GPU (set by GPU backends).",
+            ["gpu"],
+            registry=r,
+        )
+        self._lock = threading.Lock()
+        self._totals: dict[str, _SourceTotals] = {}
+
+    # --- pipeline --------------------------------------------------------------------------
+
+    def observe_result(self, result: DetectionResult) -> None:
+        """Record one published result: its stage latencies, end-to-end latency and count."""
+        source = result.source_id
+        t = result.timings
+        with self._lock:
+            if source not in self._totals:
+                return
+            for stage, seconds in zip(
+                STAGES, (t.decode, t.preprocess, t.inference, t.postprocess), strict=True
+            ):
+                self.stage_latency.labels(source, stage).observe(seconds)
+            self.end_to_end_latency.labels(source).observe(t.end_to_end)
+            self.frames_processed.labels(source).inc()
+
+    # --- sources ---------------------------------------------------------------------------
+
+    # Per-source updates check, under the lock, that the source is still registered: a worker
+    # thread reporting late must not recreate the series of a deleted stream.
+
+    def add_source(self, source_id: str, state: SourceState) -> None:
+        """Create a new source's series at zero so dashboards see it before its first frame."""
+        with self._lock:
+            self._totals[source_id] = _SourceTotals()
+            for counter in (
+                self.frames_decoded,
+                self.frames_processed,
+                self.frames_dropped,
+                self.source_reconnects,
+            ):
+                counter.labels(source_id)
+        self.set_source_state(source_id, state)
+
+    def set_source_state(self, source_id: str, state: SourceState) -> None:
+        with self._lock:
+            if source_id not in self._totals:
+                return
+            for s in SourceState:
+                self.source_state.labels(source_id, s.value).set(1.0 if s is state else 0.0)
+
+    def sync_source(
+        self,
+        source_id: str,
+        status: SourceStatus,
+        now: float | None = None,
+    ) -> None:
+        """Fold a source's cumulative counts (its worker's status) into the counters.
+
+        Workers keep their own running totals; counters only go up, so this adds the increase
+        since the last call, and sets the last-frame age. Safe from any thread. Ignored for
+        unknown sources (a late call racing the stream's removal must not recreate series).
+        """
+        with self._lock:
+            totals = self._totals.get(source_id)
+            if totals is None:
+                return
+            increments = (
+                (self.frames_decoded, status.frames_decoded - totals.decoded),
+                (self.frames_dropped, status.frames_dropped - totals.dropped),
+                (self.source_reconnects, status.reconnects - totals.reconnects),
+            )
+            totals.decoded = max(totals.decoded, status.frames_decoded)
+            totals.dropped = max(totals.dropped, status.frames_dropped)
+            totals.reconnects = max(totals.reconnects, status.reconnects)
+            for counter, amount in increments:
+                if amount > 0:
+                    counter.labels(source_id).inc(amount)
+            if status.last_frame_time is not None:
+                age = (time.time() if now is None else now) - status.last_frame_time
+                self.source_last_frame_age.labels(source_id).set(max(0.0, age))
+
+    def remove_source(self, source_id: str) -> None:
+        """Drop every series labelled with a deleted source."""
+        with self._lock:
+            self._totals.pop(source_id, None)
+            for metric in (
+                self.stage_latency,
+                self.end_to_end_latency,
+                self.frames_decoded,
+                self.frames_processed,
+                self.frames_dropped,
+                self.source_reconnects,
+                self.source_state,
+                self.source_last_frame_age,
+            ):
+                metric.remove_by_labels({"source": source_id})
+
+    # --- service ---------------------------------------------------------------------------
+
+    def set_backend(self, *, backend: str, device: str, model: str, precision: str) -> None:
+        self.backend.info(
+            {"backend": backend, "device": device, "model": model, "precision": precision}
+        )
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format (content type: `CONTENT_TYPE`)."""
+        return generate_latest(self.registry)

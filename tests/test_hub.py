@@ -1,0 +1,207 @@
+"""ResultsHub: numbering, replay buffers, gaps, and fan-out to event-loop subscribers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from vdet.hub import ResultsHub, SubscriptionEnd, SubscriptionEndedError
+from vdet.types import DetectionResult, Detections, StageTimings
+
+
+def result(source: str = "a", index: int = 0) -> DetectionResult:
+    return DetectionResult(
+        source_id=source,
+        frame_index=index,
+        pts_seconds=None,
+        arrival_time=0.0,
+        published_time=0.0,
+        image_size_wh=(4, 4),
+        detections=Detections.empty(),
+        timings=StageTimings(),
+    )
+
+
+def test_publish_numbers_results_and_keeps_latest_per_source() -> None:
+    hub = ResultsHub()
+    assert hub.last_seq == 0
+    assert hub.oldest_seq is None
+    assert hub.latest("a") is None
+    first = hub.publish(result("a", 0))
+    second = hub.publish(result("b", 0))
+    third = hub.publish(result("a", 1))
+    assert [first.seq, second.seq, third.seq] == [1, 2, 3]
+    assert hub.latest("a") == third
+    assert hub.latest("b") == second
+    assert hub.last_seq == 3
+    assert hub.oldest_seq == 1
+
+
+def test_since_is_oldest_first_and_filters_by_source() -> None:
+    hub = ResultsHub()
+    for i in range(6):
+        hub.publish(result("ab"[i % 2], i))
+    assert [r.seq for r in hub.since(0)] == [1, 2, 3, 4, 5, 6]
+    assert [r.seq for r in hub.since(3)] == [4, 5, 6]
+    assert [r.seq for r in hub.since(0, "a")] == [1, 3, 5]
+    assert [r.seq for r in hub.since(3, "b")] == [4, 6]
+    assert hub.since(6) == []
+    assert hub.since(0, "unknown") == []
+
+
+def test_buffers_are_bounded_per_source_and_in_total() -> None:
+    hub = ResultsHub(capacity_per_source=2, capacity_total=3)
+    for i in range(5):
+        hub.publish(result("a", i))
+    hub.publish(result("b", 0))
+    assert [r.seq for r in hub.since(0)] == [4, 5, 6]
+    assert [r.seq for r in hub.since(0, "a")] == [4, 5]
+    assert hub.oldest_seq == 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"capacity_per_source": 0}, "capacity_per_source"),
+        ({"capacity_total": 0}, "capacity_total"),
+        ({"subscriber_queue_size": 0}, "subscriber_queue_size"),
+    ],
+)
+def test_rejects_empty_capacities(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ResultsHub(**kwargs)
+
+
+async def test_remove_source_drops_latest_and_flags_a_gap_for_a_reused_id() -> None:
+    hub = ResultsHub()
+    hub.publish(result("a"))
+    hub.publish(result("b"))
+    hub.remove_source("a")
+    assert hub.latest("a") is None
+    assert hub.since(0, "a") == []
+    assert hub.latest("b") is not None
+    # A new stream with the old id: a client resuming from before the removal is told.
+    hub.publish(result("a"))
+    assert hub.since(0, "a")[0].seq == 3
+    resumed = hub.subscribe("a", after_seq=0)
+    assert resumed.replay.gap
+    assert [r.seq for r in resumed.replay.results] == [3]
+    resumed.close()
+
+
+async def test_subscribe_replays_then_delivers_live_without_gaps_or_duplicates() -> None:
+    hub = ResultsHub()
+    for i in range(3):
+        hub.publish(result("a", i))
+    sub = hub.subscribe("a", after_seq=1)
+    assert [r.seq for r in sub.replay.results] == [2, 3]
+    assert not sub.replay.gap
+    hub.publish(result("b", 0))  # another source: not delivered
+    hub.publish(result("a", 3))
+    live = await asyncio.wait_for(sub.get(), 1)
+    assert live.seq == 5
+    sub.close()
+    assert hub.subscriber_count == 0
+
+
+async def test_subscribe_without_after_gets_only_new_results() -> None:
+    hub = ResultsHub()
+    hub.publish(result())
+    sub = hub.subscribe(None)
+    assert sub.replay.results == ()
+    assert sub.start_seq == 1
+    hub.publish(result("b"))
+    assert (await asyncio.wait_for(sub.get(), 1)).seq == 2
+    sub.close()
+
+
+async def test_replay_reports_a_gap_when_the_requested_seq_was_evicted() -> None:
+    hub = ResultsHub(capacity_per_source=3, capacity_total=4)
+    for i in range(10):
+        hub.publish(result("a", i))
+    everything = hub.subscribe(None, after_seq=2)
+    assert everything.replay.gap
+    assert everything.replay.oldest_seq == 7
+    assert [r.seq for r in everything.replay.results] == [7, 8, 9, 10]
+    one = hub.subscribe("a", after_seq=8)
+    assert not one.replay.gap
+    assert [r.seq for r in one.replay.results] == [9, 10]
+    stale = hub.subscribe("a", after_seq=6)
+    assert stale.replay.gap
+    assert stale.replay.oldest_seq == 8
+    for sub in (everything, one, stale):
+        sub.close()
+
+
+async def test_a_seq_from_before_a_restart_is_a_gap_with_full_replay() -> None:
+    hub = ResultsHub()
+    hub.publish(result())
+    sub = hub.subscribe(None, after_seq=1000)
+    assert sub.replay.gap
+    assert [r.seq for r in sub.replay.results] == [1]
+    sub.close()
+
+
+async def test_publishing_from_threads_reaches_the_loop_in_seq_order() -> None:
+    hub = ResultsHub(subscriber_queue_size=1000)
+    sub = hub.subscribe(None)
+
+    def publish_many(source: str) -> None:
+        for i in range(100):
+            hub.publish(result(source, i))
+
+    threads = [threading.Thread(target=publish_many, args=(s,)) for s in "abc"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = [(await asyncio.wait_for(sub.get(), 1)).seq for _ in range(300)]
+    assert seqs == list(range(1, 301))
+    sub.close()
+
+
+async def test_a_slow_subscriber_is_cut_off_as_lagging_not_buffered() -> None:
+    hub = ResultsHub(subscriber_queue_size=3)
+    slow = hub.subscribe(None)
+    for i in range(10):
+        hub.publish(result("a", i))
+    await asyncio.sleep(0)  # let the loop run the deliveries
+    with pytest.raises(SubscriptionEndedError) as ended:
+        await asyncio.wait_for(slow.get(), 1)
+    assert ended.value.reason is SubscriptionEnd.LAGGING
+    assert slow.ended is SubscriptionEnd.LAGGING
+    assert hub.subscriber_count == 0
+    # It resumes from the replay buffer with nothing lost.
+    resumed = hub.subscribe(None, after_seq=0)
+    assert [r.seq for r in resumed.replay.results] == list(range(1, 11))
+    resumed.close()
+
+
+async def test_remove_source_and_close_end_subscriptions() -> None:
+    hub = ResultsHub()
+    one = hub.subscribe("a")
+    other = hub.subscribe("b")
+    everything = hub.subscribe(None)
+    hub.remove_source("a")
+    with pytest.raises(SubscriptionEndedError) as ended:
+        await asyncio.wait_for(one.get(), 1)
+    assert ended.value.reason is SubscriptionEnd.SOURCE_REMOVED
+    hub.close()
+    for sub in (other, everything):
+        with pytest.raises(SubscriptionEndedError) as ended:
+            await asyncio.wait_for(sub.get(), 1)
+        assert ended.value.reason is SubscriptionEnd.CLOSED
+
+
+async def test_subscription_is_an_async_iterator_that_stops_when_closed() -> None:
+    hub = ResultsHub()
+    sub = hub.subscribe("a")
+    hub.publish(result("a"))
+    hub.publish(result("a"))
+    seen = []
+    async for r in sub:
+        seen.append(r.seq)
+        if len(seen) == 2:
+            sub.close()
+    assert seen == [1, 2]

@@ -1,0 +1,152 @@
+"""Metrics: every series is defined, per-source series come and go, counters follow totals."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+from vdet.metrics import STAGES, Metrics
+from vdet.types import DetectionResult, Detections, SourceState, SourceStatus, StageTimings
+
+
+def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the exposition, keyed by (name, sorted labels)."""
+    text = metrics.render().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def families(metrics: Metrics) -> dict[str, str]:
+    text = metrics.render().decode()
+    # `_created` timestamps are prometheus_client's own companion series.
+    return {
+        f.name: f.type
+        for f in text_string_to_metric_families(text)
+        if not f.name.endswith("_created")
+    }
+
+
+def a_result(source: str = "cam", e2e: float = 0.02) -> DetectionResult:
+    return DetectionResult(
+        source_id=source,
+        frame_index=0,
+        pts_seconds=0.0,
+        arrival_time=1.0,
+        published_time=1.0 + e2e,
+        image_size_wh=(8, 8),
+        detections=Detections.empty(),
+        timings=StageTimings(0.001, 0.002, 0.003, 0.004, e2e),
+    )
+
+
+def test_every_metric_is_exposed_with_its_type() -> None:
+    metrics = Metrics()
+    metrics.set_backend(backend="onnxruntime", device="cpu", model="m.onnx", precision="fp32")
+    found = families(metrics)
+    # The parser names counters without their _total suffix; the text format has no info
+    # type, so the info metric reads as the gauge vdet_backend_info.
+    assert found == {
+        "vdet_stage_latency_seconds": "histogram",
+        "vdet_end_to_end_latency_seconds": "histogram",
+        "vdet_frames_decoded": "counter",
+        "vdet_frames_processed": "counter",
+        "vdet_frames_dropped": "counter",
+        "vdet_source_reconnects": "counter",
+        "vdet_inference_eager_fallbacks": "counter",
+        "vdet_source_state": "gauge",
+        "vdet_source_last_frame_age_seconds": "gauge",
+        "vdet_websocket_clients": "gauge",
+        "vdet_streams": "gauge",
+        "vdet_backend_info": "gauge",
+        "vdet_gpu_memory_used_bytes": "gauge",
+    }
+    info = samples(metrics)
+    key = (
+        "vdet_backend_info",
+        (("backend", "onnxruntime"), ("device", "cpu"), ("model", "m.onnx"), ("precision", "fp32")),
+    )
+    assert info[key] == 1.0
+
+
+def test_each_instance_has_its_own_registry() -> None:
+    one, two = Metrics(), Metrics()
+    one.streams.set(3)
+    assert samples(one)[("vdet_streams", ())] == 3.0
+    assert samples(two)[("vdet_streams", ())] == 0.0
+
+
+def test_observe_result_records_stage_and_end_to_end_latency() -> None:
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.CONNECTING)
+    metrics.observe_result(a_result(e2e=0.02))
+    metrics.observe_result(a_result(e2e=0.5))
+    s = samples(metrics)
+    for stage in STAGES:
+        labels = (("source", "cam"), ("stage", stage))
+        assert s[("vdet_stage_latency_seconds_count", labels)] == 2.0
+    assert s[("vdet_stage_latency_seconds_sum", (("source", "cam"), ("stage", "inference")))] == (
+        0.006
+    )
+    e2e = (("source", "cam"),)
+    assert s[("vdet_end_to_end_latency_seconds_count", e2e)] == 2.0
+    le_30ms = (("le", "0.03"), ("source", "cam"))
+    assert s[("vdet_end_to_end_latency_seconds_bucket", le_30ms)] == 1.0
+    assert s[("vdet_frames_processed_total", e2e)] == 2.0
+
+
+def test_buckets_span_one_millisecond_to_two_seconds() -> None:
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.CONNECTING)
+    metrics.observe_result(a_result())
+    bounds = sorted(
+        float(dict(labels)["le"])
+        for (name, labels), _ in samples(metrics).items()
+        if name == "vdet_end_to_end_latency_seconds_bucket"
+    )
+    assert bounds[0] == 0.001
+    assert bounds[-2] == 2.0
+    assert bounds[-1] == float("inf")
+
+
+def test_source_state_is_one_hot() -> None:
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.CONNECTING)
+    metrics.set_source_state("cam", SourceState.STREAMING)
+    s = samples(metrics)
+    values = {
+        dict(labels)["state"]: v for (name, labels), v in s.items() if name == "vdet_source_state"
+    }
+    assert values == {state.value: float(state is SourceState.STREAMING) for state in SourceState}
+
+
+def test_sync_source_turns_totals_into_increments() -> None:
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.CONNECTING)
+    status = SourceStatus(frames_decoded=10, frames_dropped=2, reconnects=1, last_frame_time=100.0)
+    metrics.sync_source("cam", status, now=100.5)
+    status.frames_decoded, status.frames_dropped = 25, 3
+    metrics.sync_source("cam", status, now=101.0)
+    metrics.sync_source("cam", status, now=101.0)  # no change, no increment
+    s = samples(metrics)
+    cam = (("source", "cam"),)
+    assert s[("vdet_frames_decoded_total", cam)] == 25.0
+    assert s[("vdet_frames_dropped_total", cam)] == 3.0
+    assert s[("vdet_source_reconnects_total", cam)] == 1.0
+    assert s[("vdet_source_last_frame_age_seconds", cam)] == 1.0
+
+
+def test_remove_source_drops_its_series_and_ignores_late_reports() -> None:
+    metrics = Metrics()
+    for source in ("cam", "other"):
+        metrics.add_source(source, SourceState.CONNECTING)
+        metrics.observe_result(a_result(source))
+        metrics.sync_source(source, SourceStatus(frames_decoded=1, last_frame_time=0.0), now=1.0)
+    metrics.remove_source("cam")
+    # A worker thread reporting after the removal must not bring the series back.
+    metrics.set_source_state("cam", SourceState.STOPPED)
+    metrics.observe_result(a_result("cam"))
+    metrics.sync_source("cam", SourceStatus(frames_decoded=5), now=2.0)
+    sources = {dict(labels).get("source") for (_, labels) in samples(metrics)}
+    assert "cam" not in sources
+    assert "other" in sources
