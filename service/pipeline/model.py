@@ -84,7 +84,7 @@ def load_model_info(path: str | PathLike[str]) -> ModelInfo:
 
     where = str(path)
     metadata = {prop.key: prop.value for prop in model.metadata_props}
-    _check_task(metadata, where)
+    _check_model_kind(metadata, where)
     input_dims = _single_input_dims(model.graph, where)
     output_dims = _single_output_dims(model.graph, where)
 
@@ -107,7 +107,8 @@ def load_model_info(path: str | PathLike[str]) -> ModelInfo:
     )
 
 
-def _check_task(metadata: dict[str, str], where: str) -> None:
+def _check_model_kind(metadata: dict[str, str], where: str) -> None:
+    """Reject what the metadata says is not a plain 3-channel detection head."""
     task = metadata.get("task")
     if task is not None and task != "detect":
         raise ModelError(f"{where}: task is {task!r}; vdet serves object detection ('detect') only")
@@ -122,13 +123,16 @@ def _check_task(metadata: dict[str, str], where: str) -> None:
 
 
 def _value_dims(value: onnx.ValueInfoProto) -> tuple[Dim, ...]:
-    """The declared shape of a graph input or output: ints where fixed, names where symbolic."""
+    """The declared shape of a graph input or output: ints where fixed, names where symbolic.
+
+    Some exporters write 0 for an unknown size; that is treated as unknown (None), not as 0.
+    """
     tensor_type = value.type.tensor_type
     if not tensor_type.HasField("shape"):
         return ()
     dims: list[Dim] = []
     for dim in tensor_type.shape.dim:
-        if dim.HasField("dim_value"):
+        if dim.HasField("dim_value") and dim.dim_value > 0:
             dims.append(int(dim.dim_value))
         elif dim.HasField("dim_param"):
             dims.append(str(dim.dim_param))

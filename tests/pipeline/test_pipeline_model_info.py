@@ -51,6 +51,12 @@ def test_dynamic_model_takes_size_from_metadata(write_head_model: HeadModelWrite
     assert info.names == ("person", "car")
 
 
+def test_zero_dims_mean_unknown(write_head_model: HeadModelWriter) -> None:
+    # Some exporters write 0 instead of a symbolic name for a dynamic dimension.
+    info = load_model_info(write_head_model(nc=2, batch=0, metadata=NAMES))
+    assert info.batch is None
+
+
 def test_names_default_to_class_indices(write_head_model: HeadModelWriter) -> None:
     info = load_model_info(write_head_model(nc=3))
     assert info.names == ("0", "1", "2")
