@@ -180,7 +180,8 @@ def greedy_nms(
         inter_h = np.maximum(np.minimum(y2[i], y2[rest]) - np.maximum(y1[i], y1[rest]), 0)
         inter = inter_w * inter_h
         union = (areas[i] + areas[rest]) - inter
-        # IoU > t  <=>  inter > t * union only for union > 0; divide to match float32 kernels.
+        # A true division (not inter > t * union) rounds like torchvision and float32 kernels;
+        # union <= 0 only happens for degenerate boxes, whose IoU is defined as 0.
         iou = np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
         overlaps = iou > threshold
         if not class_agnostic:
