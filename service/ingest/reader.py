@@ -1,0 +1,413 @@
+"""Opening one video source with PyAV and turning its packets into BGR frames.
+
+Owns the FFmpeg side of ingest: which options a camera, stream or file is opened with, how
+long a connect or a read may block, threaded decoding, conversion to BGR uint8, presentation
+times in seconds, looping and real-time pacing of files. It knows nothing of reconnecting,
+states or mailboxes (that is `worker.py`); a failure here is an exception for the caller.
+
+Timeouts, as verified against PyAV 18.1 with FFmpeg 8:
+
+- PyAV's ``av.open(..., timeout=(open_s, read_s))`` installs an FFmpeg interrupt callback: a
+  blocking connect/probe (each of ``avformat_open_input`` and ``avformat_find_stream_info``)
+  or a single ``av_read_frame`` is aborted after that many seconds (``av.ExitError``, or
+  ``InvalidDataError`` when RTSP's handshake is cut). This works for every protocol.
+- RTSP: ``timeout`` (microseconds) is the socket I/O timeout. ``stimeout`` no longer exists
+  (removed in FFmpeg 5) and ``rw_timeout`` is ignored by RTSP; both are silently unused.
+- HTTP(S): ``timeout`` and ``rw_timeout`` (microseconds) both bound socket I/O.
+
+`SourceReader.interrupt()` aborts a blocking call at once from another thread, see
+`_FFmpegInterrupts`.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from types import ModuleType
+from typing import Any, cast
+
+import av
+import av.container
+import av.container.core
+import numpy as np
+from vdet.ingest.urls import is_network_url
+from vdet.types import ImageArray, VideoFrame
+
+log = logging.getLogger(__name__)
+
+# Files that fall this far behind their real-time schedule (a slow consumer of the thread, a
+# suspended process) start a new schedule instead of bursting to catch up.
+_MAX_PACING_LAG_S = 1.0
+# How many packet read times are kept to find the one a decoded frame came from.
+_ARRIVALS_KEPT = 128
+
+
+class SourceError(Exception):
+    """The source opened but cannot deliver video (no video stream, nothing decodable)."""
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    """What the source reported when it was opened; sizes may be refined by decoded frames."""
+
+    width: int
+    height: int
+    fps: float | None
+    codec: str
+    live: bool
+
+
+@dataclass(frozen=True)
+class DecodeError:
+    """A packet the decoder rejected; `consecutive` counts errors since the last good frame."""
+
+    message: str
+    consecutive: int
+
+
+def microseconds(seconds: float) -> str:
+    return str(max(1, round(seconds * 1_000_000)))
+
+
+def open_options(url: str, read_timeout_s: float) -> dict[str, str]:
+    """FFmpeg container options for `url` (see the module docstring for what was verified)."""
+    scheme = url.split(":", 1)[0].lower() if is_network_url(url) else "file"
+    if scheme in ("rtsp", "rtsps"):
+        return {
+            "rtsp_transport": "tcp",  # interleaved over the RTSP connection: no UDP loss
+            "timeout": microseconds(read_timeout_s),
+            # Do not hold probe packets back: a live view wants the newest data first.
+            "fflags": "nobuffer",
+            # Only used for UDP reordering; over TCP packets cannot arrive out of order.
+            "max_delay": "0",
+        }
+    if scheme in ("http", "https"):
+        return {
+            "timeout": microseconds(read_timeout_s),
+            "rw_timeout": microseconds(read_timeout_s),
+            "fflags": "nobuffer",
+            "reconnect": "0",  # the worker reconnects, with backoff and a visible state
+        }
+    return {}
+
+
+class _FFmpegInterrupts:
+    """Lets any thread abort a blocking PyAV call that a given thread is making.
+
+    PyAV offers no interrupt of its own, only its timeout: its FFmpeg interrupt callback
+    (``interrupt_cb`` in ``av/container/core``) aborts when ``time.monotonic()`` has moved past
+    the start of the blocking call by more than the timeout, and it looks ``time`` up in its
+    module's globals on every poll (FFmpeg polls about every 100 ms while waiting on a
+    socket). We give that module, and only it, a clock that runs like ``time.monotonic``
+    except in a thread whose interruption was requested: there each reading is 1e9 s later
+    than the previous one, so the next poll finds the timeout exceeded and FFmpeg returns
+    ``AVERROR_EXIT``. Closing the container from another thread instead would free it under
+    the reading thread. Without this hook (a PyAV that changed its internals) an interrupt
+    only takes effect when the read or open timeout expires; `supported` says which.
+    """
+
+    _JUMP_S = 1e9
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._installed: bool | None = None
+        # ident of a registered thread -> None (running normally) or its accumulated jump
+        self._threads: dict[int, float | None] = {}
+
+    @property
+    def supported(self) -> bool:
+        return self._install()
+
+    def _install(self) -> bool:
+        with self._lock:
+            if self._installed is None:
+                core: ModuleType = av.container.core
+                current = getattr(core, "time", None)
+                if current is time:
+                    core.time = _InterruptibleClock(self)  # type: ignore[attr-defined]
+                    self._installed = True
+                else:
+                    self._installed = isinstance(current, _InterruptibleClock)
+                    if not self._installed:
+                        log.warning(
+                            "PyAV %s has no patchable clock; a stop or stall will wait "
+                            "for the read timeout",
+                            av.__version__,
+                        )
+            return self._installed
+
+    def register(self) -> int:
+        self._install()
+        ident = threading.get_ident()
+        self._threads[ident] = None
+        return ident
+
+    def unregister(self, ident: int) -> None:
+        self._threads.pop(ident, None)
+
+    def interrupt(self, ident: int) -> None:
+        if ident in self._threads and self._threads[ident] is None:
+            self._threads[ident] = 0.0
+
+    def monotonic(self) -> float:
+        now = time.monotonic()
+        ident = threading.get_ident()
+        jump = self._threads.get(ident)
+        if jump is None:
+            return now
+        jump += self._JUMP_S
+        self._threads[ident] = jump
+        return now + jump
+
+
+class _InterruptibleClock:
+    """Stands in for the `time` module inside av.container.core; see `_FFmpegInterrupts`."""
+
+    def __init__(self, owner: _FFmpegInterrupts) -> None:
+        self._owner = owner
+
+    def monotonic(self) -> float:
+        return self._owner.monotonic()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+_interrupts = _FFmpegInterrupts()
+
+
+def interrupt_supported() -> bool:
+    """Whether `SourceReader.interrupt` aborts a blocking read at once (else: at its timeout)."""
+    return _interrupts.supported
+
+
+class SourceReader:
+    """One open source: `open()`, iterate `frames()`, `close()`; one thread does all three.
+
+    Only `interrupt()` may be called from another thread. Network sources (rtsp, rtsps, http,
+    https) are `live`: their end of stream is the caller's failure to handle. Files end when
+    read through, unless `loop`, when they seek back to the start and keep counting frame
+    indexes and presentation times upward as a camera would. With `realtime`, packets of a
+    file are released at the stream's own rate (by their timestamps), before their arrival
+    time is taken, so a paced file looks to latency metrics like a camera.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        source_id: str = "",
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 5.0,
+        loop: bool = False,
+        realtime: bool = False,
+    ) -> None:
+        self.url = url
+        self.source_id = source_id
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.live = is_network_url(url)
+        self.loop = loop and not self.live
+        self.realtime = realtime and not self.live
+        self.info: StreamInfo | None = None
+        self.decode_errors = 0
+        self.loops_completed = 0
+        self._container: av.container.InputContainer | None = None
+        self._stream: av.VideoStream | None = None
+        self._thread: int | None = None
+        self._interrupted = threading.Event()
+
+    def __enter__(self) -> SourceReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
+
+    def open(self) -> StreamInfo:
+        """Connect and probe; blocks up to about 2 x connect_timeout_s (connect, then probe)."""
+        if self._container is not None:
+            raise RuntimeError("reader is already open")
+        self._thread = _interrupts.register()
+        if self._interrupted.is_set():
+            _interrupts.interrupt(self._thread)
+        container = av.open(
+            self.url,
+            mode="r",
+            container_options=open_options(self.url, self.read_timeout_s),
+            timeout=(self.connect_timeout_s, self.read_timeout_s),
+        )
+        self._container = container
+        if not container.streams.video:
+            raise SourceError(f"no video stream in {self.url}")
+        stream = container.streams.video[0]
+        # Frame and slice threads as the codec supports; frame threading adds a few frames
+        # of delay but is what keeps 1080p H.264 real time on a couple of cores.
+        stream.codec_context.thread_type = "AUTO"
+        self._stream = stream
+        rate = stream.average_rate or stream.guessed_rate
+        self.info = StreamInfo(
+            width=int(stream.codec_context.width or 0),
+            height=int(stream.codec_context.height or 0),
+            fps=float(rate) if rate else None,
+            codec=stream.codec_context.name,
+            live=self.live,
+        )
+        return self.info
+
+    def frames(self, first_index: int = 0) -> Iterator[VideoFrame | DecodeError]:
+        """Decoded frames (and decode errors, which do not end the iteration) until the end.
+
+        Raises what PyAV raises for a failed read: `av.ExitError` when a read timed out or was
+        interrupted, `OSError` subclasses for network errors. Ends normally at end of stream.
+        """
+        container, stream = self._require_open()
+        index = first_index
+        consecutive_errors = 0
+        time_base = stream.time_base or Fraction(1, 90_000)
+        frame_period = 1.0 / self.info.fps if self.info and self.info.fps else 1.0 / 30.0
+        arrivals: collections.OrderedDict[int, float] = collections.OrderedDict()
+        loop_offset_s = 0.0
+        pacer = _Pacer(self._interrupted) if self.realtime else None
+
+        while True:
+            pass_frames = 0
+            first_pts: int | None = None
+            end_pts: int | None = None
+            last_media_s: float | None = None
+            # PyAV's stubs say Iterator; it is a generator, and closing it matters.
+            packets = cast("Generator[av.Packet[Any], None, None]", container.demux())
+            try:
+                for packet in packets:
+                    if self._interrupted.is_set():
+                        return
+                    if packet.stream.index != stream.index:
+                        continue
+                    flushing = packet.size == 0
+                    arrival = time.time()
+                    if not flushing:
+                        if packet.pts is not None:
+                            if first_pts is None or packet.pts < first_pts:
+                                first_pts = packet.pts
+                            end = packet.pts + (packet.duration or 0)
+                            end_pts = end if end_pts is None else max(end_pts, end)
+                        if pacer is not None:
+                            ts = packet.dts if packet.dts is not None else packet.pts
+                            if ts is not None:
+                                media_s = float(ts * time_base) + loop_offset_s
+                            elif last_media_s is not None:
+                                media_s = last_media_s + frame_period
+                            else:
+                                media_s = 0.0
+                            last_media_s = media_s
+                            if not pacer.wait_until(media_s):
+                                return
+                            arrival = time.time()
+                        if packet.pts is not None:
+                            arrivals[packet.pts] = arrival
+                            if len(arrivals) > _ARRIVALS_KEPT:
+                                arrivals.popitem(last=False)
+
+                    started = time.perf_counter()
+                    try:
+                        decoded = packet.decode()
+                    except av.FFmpegError as exc:
+                        self.decode_errors += 1
+                        consecutive_errors += 1
+                        yield DecodeError(f"{type(exc).__name__}: {exc}", consecutive_errors)
+                        continue
+                    if not decoded:
+                        continue
+                    decode_share = (time.perf_counter() - started) / len(decoded)
+                    for frame in decoded:
+                        if not isinstance(frame, av.VideoFrame):
+                            continue
+                        convert_started = time.perf_counter()
+                        image: ImageArray = np.ascontiguousarray(
+                            frame.to_ndarray(format="bgr24"), dtype=np.uint8
+                        )
+                        convert_s = time.perf_counter() - convert_started
+                        pts_s: float | None = None
+                        frame_arrival = arrival
+                        if frame.pts is not None:
+                            pts_s = float(frame.pts * time_base) + loop_offset_s
+                            frame_arrival = arrivals.pop(frame.pts, arrival)
+                        consecutive_errors = 0
+                        pass_frames += 1
+                        yield VideoFrame(
+                            source_id=self.source_id,
+                            index=index,
+                            image_bgr=image,
+                            pts_seconds=pts_s,
+                            arrival_time=frame_arrival,
+                            decode_seconds=decode_share + convert_s,
+                        )
+                        index += 1
+            finally:
+                packets.close()  # restores PyAV's "no timeout" state before anything else
+
+            if not self.loop or self._interrupted.is_set():
+                return
+            if pass_frames == 0:
+                raise SourceError(f"a full pass over {self.url} decoded no frame")
+            if first_pts is not None and end_pts is not None and end_pts > first_pts:
+                loop_offset_s += float((end_pts - first_pts) * time_base)
+            else:
+                loop_offset_s += pass_frames * frame_period
+            arrivals.clear()
+            container.seek(0)  # also flushes the decoder, which the flush packet drained
+            self.loops_completed += 1
+
+    def interrupt(self) -> None:
+        """Abort a blocking open/read in the reading thread and end `frames()`; any thread."""
+        self._interrupted.set()
+        if self._thread is not None:
+            _interrupts.interrupt(self._thread)
+
+    def close(self) -> None:
+        """Release the connection; call it from the thread that opened. Idempotent."""
+        container, self._container = self._container, None
+        self._stream = None
+        try:
+            if container is not None:
+                with contextlib.suppress(Exception):
+                    container.close()
+        finally:
+            if self._thread is not None:
+                _interrupts.unregister(self._thread)
+                self._thread = None
+
+    def _require_open(self) -> tuple[av.container.InputContainer, av.VideoStream]:
+        if self._container is None or self._stream is None:
+            raise RuntimeError("reader is not open")
+        return self._container, self._stream
+
+
+class _Pacer:
+    """Releases media timestamps no faster than the wall clock; waits end on interrupt."""
+
+    def __init__(self, interrupted: threading.Event) -> None:
+        self._interrupted = interrupted
+        self._anchor: tuple[float, float] | None = None  # (monotonic, media seconds)
+
+    def wait_until(self, media_s: float) -> bool:
+        now = time.monotonic()
+        if self._anchor is None:
+            self._anchor = (now, media_s)
+            return not self._interrupted.is_set()
+        target = self._anchor[0] + (media_s - self._anchor[1])
+        if now - target > _MAX_PACING_LAG_S or media_s < self._anchor[1]:
+            self._anchor = (now, media_s)
+            return not self._interrupted.is_set()
+        if target > now:
+            return not self._interrupted.wait(target - now)
+        return not self._interrupted.is_set()
