@@ -1,0 +1,39 @@
+"""Helpers for tests that run ingest workers."""
+
+from __future__ import annotations
+
+import random
+
+from vdet.ingest.mailbox import FrameMailbox
+from vdet.ingest.worker import IngestOptions, SourceWorker
+from vdet.types import SourceState, VideoFrame
+
+Transition = tuple[str, SourceState, SourceState]
+
+
+def start_worker(
+    workers: list[SourceWorker],
+    url: str,
+    options: IngestOptions,
+    transitions: list[Transition] | None = None,
+) -> SourceWorker:
+    """Start a worker for source "cam", recording its transitions; `workers` stops it later."""
+    worker = SourceWorker(
+        "cam",
+        url,
+        FrameMailbox(),
+        options,
+        on_state_change=(lambda *t: transitions.append(t)) if transitions is not None else None,
+        rng=random.Random(1),
+    )
+    workers.append(worker)
+    worker.start()
+    return worker
+
+
+def drain(mailbox: FrameMailbox, timeout: float = 10.0) -> list[VideoFrame]:
+    """Every frame taken until the mailbox is closed (or stays empty for `timeout`)."""
+    frames = []
+    while (frame := mailbox.get(timeout=timeout)) is not None:
+        frames.append(frame)
+    return frames
