@@ -102,3 +102,40 @@ def test_raw_head_matches_torch(yolov8n_export: YoloExporter) -> None:
     with torch.no_grad():
         reference = torch_model(torch.from_numpy(batch))[0].numpy()
     np.testing.assert_allclose(raw, reference, rtol=1e-3, atol=1e-3)
+
+
+ASSETS = Path(__file__).resolve().parents[2] / "service" / "assets"
+
+
+@pytest.mark.slow
+@pytest.mark.train
+def test_demo_model_matches_ultralytics_predict() -> None:
+    """The trained demo model on sample frames: same boxes, scores and classes as Ultralytics."""
+    model_path, clip_path = ASSETS / "demo.onnx", ASSETS / "sample.mp4"
+    if not (model_path.is_file() and clip_path.is_file()):
+        pytest.skip("service/assets/demo.onnx and sample.mp4 are not present")
+    ultralytics = pytest.importorskip("ultralytics")
+    av = pytest.importorskip("av")
+    with av.open(str(clip_path)) as container:
+        frames = [
+            frame.to_ndarray(format="bgr24")
+            for i, frame in zip(range(30), container.decode(video=0), strict=False)
+            if i % 10 == 0
+        ]
+    with Detector.open(model_path, backend="onnxruntime", threads=2) as detector:
+        results = detector.detect(frames)
+        input_hw = detector.info.input_hw
+    reference_model = ultralytics.YOLO(str(model_path), task="detect")
+    total = 0
+    for frame, (dets, _) in zip(frames, results, strict=True):
+        # rect=False: Ultralytics otherwise letterboxes dynamic ONNX models to the minimal
+        # stride-multiple rectangle, while vdet always fills the model's full input size.
+        (reference,) = reference_model.predict(
+            frame, imgsz=list(input_hw), conf=0.25, iou=0.45, rect=False, verbose=False
+        )
+        boxes = reference.boxes
+        assert dets.class_ids.tolist() == boxes.cls.numpy().astype(int).tolist()
+        np.testing.assert_allclose(dets.xyxy, boxes.xyxy.numpy(), atol=1e-3)
+        np.testing.assert_allclose(dets.scores, boxes.conf.numpy(), atol=1e-6)
+        total += len(dets)
+    assert total > 0
