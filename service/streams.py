@@ -1,0 +1,422 @@
+"""The stream manager: the set of running streams and the threads that serve each one.
+
+A stream is a `FrameMailbox` fed by a supervised `SourceWorker` (ingest) and drained by one
+pipeline thread here, which runs the shared `Detector` with the stream's own thresholds,
+publishes each result to the `ResultsHub` and reports to `Metrics`. This module owns adding,
+changing and removing streams and their threads' lifetimes; it does not decode, run models,
+or speak HTTP. Every method may block briefly (locks, thread joins): call it from a thread,
+never from the event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from vdet.config import DetectionDefaults, IngestSettings, StreamSpec
+from vdet.hub import ResultsHub
+from vdet.ingest.mailbox import FrameMailbox
+from vdet.ingest.urls import validate_source_url
+from vdet.ingest.worker import SourceWorker
+from vdet.metrics import Metrics
+from vdet.pipeline.postprocess import PostprocessParams
+from vdet.types import (
+    DetectionResult,
+    Detections,
+    ImageArray,
+    SourceState,
+    SourceStatus,
+    StageTimings,
+    VideoFrame,
+)
+
+log = logging.getLogger(__name__)
+
+# How long the pipeline thread waits for a frame before checking whether it should stop.
+_POLL_S = 0.2
+# Counters from the worker are folded into metrics at most this often per stream.
+_METRICS_SYNC_S = 0.5
+
+
+class DetectorLike(Protocol):
+    """What the manager needs of `vdet.pipeline.detector.Detector`."""
+
+    def detect(
+        self, images_bgr: Sequence[ImageArray], params: PostprocessParams | None = None
+    ) -> list[tuple[Detections, StageTimings]]: ...
+
+
+class StreamError(Exception):
+    """Base of the errors a stream operation reports to its caller."""
+
+
+class DuplicateStreamError(StreamError):
+    """A stream with this id already exists."""
+
+
+class LimitError(StreamError):
+    """Adding the stream would exceed `max_streams`."""
+
+
+class UnknownStreamError(StreamError, KeyError):
+    """No stream has this id."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of its argument
+        return str(self.args[0]) if self.args else "unknown stream"
+
+
+def resolve_classes(
+    classes: Sequence[str | int] | None, names: Sequence[str]
+) -> frozenset[int] | None:
+    """Class names or ids -> ids of the model; ValueError naming the unknown ones."""
+    if classes is None:
+        return None
+    by_name = {name: i for i, name in enumerate(names)}
+    ids: set[int] = set()
+    unknown: list[str] = []
+    for ref in classes:
+        if isinstance(ref, int) and not isinstance(ref, bool):
+            if 0 <= ref < len(names):
+                ids.add(ref)
+            else:
+                unknown.append(str(ref))
+        elif isinstance(ref, str) and ref in by_name:
+            ids.add(by_name[ref])
+        elif isinstance(ref, str) and ref.isdigit() and int(ref) < len(names):
+            ids.add(int(ref))
+        else:
+            unknown.append(repr(ref))
+    if unknown:
+        raise ValueError(
+            f"unknown class(es) {', '.join(unknown)}; the model has ids 0..{len(names) - 1}: "
+            f"{', '.join(names)}"
+        )
+    return frozenset(ids)
+
+
+def resolve_params(
+    defaults: DetectionDefaults,
+    names: Sequence[str],
+    *,
+    conf_threshold: float | None = None,
+    iou_threshold: float | None = None,
+    max_det: int | None = None,
+    classes: Sequence[str | int] | None = None,
+) -> PostprocessParams:
+    """Postprocess parameters from per-request/per-stream overrides over server defaults."""
+    return PostprocessParams(
+        conf_threshold=defaults.conf_threshold if conf_threshold is None else conf_threshold,
+        iou_threshold=defaults.iou_threshold if iou_threshold is None else iou_threshold,
+        top_k=defaults.top_k,
+        max_det=defaults.max_det if max_det is None else max_det,
+        classes=resolve_classes(classes, names),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamView:
+    """A consistent snapshot of one stream for the API: what was asked, what runs, how it is."""
+
+    spec: StreamSpec
+    params: PostprocessParams
+    status: SourceStatus
+    frames_processed: int
+    last_frame_age_s: float | None
+    pipeline_error: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The last frame that went through detection, with its result."""
+
+    frame: VideoFrame
+    result: DetectionResult
+
+
+class _Stream:
+    """One stream's parts. `lock` guards the mutable fields below it."""
+
+    def __init__(self, spec: StreamSpec, params: PostprocessParams, url: str) -> None:
+        self.spec = spec
+        self.url = url
+        self.mailbox = FrameMailbox()
+        self.stop = threading.Event()
+        self.worker: SourceWorker | None = None
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+        self.params = params
+        self.closed = False
+        self.frames_processed = 0
+        self.snapshot: Snapshot | None = None
+        self.pipeline_error: str | None = None
+
+
+class StreamManager:
+    """Owns every stream. Thread-safe; every method may block briefly (see module docstring)."""
+
+    def __init__(
+        self,
+        detector: DetectorLike,
+        class_names: Sequence[str],
+        hub: ResultsHub,
+        metrics: Metrics,
+        *,
+        max_streams: int,
+        defaults: DetectionDefaults | None = None,
+        ingest: IngestSettings | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._detector = detector
+        self._names = tuple(class_names)
+        self._hub = hub
+        self._metrics = metrics
+        self._max_streams = max_streams
+        self._defaults = defaults or DetectionDefaults()
+        self._ingest = ingest or IngestSettings()
+        self._clock = clock
+        self._lock = threading.Lock()  # guards _streams and _closed
+        self._streams: dict[str, _Stream] = {}
+        self._closed = False
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return self._names
+
+    @property
+    def defaults(self) -> DetectionDefaults:
+        return self._defaults
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def add(self, spec: StreamSpec) -> StreamView:
+        """Validate and start a stream.
+
+        Raises ValueError (bad URL or class names), DuplicateStreamError, LimitError.
+        """
+        url = validate_source_url(spec.url)
+        params = self._params_for(spec)
+        stream = _Stream(spec, params, url)
+        with self._lock:
+            if self._closed:
+                raise StreamError("the stream manager is shut down")
+            if spec.id in self._streams:
+                raise DuplicateStreamError(f"stream {spec.id!r} already exists")
+            if len(self._streams) >= self._max_streams:
+                raise LimitError(
+                    f"stream limit reached ({self._max_streams}); delete a stream first"
+                )
+            self._streams[spec.id] = stream  # reserved: a concurrent add of the id fails
+        try:
+            self._start(stream)
+        except BaseException:
+            with self._lock:
+                self._streams.pop(spec.id, None)
+            self._stop(stream)
+            raise
+        self._metrics.streams.set(len(self._streams))
+        log.info("stream %s added (%s)", spec.id, url)
+        return self._view(stream)
+
+    def _start(self, stream: _Stream) -> None:
+        source_id = stream.spec.id
+        self._metrics.add_source(source_id, SourceState.CONNECTING)
+        stream.worker = SourceWorker(
+            source_id,
+            stream.url,
+            stream.mailbox,
+            self._ingest.options(loop_files=stream.spec.loop, realtime=stream.spec.realtime),
+            on_state_change=self._on_state_change,
+        )
+        stream.thread = threading.Thread(
+            target=self._run_pipeline, args=(stream,), name=f"vdet-pipeline-{source_id}"
+        )
+        stream.thread.daemon = True
+        stream.thread.start()
+        stream.worker.start()
+
+    def remove(self, stream_id: str) -> None:
+        """Stop a stream and forget it, its latest result and its metric series."""
+        with self._lock:
+            stream = self._streams.pop(stream_id, None)
+        if stream is None:
+            raise UnknownStreamError(f"no stream {stream_id!r}")
+        self._stop(stream)
+        self._metrics.streams.set(len(self._streams))
+        log.info("stream %s removed", stream_id)
+
+    def _stop(self, stream: _Stream, timeout: float = 5.0) -> None:
+        with stream.lock:
+            stream.closed = True  # from here on nothing of this stream is published or counted
+        stream.stop.set()
+        if stream.worker is not None:
+            stream.worker.stop(timeout)
+        stream.mailbox.close()
+        if stream.thread is not None and stream.thread is not threading.current_thread():
+            stream.thread.join(timeout)
+            if stream.thread.is_alive():
+                log.warning("pipeline thread of %s did not stop in %.1fs", stream.spec.id, timeout)
+        self._hub.remove_source(stream.spec.id)
+        self._metrics.remove_source(stream.spec.id)
+
+    def close(self) -> None:
+        """Stop every stream; later adds fail. Idempotent."""
+        with self._lock:
+            self._closed = True
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:  # stop all workers first so they wind down concurrently
+            stream.stop.set()
+            with stream.lock:
+                stream.closed = True
+        for stream in streams:
+            self._stop(stream)
+        self._metrics.streams.set(0)
+
+    # --- queries and changes ---------------------------------------------------------------
+
+    def get(self, stream_id: str) -> StreamView:
+        return self._view(self._stream(stream_id))
+
+    def list(self) -> list[StreamView]:
+        with self._lock:
+            streams = sorted(self._streams.values(), key=lambda s: s.spec.id)
+        return [self._view(s) for s in streams]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._streams)
+
+    def __contains__(self, stream_id: object) -> bool:
+        with self._lock:
+            return stream_id in self._streams
+
+    def snapshot(self, stream_id: str) -> Snapshot | None:
+        """The last processed frame and its result, or None before the first."""
+        stream = self._stream(stream_id)
+        with stream.lock:
+            return stream.snapshot
+
+    def update_params(self, stream_id: str, **changes: Any) -> StreamView:
+        """Change a running stream's conf_threshold / iou_threshold / max_det / classes.
+
+        A key given as None resets that field to the server default (classes: all classes);
+        keys not given are kept. Takes effect from the next frame. Raises ValueError for
+        unknown class names or fields, UnknownStreamError.
+        """
+        allowed = {"conf_threshold", "iou_threshold", "max_det", "classes"}
+        if unknown := set(changes) - allowed:
+            raise ValueError(f"cannot change {sorted(unknown)}; changeable: {sorted(allowed)}")
+        stream = self._stream(stream_id)
+        with stream.lock:
+            merged = stream.spec.model_dump() | changes
+            spec = StreamSpec.model_validate(merged)
+            stream.params = self._params_for(spec)
+            stream.spec = spec
+        return self._view(stream)
+
+    def sync_metrics(self) -> None:
+        """Fold every stream's worker counters into metrics (call before a scrape)."""
+        with self._lock:
+            streams = list(self._streams.values())
+        for stream in streams:
+            self._sync_stream_metrics(stream)
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _stream(self, stream_id: str) -> _Stream:
+        with self._lock:
+            stream = self._streams.get(stream_id)
+        if stream is None:
+            raise UnknownStreamError(f"no stream {stream_id!r}")
+        return stream
+
+    def _params_for(self, spec: StreamSpec) -> PostprocessParams:
+        return resolve_params(
+            self._defaults,
+            self._names,
+            conf_threshold=spec.conf_threshold,
+            iou_threshold=spec.iou_threshold,
+            max_det=spec.max_det,
+            classes=spec.classes,
+        )
+
+    def _view(self, stream: _Stream) -> StreamView:
+        status = stream.worker.status() if stream.worker is not None else SourceStatus()
+        with stream.lock:
+            spec, params = stream.spec, stream.params
+            processed, error = stream.frames_processed, stream.pipeline_error
+        age = None
+        if status.last_frame_time is not None:
+            age = max(0.0, self._clock() - status.last_frame_time)
+        return StreamView(
+            spec=spec,
+            params=params,
+            status=status,
+            frames_processed=processed,
+            last_frame_age_s=age,
+            pipeline_error=error,
+        )
+
+    def _on_state_change(self, source_id: str, old: SourceState, new: SourceState) -> None:
+        # Called on the worker's thread. Metrics ignore sources already removed.
+        log.info("source %s: %s -> %s", source_id, old, new)
+        self._metrics.set_source_state(source_id, new)
+
+    def _sync_stream_metrics(self, stream: _Stream) -> None:
+        if stream.worker is None:
+            return
+        self._metrics.sync_source(stream.spec.id, stream.worker.status(), now=self._clock())
+
+    def _run_pipeline(self, stream: _Stream) -> None:
+        """The stream's pipeline thread: mailbox -> detector -> hub + metrics, until stopped."""
+        source_id = stream.spec.id
+        next_sync = 0.0
+        while not stream.stop.is_set():
+            frame = stream.mailbox.get(timeout=_POLL_S)
+            now = time.monotonic()
+            if now >= next_sync:
+                self._sync_stream_metrics(stream)
+                next_sync = now + _METRICS_SYNC_S
+            if frame is None:
+                if stream.mailbox.closed:
+                    break
+                continue
+            with stream.lock:
+                params = stream.params
+            try:
+                ((detections, timings),) = self._detector.detect([frame.image_bgr], params)
+            except Exception as exc:  # keep serving: one bad frame must not end the stream
+                error = f"{type(exc).__name__}: {exc}"
+                with stream.lock:
+                    repeated, stream.pipeline_error = stream.pipeline_error == error, error
+                if not repeated:  # a broken model fails every frame: log each new error once
+                    log.exception("detection failed on %s frame %d", source_id, frame.index)
+                continue
+            published = self._clock()
+            timings = dataclasses.replace(
+                timings,
+                decode=frame.decode_seconds,
+                end_to_end=max(0.0, published - frame.arrival_time),
+            )
+            result = DetectionResult(
+                source_id=source_id,
+                frame_index=frame.index,
+                pts_seconds=frame.pts_seconds,
+                arrival_time=frame.arrival_time,
+                published_time=published,
+                image_size_wh=frame.size_wh,
+                detections=detections,
+                timings=timings,
+            )
+            with stream.lock:
+                if stream.closed:
+                    break
+                result = self._hub.publish(result)
+                stream.snapshot = Snapshot(frame, result)
+                stream.frames_processed += 1
+                stream.pipeline_error = None
+            self._metrics.observe_result(result)
