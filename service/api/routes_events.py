@@ -1,0 +1,149 @@
+"""WebSocket event feeds: /v1/streams/{id}/events (one stream) and /v1/events (all streams).
+
+Protocol (server -> client JSON text messages; client messages are read and ignored):
+
+1. `?after=<seq>` (optional, >= 0): if results after that seq have already left the replay
+   buffer, `{"type": "gap", "requested_after": <seq>, "oldest_seq": <n | null>}` comes first
+   (also when the seq is newer than anything here, i.e. from before a server restart).
+2. `{"type": "result", "result": {...}}` for every kept result with seq > after, oldest first,
+   then every new result as it is published: no gaps and no duplicates, so a client that
+   reconnects with after=<last seq it saw> continues exactly where it stopped.
+   Without `after`, only results published after the connection are sent.
+3. Before the server closes: `{"type": "lagging" | "stream_removed" | "shutdown",
+   "resume_after": <last seq sent>}`, with close codes 1013 (client too slow: its queue
+   filled up; reconnect with after=resume_after), 1000 (stream deleted) and 1001 (shutdown).
+
+Handshake refusals are HTTP responses with a JSON `detail`: 401 (API key), 404 (unknown
+stream), 422 (bad `after`), 503 (not ready); servers without the WebSocket denial-response
+extension close with 1008 / 4404 / 1003 / 1013 instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Literal
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect, status
+from fastapi.responses import JSONResponse
+from vdet.api.auth import websocket_auth
+from vdet.api.deps import Runtime, runtime_of
+from vdet.api.schemas import EndEvent, GapEvent
+from vdet.hub import Subscription, SubscriptionEnd, SubscriptionEndedError
+
+router = APIRouter()
+
+_CLOSE_CODES = {
+    status.HTTP_401_UNAUTHORIZED: status.WS_1008_POLICY_VIOLATION,
+    status.HTTP_404_NOT_FOUND: 4404,
+    status.HTTP_422_UNPROCESSABLE_CONTENT: status.WS_1003_UNSUPPORTED_DATA,
+    status.HTTP_503_SERVICE_UNAVAILABLE: status.WS_1013_TRY_AGAIN_LATER,
+}
+EndKind = Literal["lagging", "stream_removed", "shutdown"]
+_END: dict[SubscriptionEnd, tuple[EndKind, int]] = {
+    SubscriptionEnd.LAGGING: ("lagging", status.WS_1013_TRY_AGAIN_LATER),
+    SubscriptionEnd.SOURCE_REMOVED: ("stream_removed", status.WS_1000_NORMAL_CLOSURE),
+    SubscriptionEnd.CLOSED: ("shutdown", status.WS_1001_GOING_AWAY),
+}
+
+
+@router.websocket("/v1/streams/{stream_id}/events")
+async def stream_events(websocket: WebSocket, stream_id: str) -> None:
+    await _serve(websocket, stream_id)
+
+
+@router.websocket("/v1/events")
+async def all_events(websocket: WebSocket) -> None:
+    await _serve(websocket, None)
+
+
+async def _deny(ws: WebSocket, code: int, detail: str) -> None:
+    if "websocket.http.response" in ws.scope.get("extensions", {}):
+        await ws.send_denial_response(JSONResponse({"detail": detail}, status_code=code))
+    else:
+        await ws.close(_CLOSE_CODES[code], reason=detail[:120])
+
+
+def _parse_after(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    after = int(raw)  # ValueError for junk
+    if after < 0:
+        raise ValueError(after)
+    return after
+
+
+async def _serve(ws: WebSocket, source_id: str | None) -> None:
+    rt = runtime_of(ws)
+    authorised, subprotocol = websocket_auth(ws)
+    if not authorised:
+        await _deny(ws, status.HTTP_401_UNAUTHORIZED, "missing or invalid API key")
+        return
+    manager = rt.manager
+    if not rt.ready or manager is None:
+        await _deny(ws, status.HTTP_503_SERVICE_UNAVAILABLE, "the service is not ready")
+        return
+    if source_id is not None and source_id not in manager:
+        await _deny(ws, status.HTTP_404_NOT_FOUND, f"no stream {source_id!r}")
+        return
+    try:
+        after = _parse_after(ws.query_params.get("after"))
+    except ValueError:
+        await _deny(
+            ws, status.HTTP_422_UNPROCESSABLE_CONTENT, "'after' must be an integer seq >= 0"
+        )
+        return
+
+    # Subscribe before accepting so that nothing published during the handshake is missed.
+    sub = rt.hub.subscribe(source_id, after)
+    rt.metrics.websocket_clients.inc()
+    try:
+        await ws.accept(subprotocol)
+        reader = asyncio.create_task(_drain(ws))
+        writer = asyncio.create_task(_send_events(ws, rt, sub, after))
+        _, pending = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect):
+                await task
+        if writer.done() and not writer.cancelled():
+            # The client going away mid-send is normal; anything else is a bug to surface.
+            exc = writer.exception()
+            if exc is not None and not isinstance(exc, WebSocketDisconnect | OSError):
+                raise exc
+    except WebSocketDisconnect:
+        pass
+    finally:
+        sub.close()
+        rt.metrics.websocket_clients.dec()
+
+
+async def _drain(ws: WebSocket) -> None:
+    """Read (and ignore) client messages; returns when the client disconnects."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+
+
+async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int | None) -> None:
+    last_sent = after if after is not None else sub.start_seq
+    replay = sub.replay
+    if replay.gap and after is not None:
+        gap = GapEvent(requested_after=after, oldest_seq=replay.oldest_seq)
+        await ws.send_text(gap.model_dump_json())
+    encoder = rt.encoder
+    for result in replay.results:
+        await ws.send_text(encoder.encode(result, rt.class_names))
+        last_sent = result.seq
+    while True:
+        try:
+            result = await sub.get()
+        except SubscriptionEndedError as end:
+            kind, code = _END[end.reason]
+            await ws.send_text(EndEvent(type=kind, resume_after=last_sent).model_dump_json())
+            await ws.close(code)
+            return
+        await ws.send_text(encoder.encode(result, rt.class_names))
+        last_sent = result.seq

@@ -1,0 +1,60 @@
+"""Operational endpoints: liveness, readiness and Prometheus metrics (never behind the API key)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from vdet.api.deps import RuntimeDep
+from vdet.api.schemas import HealthOut, ReadyOut
+from vdet.metrics import CONTENT_TYPE
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz", response_model=HealthOut, summary="Liveness: the process is serving")
+async def healthz() -> HealthOut:
+    return HealthOut()
+
+
+@router.get(
+    "/readyz",
+    response_model=ReadyOut,
+    summary="Readiness: the detector is loaded and every configured source has started",
+    responses={503: {"model": ReadyOut, "description": "Starting or stopping."}},
+)
+async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
+    # Started means the source's worker runs, not that its camera is up: a camera outage is
+    # visible per stream and in metrics, and must not take the whole service out of rotation.
+    configured = len(rt.settings.sources)
+    body = ReadyOut(
+        ready=rt.ready,
+        detector_loaded=rt.detector is not None,
+        sources_configured=configured,
+        sources_started=rt.sources_started,
+        detail=None if rt.ready else "starting or stopping",
+    )
+    if rt.ready:
+        return body
+    return JSONResponse(body.model_dump(), status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    summary="Prometheus metrics",
+    responses={
+        200: {
+            "content": {CONTENT_TYPE: {"schema": {"type": "string"}}},
+            "description": "Prometheus text exposition format.",
+        }
+    },
+)
+async def metrics(rt: RuntimeDep) -> Response:
+    def render() -> bytes:
+        if rt.manager is not None:
+            rt.manager.sync_metrics()
+        text: bytes = rt.metrics.render()
+        return text
+
+    return Response(content=await run_in_threadpool(render), media_type=CONTENT_TYPE)

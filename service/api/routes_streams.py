@@ -1,0 +1,174 @@
+"""REST routes for streams: add, list, inspect, change, delete, latest detections, snapshot.
+
+Handlers are plain `def`: FastAPI runs them in its thread pool, so the manager's locks, thread
+joins and JPEG encoding never run on the event loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Response, status
+from vdet.api.deps import ManagerDep
+from vdet.api.images import draw_detections, encode_jpeg
+from vdet.api.schemas import (
+    DetectionResultOut,
+    EffectiveParams,
+    ErrorOut,
+    StreamListOut,
+    StreamOut,
+    StreamPatch,
+    StreamStatusOut,
+    result_out,
+)
+from vdet.config import StreamSpec
+from vdet.streams import StreamView
+
+router = APIRouter(prefix="/v1/streams", tags=["streams"])
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorOut, "description": "No stream has this id."}
+}
+
+
+def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
+    p, s = view.params, view.status
+    return StreamOut(
+        id=view.spec.id,
+        spec=view.spec,
+        effective=EffectiveParams(
+            conf_threshold=p.conf_threshold,
+            iou_threshold=p.iou_threshold,
+            max_det=p.max_det,
+            top_k=p.top_k,
+            classes=None if p.classes is None else [names[i] for i in sorted(p.classes)],
+        ),
+        status=StreamStatusOut(
+            state=s.state,
+            attempts=s.attempts,
+            reconnects=s.reconnects,
+            last_error=s.last_error,
+            pipeline_error=view.pipeline_error,
+            last_frame_age_s=view.last_frame_age_s,
+            fps=s.fps,
+            width=s.width,
+            height=s.height,
+            frames_decoded=s.frames_decoded,
+            frames_processed=view.frames_processed,
+            frames_dropped=s.frames_dropped,
+        ),
+    )
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=StreamOut,
+    summary="Add a stream and start detecting on it",
+    responses={
+        409: {
+            "model": ErrorOut,
+            "description": "A stream with this id exists, or max_streams streams are running "
+            "(delete one first; retrying will not help until then).",
+        },
+        422: {
+            "model": ErrorOut,
+            "description": "Invalid body, unsupported URL scheme (the message names the "
+            "allowed ones), missing local file, or unknown class names.",
+        },
+    },
+)
+def add_stream(spec: StreamSpec, response: Response, manager: ManagerDep) -> StreamOut:
+    try:
+        view = manager.add(spec)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
+    response.headers["Location"] = f"/v1/streams/{spec.id}"
+    return stream_out(view, manager.class_names)
+
+
+@router.get("", response_model=StreamListOut, summary="List streams, sorted by id")
+def list_streams(manager: ManagerDep) -> StreamListOut:
+    names = manager.class_names
+    return StreamListOut(streams=[stream_out(v, names) for v in manager.list()])
+
+
+@router.get(
+    "/{stream_id}",
+    response_model=StreamOut,
+    summary="A stream's spec, effective thresholds and source status",
+    responses=_NOT_FOUND,
+)
+def get_stream(stream_id: str, manager: ManagerDep) -> StreamOut:
+    return stream_out(manager.get(stream_id), manager.class_names)
+
+
+@router.patch(
+    "/{stream_id}",
+    response_model=StreamOut,
+    summary="Change a stream's thresholds or class filter (from its next frame)",
+    responses={
+        **_NOT_FOUND,
+        422: {"model": ErrorOut, "description": "Invalid body or unknown class names."},
+    },
+)
+def patch_stream(stream_id: str, patch: StreamPatch, manager: ManagerDep) -> StreamOut:
+    changes = {name: getattr(patch, name) for name in patch.model_fields_set}
+    try:
+        view = manager.update_params(stream_id, **changes)
+    except ValueError as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
+    return stream_out(view, manager.class_names)
+
+
+@router.delete(
+    "/{stream_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Stop and remove a stream, its latest result and its metrics",
+    responses=_NOT_FOUND,
+)
+def delete_stream(stream_id: str, manager: ManagerDep) -> Response:
+    manager.remove(stream_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get(
+    "/{stream_id}/detections",
+    response_model=DetectionResultOut,
+    summary="The latest detections of a stream",
+    responses={
+        **_NOT_FOUND,
+        204: {"description": "The stream has not produced a result yet (no body)."},
+    },
+)
+def latest_detections(stream_id: str, manager: ManagerDep) -> DetectionResultOut | Response:
+    snap = manager.snapshot(stream_id)
+    if snap is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    return result_out(snap.result, manager.class_names)
+
+
+@router.get(
+    "/{stream_id}/snapshot.jpg",
+    response_class=Response,
+    summary="The last processed frame with its detections drawn, as JPEG",
+    responses={
+        200: {
+            "content": {"image/jpeg": {"schema": {"type": "string", "format": "binary"}}},
+            "description": "JPEG; header X-Vdet-Seq gives the result's seq.",
+        },
+        204: {"description": "No frame has been processed yet (no body)."},
+        **_NOT_FOUND,
+    },
+)
+def snapshot(stream_id: str, manager: ManagerDep) -> Response:
+    snap = manager.snapshot(stream_id)
+    if snap is None:
+        return Response(status_code=status.HTTP_204_NO_CONTENT)
+    image = draw_detections(snap.frame.image_bgr, snap.result.detections, manager.class_names)
+    return Response(
+        content=encode_jpeg(image),
+        media_type="image/jpeg",
+        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(snap.result.seq)},
+    )

@@ -1,0 +1,221 @@
+"""The JSON shapes of the HTTP and WebSocket API, and conversions from core types to them.
+
+This module owns the wire format: field names, units (boxes in source pixels, times as Unix
+seconds, durations in milliseconds) and the WebSocket message envelopes. Routes return these
+models; nothing here touches streams, the hub or the detector.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from vdet.config import ClassRef, ConfThreshold, IouThreshold, MaxDet, StreamSpec
+from vdet.types import DetectionResult, Detections, SourceState, StageTimings
+
+
+class ErrorOut(BaseModel):
+    """Every error response. `detail` is a sentence, or for request validation errors (422)
+    FastAPI's list of issues, each with `loc`, `msg` and `type`."""
+
+    detail: str | list[dict[str, Any]] = Field(
+        description="What was wrong and, where possible, how to fix it."
+    )
+
+
+class DetectionOut(BaseModel):
+    class_id: int = Field(ge=0, description="Class index in the model.")
+    class_name: str = Field(description="Class name from the model's metadata.")
+    score: float = Field(ge=0.0, le=1.0, description="Confidence of the class.")
+    box: tuple[float, float, float, float] = Field(
+        description="[x1, y1, x2, y2] in source-image pixels (x2, y2 exclusive)."
+    )
+
+
+class TimingsMs(BaseModel):
+    """Milliseconds per stage for one frame."""
+
+    decode: float = Field(
+        description="Streams: demux + decode + colour conversion. Uploads: image decode."
+    )
+    preprocess: float = Field(description="Letterbox and normalisation.")
+    inference: float = Field(description="The model call (its whole batch).")
+    postprocess: float = Field(description="Box decoding and NMS.")
+    end_to_end: float = Field(
+        description="Streams: packet arrival to publish. Uploads: body received to response."
+    )
+
+
+class DetectionResultOut(BaseModel):
+    """Detections for one processed frame of a stream."""
+
+    seq: int = Field(ge=1, description="Global, strictly increasing result number (resume key).")
+    source_id: str
+    frame_index: int = Field(ge=0, description="Index of the frame in its source's decode order.")
+    pts_s: float | None = Field(description="Presentation time in the stream, seconds.")
+    arrival_time: float = Field(description="Unix time the frame's last packet was read.")
+    published_time: float = Field(description="Unix time the result was published.")
+    image_width: int
+    image_height: int
+    detections: list[DetectionOut]
+    timings_ms: TimingsMs
+
+
+class DetectOut(BaseModel):
+    """Detections for one uploaded image."""
+
+    image_width: int
+    image_height: int
+    detections: list[DetectionOut]
+    timings_ms: TimingsMs
+
+
+class EffectiveParams(BaseModel):
+    """The thresholds a stream runs with now, server defaults filled in."""
+
+    conf_threshold: float
+    iou_threshold: float
+    max_det: int
+    top_k: int
+    classes: list[str] | None = Field(description="Class names reported; null: all.")
+
+
+class StreamStatusOut(BaseModel):
+    state: SourceState = Field(description="Where the source's worker is in its cycle.")
+    attempts: int = Field(description="Connection attempts since the stream was added.")
+    reconnects: int = Field(description="Reopens after an error, end of stream or stall.")
+    last_error: str | None = Field(description="The most recent source error, if any.")
+    pipeline_error: str | None = Field(
+        description="The last detection error; cleared by the next successful frame."
+    )
+    last_frame_age_s: float | None = Field(
+        description="Seconds since the last decoded frame; null before the first."
+    )
+    fps: float | None = Field(description="Source frame rate as measured or reported.")
+    width: int | None
+    height: int | None
+    frames_decoded: int
+    frames_processed: int
+    frames_dropped: int = Field(
+        description="Decoded frames skipped because detection was busy with an earlier one."
+    )
+
+
+class StreamOut(BaseModel):
+    id: str
+    spec: StreamSpec = Field(description="The stream as added, with any PATCHed changes.")
+    effective: EffectiveParams
+    status: StreamStatusOut
+
+
+class StreamListOut(BaseModel):
+    streams: list[StreamOut]
+
+
+class StreamPatch(BaseModel):
+    """Changes to a running stream. A field left out is kept; null resets it to the default
+    (for `classes`: report all classes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    conf_threshold: ConfThreshold | None = None
+    iou_threshold: IouThreshold | None = None
+    max_det: MaxDet | None = None
+    classes: list[ClassRef] | None = Field(default=None, min_length=1, max_length=1000)
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    detector_loaded: bool
+    sources_configured: int = Field(description="Streams declared in the configuration.")
+    sources_started: int = Field(description="Of those, streams whose workers have started.")
+    detail: str | None = None
+
+
+# --- WebSocket messages ----------------------------------------------------------------------
+
+
+class ResultEvent(BaseModel):
+    type: Literal["result"] = "result"
+    result: DetectionResultOut
+
+
+class GapEvent(BaseModel):
+    """Sent first when results after `requested_after` can no longer be replayed."""
+
+    type: Literal["gap"] = "gap"
+    requested_after: int
+    oldest_seq: int | None = Field(description="The first seq still replayable; null if none.")
+
+
+class EndEvent(BaseModel):
+    """Sent last before the server closes the socket; reconnect with after=`resume_after`."""
+
+    type: Literal["lagging", "stream_removed", "shutdown"]
+    resume_after: int = Field(description="The seq of the last result sent on this socket.")
+
+
+# --- conversions -----------------------------------------------------------------------------
+
+
+def detections_out(dets: Detections, names: Sequence[str]) -> list[DetectionOut]:
+    xyxy, scores, ids = dets.xyxy.tolist(), dets.scores.tolist(), dets.class_ids.tolist()
+    return [
+        DetectionOut(
+            class_id=cid,
+            class_name=names[cid] if 0 <= cid < len(names) else str(cid),
+            score=score,
+            box=(box[0], box[1], box[2], box[3]),
+        )
+        for box, score, cid in zip(xyxy, scores, ids, strict=True)
+    ]
+
+
+def timings_out(t: StageTimings) -> TimingsMs:
+    return TimingsMs(
+        decode=t.decode * 1e3,
+        preprocess=t.preprocess * 1e3,
+        inference=t.inference * 1e3,
+        postprocess=t.postprocess * 1e3,
+        end_to_end=t.end_to_end * 1e3,
+    )
+
+
+def result_out(result: DetectionResult, names: Sequence[str]) -> DetectionResultOut:
+    w, h = result.image_size_wh
+    return DetectionResultOut(
+        seq=result.seq,
+        source_id=result.source_id,
+        frame_index=result.frame_index,
+        pts_s=result.pts_seconds,
+        arrival_time=result.arrival_time,
+        published_time=result.published_time,
+        image_width=w,
+        image_height=h,
+        detections=detections_out(result.detections, names),
+        timings_ms=timings_out(result.timings),
+    )
+
+
+class ResultEventEncoder:
+    """JSON text of `ResultEvent`s, cached by seq: every WebSocket client of a result shares one
+    encoding. Use from the event loop thread only."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._capacity = capacity
+        self._cache: OrderedDict[int, str] = OrderedDict()
+
+    def encode(self, result: DetectionResult, names: Sequence[str]) -> str:
+        text = self._cache.get(result.seq)
+        if text is None:
+            text = ResultEvent(result=result_out(result, names)).model_dump_json()
+            self._cache[result.seq] = text
+            if len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+        return text

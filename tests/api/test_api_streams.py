@@ -1,0 +1,306 @@
+"""Stream routes end to end: a real H.264 file through ingest, the ONNX detector and the hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from support.apptest import CLIP_WH, MakeSettings, TestClient, expected_box, stream_body
+from support.rtsp import free_port
+from support.waiting import wait_until
+from vdet.api.app import create_app
+
+
+def latest(client: TestClient, stream_id: str = "cam") -> dict[str, Any] | None:
+    r = client.get(f"/v1/streams/{stream_id}/detections")
+    if r.status_code == 204:
+        return None
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def wait_for_result(client: TestClient, stream_id: str = "cam", after: int = 0) -> dict[str, Any]:
+    def newer() -> dict[str, Any]:
+        body = latest(client, stream_id)
+        return body if body is not None and body["seq"] > after else {}
+
+    return wait_until(newer, 10, what=f"a result of {stream_id} after seq {after}")
+
+
+def dead_camera_url() -> str:
+    """An RTSP URL on a closed loopback port: the stream exists but never yields a frame."""
+    return f"rtsp://127.0.0.1:{free_port()}/cam"
+
+
+def test_add_stream_then_read_detections_in_source_pixels(client: TestClient, clip: Path) -> None:
+    r = client.post("/v1/streams", json=stream_body(clip))
+    assert r.status_code == 201, r.text
+    assert r.headers["location"] == "/v1/streams/cam"
+    body = r.json()
+    assert body["id"] == "cam"
+    assert body["spec"]["url"] == str(clip)
+    assert body["effective"] == {
+        "conf_threshold": 0.25,
+        "iou_threshold": 0.45,
+        "max_det": 300,
+        "top_k": 1000,
+        "classes": None,
+    }
+
+    result = wait_for_result(client)
+    assert result["source_id"] == "cam"
+    assert (result["image_width"], result["image_height"]) == CLIP_WH
+    assert result["frame_index"] >= 0
+    assert result["published_time"] >= result["arrival_time"]
+    dets = result["detections"]
+    assert [(d["class_id"], d["class_name"]) for d in dets] == [
+        (0, "person"),
+        (1, "car"),
+        (2, "dog"),
+    ]
+    assert [round(d["score"], 3) for d in dets] == [0.9, 0.6, 0.3]
+    for det, anchor in zip(dets, range(3), strict=True):
+        assert det["box"] == pytest.approx(expected_box(anchor), abs=1e-3)
+    assert set(result["timings_ms"]) == {
+        "decode",
+        "preprocess",
+        "inference",
+        "postprocess",
+        "end_to_end",
+    }
+    assert result["timings_ms"]["end_to_end"] > 0
+
+    status = client.get("/v1/streams/cam").json()["status"]
+    assert status["state"] == "streaming"
+    assert status["attempts"] == 1
+    assert status["frames_decoded"] >= 1
+    assert status["frames_processed"] >= 1
+    assert status["last_frame_age_s"] is not None
+    assert status["fps"] == pytest.approx(30.0)
+    assert (status["width"], status["height"]) == CLIP_WH
+
+
+def test_list_get_and_delete(client: TestClient, clip: Path) -> None:
+    assert client.get("/v1/streams").json() == {"streams": []}
+    for stream_id in ("b-cam", "a.cam"):
+        assert client.post("/v1/streams", json=stream_body(clip, stream_id)).status_code == 201
+    listed = client.get("/v1/streams").json()["streams"]
+    assert [s["id"] for s in listed] == ["a.cam", "b-cam"]
+    assert client.get("/v1/streams/a.cam").json()["id"] == "a.cam"
+
+    r = client.delete("/v1/streams/a.cam")
+    assert r.status_code == 204
+    assert r.content == b""
+    assert client.get("/v1/streams/a.cam").status_code == 404
+    assert client.get("/v1/streams/a.cam/detections").status_code == 404
+    assert [s["id"] for s in client.get("/v1/streams").json()["streams"]] == ["b-cam"]
+
+
+def test_patch_changes_thresholds_and_classes_from_the_next_frame(
+    client: TestClient, clip: Path
+) -> None:
+    assert client.post("/v1/streams", json=stream_body(clip)).status_code == 201
+    first = wait_for_result(client)
+    assert len(first["detections"]) == 3
+
+    r = client.patch("/v1/streams/cam", json={"conf_threshold": 0.5})
+    assert r.status_code == 200, r.text
+    assert r.json()["spec"]["conf_threshold"] == 0.5
+    assert r.json()["effective"]["conf_threshold"] == 0.5
+    # Results published before the change may still be in flight: wait for a new frame.
+    seq = client.get("/v1/streams/cam/detections").json()["seq"]
+    after = wait_for_result(client, after=seq + 1)
+    assert [d["class_name"] for d in after["detections"]] == ["person", "car"]
+
+    r = client.patch("/v1/streams/cam", json={"classes": ["car", 2], "conf_threshold": None})
+    assert r.status_code == 200, r.text
+    assert r.json()["effective"]["classes"] == ["car", "dog"]
+    assert r.json()["effective"]["conf_threshold"] == 0.25  # null: back to the default
+    seq = client.get("/v1/streams/cam/detections").json()["seq"]
+    filtered = wait_for_result(client, after=seq + 1)
+    assert [d["class_name"] for d in filtered["detections"]] == ["car", "dog"]
+
+    r = client.patch("/v1/streams/cam", json={"max_det": 1, "classes": None})
+    assert r.json()["effective"] == {
+        "conf_threshold": 0.25,
+        "iou_threshold": 0.45,
+        "max_det": 1,
+        "top_k": 1000,
+        "classes": None,
+    }
+
+
+def test_stream_classes_and_thresholds_at_creation(client: TestClient, clip: Path) -> None:
+    body = stream_body(clip, classes=["dog"], conf_threshold=0.1, iou_threshold=0.7, max_det=5)
+    r = client.post("/v1/streams", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["effective"]["classes"] == ["dog"]
+    result = wait_for_result(client)
+    assert [d["class_name"] for d in result["detections"]] == ["dog"]
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"id": "cam", "url": "ftp://host/file.mp4"}, "rtsp://"),
+        ({"id": "cam", "url": "concat:/a.mp4|/b.mp4"}, "unsupported source scheme"),
+        ({"id": "cam", "url": "/no/such/file.mp4"}, "does not exist"),
+        ({"id": "cam", "url": "rtsp://h/s", "classes": ["unicorn"]}, "unicorn"),
+        ({"id": "cam", "url": "rtsp://h/s", "classes": [7]}, "unknown class"),
+    ],
+)
+def test_add_rejects_bad_sources_and_classes_with_422(
+    client: TestClient, body: dict[str, Any], fragment: str
+) -> None:
+    r = client.post("/v1/streams", json=body)
+    assert r.status_code == 422, r.text
+    assert fragment in r.json()["detail"]
+    assert client.get("/v1/streams").json() == {"streams": []}
+
+
+def test_unsupported_scheme_names_the_allowed_ones(client: TestClient) -> None:
+    detail = client.post("/v1/streams", json={"id": "x", "url": "udp://1.2.3.4:5"}).json()
+    for scheme in ("rtsp://", "rtsps://", "http://", "https://", "file://"):
+        assert scheme in detail["detail"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": "bad id", "url": "rtsp://h/s"},
+        {"id": "x" * 65, "url": "rtsp://h/s"},
+        {"url": "rtsp://h/s"},
+        {"id": "cam", "url": "rtsp://h/s", "unknown": 1},
+        {"id": "cam", "url": "rtsp://h/s", "conf_threshold": 2},
+        {"id": "cam", "url": "rtsp://h/s", "max_det": 0},
+        {"id": "cam", "url": "rtsp://h/s", "loop": "sometimes"},
+        [],
+    ],
+)
+def test_add_rejects_invalid_bodies_with_422(client: TestClient, body: Any) -> None:
+    r = client.post("/v1/streams", json=body)
+    assert r.status_code == 422
+    assert isinstance(r.json()["detail"], list)
+
+
+def test_malformed_json_is_422(client: TestClient) -> None:
+    r = client.post(
+        "/v1/streams", content=b'{"id": "cam", "url":', headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert "detail" in r.json()
+
+
+def test_duplicate_id_is_409_and_keeps_the_original(client: TestClient, clip: Path) -> None:
+    assert client.post("/v1/streams", json=stream_body(clip)).status_code == 201
+    r = client.post("/v1/streams", json={"id": "cam", "url": dead_camera_url()})
+    assert r.status_code == 409
+    assert "already exists" in r.json()["detail"]
+    assert client.get("/v1/streams/cam").json()["spec"]["url"] == str(clip)
+
+
+def test_stream_limit_is_409(make_settings: MakeSettings, clip: Path) -> None:
+    with TestClient(create_app(make_settings(max_streams=2))) as client:
+        for stream_id in ("a", "b"):
+            assert client.post("/v1/streams", json=stream_body(clip, stream_id)).status_code == 201
+        r = client.post("/v1/streams", json=stream_body(clip, "c"))
+        assert r.status_code == 409
+        assert "stream limit reached (2)" in r.json()["detail"]
+        # Deleting one frees a slot.
+        assert client.delete("/v1/streams/a").status_code == 204
+        assert client.post("/v1/streams", json=stream_body(clip, "c")).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/v1/streams/nope", None),
+        ("PATCH", "/v1/streams/nope", {"conf_threshold": 0.5}),
+        ("DELETE", "/v1/streams/nope", None),
+        ("GET", "/v1/streams/nope/detections", None),
+        ("GET", "/v1/streams/nope/snapshot.jpg", None),
+    ],
+)
+def test_unknown_stream_is_404(client: TestClient, method: str, path: str, body: Any) -> None:
+    r = client.request(method, path, json=body)
+    assert r.status_code == 404
+    assert r.json() == {"detail": "no stream 'nope'"}
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"conf_threshold": 1.5},
+        {"iou_threshold": -1},
+        {"max_det": 0},
+        {"classes": []},
+        {"url": "rtsp://other/stream"},
+        {"loop": True},
+    ],
+)
+def test_patch_rejects_invalid_changes_with_422(client: TestClient, patch: dict[str, Any]) -> None:
+    assert client.post("/v1/streams", json={"id": "cam", "url": dead_camera_url()}).status_code == (
+        201
+    )
+    r = client.patch("/v1/streams/cam", json=patch)
+    assert r.status_code == 422
+
+
+def test_patch_rejects_unknown_classes_and_keeps_the_old_ones(client: TestClient) -> None:
+    body = {"id": "cam", "url": dead_camera_url(), "classes": ["person"]}
+    assert client.post("/v1/streams", json=body).status_code == 201
+    r = client.patch("/v1/streams/cam", json={"classes": ["person", "unicorn"]})
+    assert r.status_code == 422
+    assert "unicorn" in r.json()["detail"]
+    assert client.get("/v1/streams/cam").json()["effective"]["classes"] == ["person"]
+
+
+def test_no_result_yet_is_204_for_detections_and_snapshot(client: TestClient) -> None:
+    body = {"id": "cam", "url": dead_camera_url()}
+    assert client.post("/v1/streams", json=body).status_code == 201
+    r = client.get("/v1/streams/cam/detections")
+    assert r.status_code == 204
+    assert r.content == b""
+    assert client.get("/v1/streams/cam/snapshot.jpg").status_code == 204
+    # The failing camera shows in its status, the service keeps running.
+    status = wait_until(
+        lambda: (s := client.get("/v1/streams/cam").json()["status"])["last_error"] and s,
+        10,
+        what="a connection error",
+    )
+    assert status["state"] in {"failed", "backoff", "connecting"}
+    assert status["frames_decoded"] == 0
+
+
+def test_snapshot_is_the_last_frame_with_boxes(client: TestClient, clip: Path) -> None:
+    assert client.post("/v1/streams", json=stream_body(clip)).status_code == 201
+    wait_for_result(client)
+    r = client.get("/v1/streams/cam/snapshot.jpg")
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "image/jpeg"
+    assert int(r.headers["x-vdet-seq"]) >= 1
+    image = cv2.imdecode(np.frombuffer(r.content, np.uint8), cv2.IMREAD_COLOR)
+    assert image is not None
+    assert image.shape == (CLIP_WH[1], CLIP_WH[0], 3)
+    # The person box is drawn along its edge (x1 = 48): a coloured, non-background line.
+    x1, y1, _, y2 = (round(v) for v in expected_box(0))
+    edge = image[y1 + 4 : y2 - 4, x1].astype(int)
+    assert edge.std(axis=1).mean() > 40  # saturated box colour, not the grey-ish gradient
+
+
+def test_file_that_ends_stops_its_stream_but_keeps_it_listed(
+    client: TestClient, clip: Path
+) -> None:
+    body = stream_body(clip, loop=False, realtime=False)
+    assert client.post("/v1/streams", json=body).status_code == 201
+    status = wait_until(
+        lambda: (s := client.get("/v1/streams/cam").json()["status"])["state"] == "stopped" and s,
+        10,
+        what="the file to end",
+    )
+    assert status["frames_decoded"] == 30
+    assert latest(client) is not None
