@@ -1,0 +1,117 @@
+"""`vdet bench`: measured figures with the machine they were measured on.
+
+A figure is only worth committing with its context (date, CPU/GPU, versions) and beside a
+baseline measured in the same run. This module owns the measuring loops and the environment
+record; the stages measured are the service's own (`Detector`, `SourceReader`), called exactly
+as the service calls them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from vdet.ingest.reader import DecodeError, SourceReader
+from vdet.pipeline.detector import Detector
+
+_PACKAGES = ("vdet", "numpy", "onnxruntime", "opencv-python-headless", "av", "torch")
+
+
+def environment() -> dict[str, object]:
+    """Where and with what a benchmark ran."""
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host_cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": versions,
+    }
+
+
+def summarize_ms(seconds: list[float]) -> dict[str, float]:
+    """p50/p95/p99/mean in milliseconds of a list of durations in seconds."""
+    if not seconds:
+        return {}
+    a = np.asarray(seconds) * 1e3
+    return {
+        "p50": round(float(np.percentile(a, 50)), 3),
+        "p95": round(float(np.percentile(a, 95)), 3),
+        "p99": round(float(np.percentile(a, 99)), 3),
+        "mean": round(float(a.mean()), 3),
+        "n": len(seconds),
+    }
+
+
+def run_pipeline_bench(
+    model: str | os.PathLike[str],
+    backend: str,
+    source: str,
+    frames: int = 150,
+    warmup: int = 10,
+) -> dict[str, object]:
+    """Per-stage latency of decode -> preprocess -> infer -> postprocess on one clip.
+
+    Frames are decoded as fast as possible (no real-time pacing) and each is detected right
+    away, batch 1, the way one live source runs through the service.
+    """
+    stages: dict[str, list[float]] = {k: [] for k in
+                                      ("decode", "preprocess", "inference", "postprocess", "total")}
+    with Detector.open(model, backend) as detector, SourceReader(source, loop=True) as reader:
+        info = reader.open()
+        done = 0
+        for item in reader.frames():
+            if isinstance(item, DecodeError):
+                continue
+            start = time.perf_counter()
+            (_, timings), = detector.detect([item.image_bgr])
+            elapsed = time.perf_counter() - start
+            done += 1
+            if done <= warmup:
+                continue
+            stages["decode"].append(item.decode_seconds)
+            stages["preprocess"].append(timings.preprocess)
+            stages["inference"].append(timings.inference)
+            stages["postprocess"].append(timings.postprocess)
+            stages["total"].append(item.decode_seconds + elapsed)
+            if done >= warmup + frames:
+                break
+        model_info = detector.info
+        backend_name, device = detector.backend.name, detector.backend.device
+    total = stages["total"]
+    return {
+        "scenario": "pipeline",
+        "environment": environment(),
+        "backend": backend_name,
+        "device": device,
+        "model": {"path": str(model_info.path), "sha256": model_info.sha256,
+                  "input_hw": list(model_info.input_hw)},
+        "source": {"path": source, "width": info.width, "height": info.height, "fps": info.fps},
+        "frames": len(total),
+        "warmup_frames": warmup,
+        "latency_ms": {k: summarize_ms(v) for k, v in stages.items()},
+        "throughput_fps": round(len(total) / sum(total), 2) if total else 0.0,
+        "realtime_ratio_vs_source_fps": (
+            round(len(total) / sum(total) / info.fps, 3) if total and info.fps else None
+        ),
+    }

@@ -1,0 +1,368 @@
+"""The `vdet` command line: serve, detect, eval, export, generate, bench.
+
+Each subcommand parses its arguments and hands over to the module that owns the work; nothing
+here computes anything itself. Errors a user can fix exit with status 2 and one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from importlib.resources import files
+from pathlib import Path
+
+DEMO_SOURCE_ID = "demo"
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
+
+
+class UsageError(Exception):
+    """A problem with the command's input that the user can fix."""
+
+
+def asset_path(name: str) -> Path:
+    """A file shipped inside the package (the demo model and the sample clip)."""
+    return Path(str(files("vdet").joinpath("assets", name)))
+
+
+def _add_detection_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", type=Path, default=None, help="ONNX model (default: demo model)")
+    p.add_argument("--backend", default="auto", help="auto, onnxruntime, torch, tensorrt")
+    p.add_argument("--conf", type=float, default=0.25, help="score threshold")
+    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
+    p.add_argument("--max-det", type=int, default=300)
+    p.add_argument("--classes", default=None, help="comma-separated class names or ids")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vdet", description="Real-time video object detection.")
+    parser.add_argument("--log-level", default="info")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="run the HTTP/WebSocket service")
+    p.add_argument("--config", type=Path, default=None, help="YAML settings file")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument(
+        "--no-demo",
+        action="store_true",
+        help="don't add the looping demo source when no sources are configured",
+    )
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("detect", help="detect objects in an image or a video; JSON lines out")
+    p.add_argument("source", help="image file, video file or stream URL")
+    _add_detection_args(p)
+    p.add_argument("--max-frames", type=int, default=None, help="stop after N frames")
+    p.add_argument("--output", type=Path, default=None, help="write an annotated image/video")
+    p.set_defaults(func=_cmd_detect)
+
+    p = sub.add_parser("eval", help="COCO mAP of a model on a labelled image set")
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--coco", type=Path, default=None, help="COCO JSON (default: synthetic set)")
+    p.add_argument("--images", type=Path, default=None, help="image root of the COCO file")
+    p.add_argument("--synthetic", type=int, default=500, help="held-out synthetic images")
+    p.add_argument("--cache-dir", type=Path, default=Path(".cache/heldout"))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--output", type=Path, default=None, help="write the JSON report here")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("export", help="Ultralytics .pt -> ONNX with the raw head")
+    p.add_argument("weights", help=".pt checkpoint or Ultralytics model .yaml")
+    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--dynamic", action="store_true", help="symbolic batch axis")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--opset", type=int, default=17)
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("generate", help="render a synthetic dataset or a clip with truth")
+    p.add_argument("kind", choices=["dataset", "clip"])
+    p.add_argument("--output", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--count", type=int, default=100, help="images (dataset)")
+    p.add_argument("--seconds", type=float, default=10.0, help="length (clip)")
+    p.add_argument("--fps", type=int, default=30)
+    p.set_defaults(func=_cmd_generate)
+
+    p = sub.add_parser("bench", help="benchmarks; results as JSON")
+    p.add_argument("scenario", choices=["pipeline"], help="what to measure")
+    p.add_argument("--model", type=Path, default=None)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--source", default=None, help="video (default: the sample clip)")
+    p.add_argument("--frames", type=int, default=150)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--output", type=Path, default=None)
+    p.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except UsageError as exc:
+        print(f"vdet {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from vdet.api.app import create_app
+    from vdet.config import ConfigError, StreamSpec, load_settings
+
+    overrides: dict[str, object] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    try:
+        settings = load_settings(args.config, **overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if not settings.sources and not args.no_demo:
+        demo = StreamSpec(id=DEMO_SOURCE_ID, url=str(asset_path("sample.mp4")), loop=True,
+                          realtime=True)
+        settings = settings.model_copy(update={"sources": [demo]})
+    if not settings.model_path.is_file():
+        raise UsageError(f"model not found: {settings.model_path}")
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                ws_max_size=1 << 20)
+    return 0
+
+
+def _detector(args: argparse.Namespace) -> tuple[object, object]:
+    from vdet.pipeline.detector import Detector
+    from vdet.pipeline.model import ModelError
+    from vdet.pipeline.postprocess import PostprocessParams
+
+    model = args.model or asset_path("demo.onnx")
+    try:
+        detector = Detector.open(model, args.backend)
+    except (FileNotFoundError, ModelError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    classes = None
+    if args.classes:
+        classes = frozenset(_class_ids(args.classes.split(","), detector.info.names))
+    try:
+        params = PostprocessParams(conf_threshold=args.conf, iou_threshold=args.iou,
+                                   max_det=args.max_det, classes=classes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return detector, params
+
+
+def _class_ids(refs: Sequence[str], names: Sequence[str]) -> Iterator[int]:
+    for ref in refs:
+        ref = ref.strip()
+        if ref.isdigit() and int(ref) < len(names):
+            yield int(ref)
+        elif ref in names:
+            yield names.index(ref)
+        else:
+            raise UsageError(f"unknown class {ref!r}; the model has: {', '.join(names)}")
+
+
+def _cmd_detect(args: argparse.Namespace) -> int:
+    import cv2
+
+    from vdet.api.images import draw_detections
+    from vdet.ingest.reader import DecodeError, SourceReader
+    from vdet.ingest.urls import validate_source_url
+    from vdet.pipeline.detector import Detector
+
+    detector, params = _detector(args)
+    assert isinstance(detector, Detector)
+    names = detector.info.names
+    source = args.source
+    if Path(source).suffix.lower() in IMAGE_SUFFIXES:
+        image = cv2.imread(source, cv2.IMREAD_COLOR) if Path(source).is_file() else None
+        if image is None:
+            raise UsageError(f"cannot read image {source}")
+        (dets, timings), = detector.detect([image], params)  # type: ignore[arg-type]
+        print(json.dumps(_frame_record(0, None, dets, names, timings)))
+        if args.output:
+            cv2.imwrite(str(args.output), draw_detections(image, dets, names))
+        return 0
+
+    try:
+        url = validate_source_url(source)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    writer = None
+    frames = 0
+    with SourceReader(url, source_id="detect") as reader:
+        try:
+            info = reader.open()
+        except Exception as exc:  # PyAV raises many types for an unopenable source
+            raise UsageError(f"cannot open {source}: {exc}") from None
+        for item in reader.frames():
+            if isinstance(item, DecodeError):
+                print(f"decode error at frame {frames}: {item}", file=sys.stderr)
+                continue
+            (dets, timings), = detector.detect([item.image_bgr], params)  # type: ignore[arg-type]
+            print(json.dumps(_frame_record(item.index, item.pts_seconds, dets, names, timings)))
+            if args.output:
+                if writer is None:
+                    writer = _VideoWriter(args.output, item.size_wh, info.fps or 30.0)
+                writer.write(draw_detections(item.image_bgr, dets, names))
+            frames += 1
+            if args.max_frames is not None and frames >= args.max_frames:
+                break
+    if writer is not None:
+        writer.close()
+    return 0
+
+
+def _frame_record(index: int, pts: float | None, dets: object, names: Sequence[str],
+                  timings: object) -> dict[str, object]:
+    from vdet.types import Detections, StageTimings
+
+    assert isinstance(dets, Detections) and isinstance(timings, StageTimings)
+    return {
+        "frame": index,
+        "pts": pts,
+        "detections": [
+            {"class": names[int(c)], "class_id": int(c), "score": round(float(s), 4),
+             "box": [round(float(v), 1) for v in box]}
+            for box, s, c in zip(dets.xyxy, dets.scores, dets.class_ids, strict=True)
+        ],
+        "timings_ms": {
+            "preprocess": round(timings.preprocess * 1e3, 3),
+            "inference": round(timings.inference * 1e3, 3),
+            "postprocess": round(timings.postprocess * 1e3, 3),
+        },
+    }
+
+
+class _VideoWriter:
+    """H.264 writer for annotated output (PyAV)."""
+
+    def __init__(self, path: Path, size_wh: tuple[int, int], fps: float) -> None:
+        import av
+        from fractions import Fraction
+
+        self._container = av.open(str(path), mode="w")
+        self._stream = self._container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        self._stream.width, self._stream.height = size_wh
+        self._stream.pix_fmt = "yuv420p"
+
+    def write(self, image_bgr: object) -> None:
+        import av
+
+        frame = av.VideoFrame.from_ndarray(image_bgr, format="bgr24")  # type: ignore[arg-type]
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def close(self) -> None:
+        for packet in self._stream.encode():
+            self._container.mux(packet)
+        self._container.close()
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from vdet.evaluation import evaluate
+    from vdet.pipeline.detector import Detector
+    from vdet.pipeline.model import ModelError
+
+    coco = args.coco
+    if coco is None:
+        coco = _heldout_set(args.cache_dir, args.synthetic)
+    elif not coco.is_file():
+        raise UsageError(f"COCO file not found: {coco}")
+    try:
+        detector = Detector.open(args.model or asset_path("demo.onnx"), args.backend)
+    except (FileNotFoundError, ModelError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    with detector:
+        report = evaluate(detector, coco, args.images, batch_size=args.batch,
+                          progress=_progress("eval"))
+    text = report.to_json()
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _heldout_set(cache_dir: Path, count: int) -> Path:
+    """The held-out synthetic evaluation set, rendered once into `cache_dir`."""
+    from vdet.dataset.writers import write_dataset
+    from vdet.engines.train import HELDOUT_SEED_BASE
+
+    root = cache_dir / f"heldout-{count}"
+    coco = root / "heldout_coco.json"
+    if not coco.is_file():
+        print(f"rendering {count} held-out synthetic images into {root}", file=sys.stderr)
+        write_dataset(root, {"heldout": range(HELDOUT_SEED_BASE, HELDOUT_SEED_BASE + count)})
+    return coco
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    def report(done: int, total: int) -> None:
+        if sys.stderr.isatty() or done == total or done % max(total // 10, 1) == 0:
+            end = "\n" if done == total else "\r"
+            print(f"{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    return report
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from vdet.engines.export import ExportError, export_onnx
+
+    try:
+        info = export_onnx(args.weights, args.output, imgsz=args.imgsz,
+                           dynamic_batch=args.dynamic, batch=args.batch, opset=args.opset)
+    except ExportError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps({"output": str(args.output), "classes": list(info.names),
+                      "input_hw": list(info.input_hw), "batch": info.batch,
+                      "sha256": info.sha256}))
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    from vdet.dataset.writers import write_dataset, write_video_with_truth
+
+    if args.kind == "dataset":
+        paths = write_dataset(args.output, {"images": range(args.seed, args.seed + args.count)})
+        print(json.dumps({k: str(v) for k, v in paths.items()}))
+    else:
+        truth = write_video_with_truth(args.output, args.seed, seconds=args.seconds, fps=args.fps)
+        print(json.dumps({"clip": str(args.output), "truth": str(truth)}))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from vdet.bench import run_pipeline_bench
+
+    source = args.source or str(asset_path("sample.mp4"))
+    result = run_pipeline_bench(
+        model=args.model or asset_path("demo.onnx"),
+        backend=args.backend,
+        source=source,
+        frames=args.frames,
+        warmup=args.warmup,
+    )
+    text = json.dumps(result, indent=2)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
