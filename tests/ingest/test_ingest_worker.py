@@ -5,6 +5,7 @@ import random
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.ingest import Transition, drain, start_worker
@@ -50,9 +51,9 @@ def test_default_options_are_the_documented_ones() -> None:
         ({"jitter": True}, "must be a number"),
     ],
 )
-def test_options_out_of_bounds_are_rejected(changes: dict[str, object], message: str) -> None:
+def test_options_out_of_bounds_are_rejected(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        IngestOptions(**changes)  # type: ignore[arg-type]
+        IngestOptions(**changes)
 
 
 def test_backoff_doubles_up_to_the_cap_without_jitter() -> None:
