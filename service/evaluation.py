@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -59,7 +60,7 @@ def evaluate(
     Image paths in the COCO file are relative to `image_root` (default: the JSON's folder).
     Category ids in the file must be the model's class ids.
     """
-    from faster_coco_eval import COCO, COCOeval_faster
+    from faster_coco_eval import COCO
 
     start = time.perf_counter()
     image_root = image_root or coco_json.parent
@@ -86,6 +87,30 @@ def evaluate(
         if progress:
             progress(min(first + batch_size, len(image_ids)), len(image_ids))
 
+    scores = score_detections(gt, results, names)
+    return EvalReport(
+        model=str(detector.info.path),
+        model_sha256=detector.info.sha256,
+        backend=detector.backend.name,
+        device=detector.backend.device,
+        dataset=str(coco_json),
+        images=len(image_ids),
+        objects=len(gt.getAnnIds()),
+        **scores,
+        seconds=round(time.perf_counter() - start, 2),
+        params={k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in asdict(params).items()},
+    )
+
+
+def score_detections(
+    gt: Any, results: list[dict[str, object]], names: Sequence[str]
+) -> dict[str, Any]:
+    """COCO bbox metrics of `results` (COCO result dicts) against the ground truth `gt`.
+
+    Returns the EvalReport metric fields; all zero when there are no detections at all.
+    """
+    from faster_coco_eval import COCOeval_faster
+
     stats = np.zeros(12)
     per_class: dict[str, float] = {}
     if results:
@@ -99,24 +124,15 @@ def evaluate(
         for k, cat_id in enumerate(ev.params.catIds):
             p = precision[:, :, k, 0, -1]
             per_class[names[cat_id]] = round(float(p[p > -1].mean()) if (p > -1).any() else 0.0, 4)
-    return EvalReport(
-        model=str(detector.info.path),
-        model_sha256=detector.info.sha256,
-        backend=detector.backend.name,
-        device=detector.backend.device,
-        dataset=str(coco_json),
-        images=len(image_ids),
-        objects=len(gt.getAnnIds()),
-        map50_95=round(float(stats[0]), 4),
-        map50=round(float(stats[1]), 4),
-        map75=round(float(stats[2]), 4),
-        map_small=round(float(stats[3]), 4),
-        map_medium=round(float(stats[4]), 4),
-        map_large=round(float(stats[5]), 4),
-        per_class_map50_95=per_class,
-        seconds=round(time.perf_counter() - start, 2),
-        params={k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in asdict(params).items()},
-    )
+    return {
+        "map50_95": round(float(stats[0]), 4),
+        "map50": round(float(stats[1]), 4),
+        "map75": round(float(stats[2]), 4),
+        "map_small": round(float(stats[3]), 4),
+        "map_medium": round(float(stats[4]), 4),
+        "map_large": round(float(stats[5]), 4),
+        "per_class_map50_95": per_class,
+    }
 
 
 def _read_image(path: Path) -> np.ndarray:
