@@ -204,6 +204,12 @@ class Settings(BaseSettings):
         le=1 << 30,
         description="Largest request body accepted by POST /v1/detect.",
     )
+    allow_file_sources: bool = Field(
+        default=True,
+        description="Whether POST /v1/streams may name local files. Anyone holding the API key "
+        "can then have any video or image readable by the server decoded and shown in "
+        "snapshots; set false on exposed deployments. Sources in this file are always allowed.",
+    )
     model_path: Path = Field(
         default_factory=default_model_path,
         description="Detection model (ONNX, raw YOLOv8 head). Default: the bundled demo model.",

@@ -217,7 +217,7 @@ class StreamManager:
                 self._streams.pop(spec.id, None)
             self._stop(stream)
             raise
-        self._metrics.streams.set(len(self._streams))
+        self._metrics.streams.set(len(self))
         log.info("stream %s added (%s)", spec.id, url)
         return self._view(stream)
 
@@ -245,7 +245,7 @@ class StreamManager:
         if stream is None:
             raise UnknownStreamError(f"no stream {stream_id!r}")
         self._stop(stream)
-        self._metrics.streams.set(len(self._streams))
+        self._metrics.streams.set(len(self))
         log.info("stream %s removed", stream_id)
 
     def _stop(self, stream: _Stream, timeout: float = 5.0) -> None:

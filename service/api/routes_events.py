@@ -26,6 +26,7 @@ from typing import Literal
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect, status
 from fastapi.responses import JSONResponse
+from starlette.websockets import WebSocketDisconnected
 from vdet.api.auth import websocket_auth
 from vdet.api.deps import Runtime, runtime_of
 from vdet.api.schemas import EndEvent, GapEvent
@@ -110,7 +111,8 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
         if writer.done() and not writer.cancelled():
             # The client going away mid-send is normal; anything else is a bug to surface.
             exc = writer.exception()
-            if exc is not None and not isinstance(exc, WebSocketDisconnect | OSError):
+            gone = (WebSocketDisconnect, WebSocketDisconnected, OSError)
+            if exc is not None and not isinstance(exc, gone):
                 raise exc
     except WebSocketDisconnect:
         pass

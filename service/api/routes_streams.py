@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
-from vdet.api.deps import ManagerDep
+from vdet.api.deps import ManagerDep, RuntimeDep
 from vdet.api.images import draw_detections, encode_jpeg
 from vdet.api.schemas import (
     DetectionResultOut,
@@ -22,6 +22,7 @@ from vdet.api.schemas import (
     result_out,
 )
 from vdet.config import StreamSpec
+from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url
 from vdet.streams import StreamView
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
@@ -78,7 +79,15 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
         },
     },
 )
-def add_stream(spec: StreamSpec, response: Response, manager: ManagerDep) -> StreamOut:
+def add_stream(
+    spec: StreamSpec, response: Response, manager: ManagerDep, rt: RuntimeDep
+) -> StreamOut:
+    if not rt.settings.allow_file_sources and not is_network_url(spec.url):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            detail="local file sources are disabled on this server (allow_file_sources=false); "
+            f"use one of {', '.join(f'{s}://' for s in NETWORK_SCHEMES)}",
+        )
     try:
         view = manager.add(spec)
     except ValueError as exc:

@@ -304,3 +304,18 @@ def test_file_that_ends_stops_its_stream_but_keeps_it_listed(
     )
     assert status["frames_decoded"] == 30
     assert latest(client) is not None
+
+
+def test_file_sources_can_be_disabled_for_api_clients(
+    make_settings: MakeSettings, clip: Path
+) -> None:
+    settings = make_settings(allow_file_sources=False, sources=[stream_body(clip, "configured")])
+    with TestClient(create_app(settings)) as client:
+        # Declared in the configuration: allowed. From an API client: refused, by path or URL.
+        assert client.get("/v1/streams/configured").status_code == 200
+        for url in (str(clip), f"file://{clip}"):
+            r = client.post("/v1/streams", json={"id": "cam", "url": url})
+            assert r.status_code == 422
+            assert "allow_file_sources" in r.json()["detail"]
+        r = client.post("/v1/streams", json={"id": "cam", "url": dead_camera_url()})
+        assert r.status_code == 201
