@@ -153,6 +153,10 @@ class _Stream:
         self.frames_processed = 0
         self.snapshot: Snapshot | None = None
         self.pipeline_error: str | None = None
+        # Set, under the manager's lock, once remove() has begun: the stream is gone for
+        # readers but keeps its id (and its slot) until it has stopped, so a concurrent add
+        # of the same id cannot have its hub entries or metric series wiped by this removal.
+        self.removing = False
 
 
 class StreamManager:
@@ -203,8 +207,9 @@ class StreamManager:
         with self._lock:
             if self._closed:
                 raise StreamError("the stream manager is shut down")
-            if spec.id in self._streams:
-                raise DuplicateStreamError(f"stream {spec.id!r} already exists")
+            if (existing := self._streams.get(spec.id)) is not None:
+                state = "is still being removed" if existing.removing else "already exists"
+                raise DuplicateStreamError(f"stream {spec.id!r} {state}")
             if len(self._streams) >= self._max_streams:
                 raise LimitError(
                     f"stream limit reached ({self._max_streams}); delete a stream first"
@@ -224,40 +229,52 @@ class StreamManager:
     def _start(self, stream: _Stream) -> None:
         source_id = stream.spec.id
         self._metrics.add_source(source_id, SourceState.CONNECTING)
-        stream.worker = SourceWorker(
+        worker = SourceWorker(
             source_id,
             stream.url,
             stream.mailbox,
             self._ingest.options(loop_files=stream.spec.loop, realtime=stream.spec.realtime),
             on_state_change=self._on_state_change,
         )
-        stream.thread = threading.Thread(
+        thread = threading.Thread(
             target=self._run_pipeline, args=(stream,), name=f"vdet-pipeline-{source_id}"
         )
-        stream.thread.daemon = True
-        stream.thread.start()
-        stream.worker.start()
+        thread.daemon = True
+        with stream.lock:
+            # A concurrent remove() of this id may have closed the stream already; then
+            # nothing may be started, since that remove() will not come back to stop it.
+            if stream.closed:
+                raise StreamError(f"stream {source_id!r} was removed while starting")
+            thread.start()
+            worker.start()
+            stream.thread, stream.worker = thread, worker
 
     def remove(self, stream_id: str) -> None:
         """Stop a stream and forget it, its latest result and its metric series."""
         with self._lock:
-            stream = self._streams.pop(stream_id, None)
-        if stream is None:
-            raise UnknownStreamError(f"no stream {stream_id!r}")
-        self._stop(stream)
+            stream = self._streams.get(stream_id)
+            if stream is None or stream.removing:
+                raise UnknownStreamError(f"no stream {stream_id!r}")
+            stream.removing = True
+        try:
+            self._stop(stream)
+        finally:
+            with self._lock:
+                self._streams.pop(stream_id, None)
         self._metrics.streams.set(len(self))
         log.info("stream %s removed", stream_id)
 
     def _stop(self, stream: _Stream, timeout: float = 5.0) -> None:
         with stream.lock:
             stream.closed = True  # from here on nothing of this stream is published or counted
+            worker, thread = stream.worker, stream.thread
         stream.stop.set()
-        if stream.worker is not None:
-            stream.worker.stop(timeout)
+        if worker is not None:
+            worker.stop(timeout)
         stream.mailbox.close()
-        if stream.thread is not None and stream.thread is not threading.current_thread():
-            stream.thread.join(timeout)
-            if stream.thread.is_alive():
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
                 log.warning("pipeline thread of %s did not stop in %.1fs", stream.spec.id, timeout)
         self._hub.remove_source(stream.spec.id)
         self._metrics.remove_source(stream.spec.id)
@@ -268,11 +285,7 @@ class StreamManager:
             self._closed = True
             streams = list(self._streams.values())
             self._streams.clear()
-        for stream in streams:  # stop all workers first so they wind down concurrently
-            stream.stop.set()
-            with stream.lock:
-                stream.closed = True
-        for stream in streams:
+        for stream in streams:  # each stop interrupts its source's blocking call: quick
             self._stop(stream)
         self._metrics.streams.set(0)
 
@@ -283,16 +296,20 @@ class StreamManager:
 
     def list(self) -> list[StreamView]:
         with self._lock:
-            streams = sorted(self._streams.values(), key=lambda s: s.spec.id)
+            streams = sorted(
+                (s for s in self._streams.values() if not s.removing), key=lambda s: s.spec.id
+            )
         return [self._view(s) for s in streams]
 
     def __len__(self) -> int:
+        """Streams holding a slot (those still being removed included)."""
         with self._lock:
             return len(self._streams)
 
     def __contains__(self, stream_id: object) -> bool:
         with self._lock:
-            return stream_id in self._streams
+            stream = self._streams.get(stream_id) if isinstance(stream_id, str) else None
+            return stream is not None and not stream.removing
 
     def snapshot(self, stream_id: str) -> Snapshot | None:
         """The last processed frame and its result, or None before the first."""
@@ -330,7 +347,7 @@ class StreamManager:
     def _stream(self, stream_id: str) -> _Stream:
         with self._lock:
             stream = self._streams.get(stream_id)
-        if stream is None:
+        if stream is None or stream.removing:
             raise UnknownStreamError(f"no stream {stream_id!r}")
         return stream
 
@@ -345,10 +362,10 @@ class StreamManager:
         )
 
     def _view(self, stream: _Stream) -> StreamView:
-        status = stream.worker.status() if stream.worker is not None else SourceStatus()
         with stream.lock:
-            spec, params = stream.spec, stream.params
+            spec, params, worker = stream.spec, stream.params, stream.worker
             processed, error = stream.frames_processed, stream.pipeline_error
+        status = worker.status() if worker is not None else SourceStatus()
         age = None
         if status.last_frame_time is not None:
             age = max(0.0, self._clock() - status.last_frame_time)
@@ -367,9 +384,10 @@ class StreamManager:
         self._metrics.set_source_state(source_id, new)
 
     def _sync_stream_metrics(self, stream: _Stream) -> None:
-        if stream.worker is None:
-            return
-        self._metrics.sync_source(stream.spec.id, stream.worker.status(), now=self._clock())
+        with stream.lock:
+            worker = stream.worker
+        if worker is not None:
+            self._metrics.sync_source(stream.spec.id, worker.status(), now=self._clock())
 
     def _run_pipeline(self, stream: _Stream) -> None:
         """The stream's pipeline thread: mailbox -> detector -> hub + metrics, until stopped."""

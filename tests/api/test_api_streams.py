@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -319,3 +320,22 @@ def test_file_sources_can_be_disabled_for_api_clients(
             assert "allow_file_sources" in r.json()["detail"]
         r = client.post("/v1/streams", json={"id": "cam", "url": dead_camera_url()})
         assert r.status_code == 201
+
+
+def test_delete_and_re_add_under_concurrency_leaves_a_consistent_stream(
+    client: TestClient, clip: Path
+) -> None:
+    """DELETE racing POST of the same id: the survivor keeps its results and metrics."""
+    for _ in range(3):
+        assert client.post("/v1/streams", json=stream_body(clip)).status_code == 201
+        with ThreadPoolExecutor(2) as pool:
+            deleted = pool.submit(client.delete, "/v1/streams/cam")
+            added = pool.submit(client.post, "/v1/streams", json=stream_body(clip))
+            codes = (deleted.result().status_code, added.result().status_code)
+        assert codes in {(204, 201), (204, 409)}
+        if codes[1] == 201:
+            wait_for_result(client)
+            metrics = client.get("/metrics").text
+            assert 'vdet_frames_processed_total{source="cam"}' in metrics
+        client.delete("/v1/streams/cam")
+        assert client.get("/v1/streams").json() == {"streams": []}
