@@ -84,9 +84,6 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
     if not rt.ready or manager is None:
         await _deny(ws, status.HTTP_503_SERVICE_UNAVAILABLE, "the service is not ready")
         return
-    if source_id is not None and source_id not in manager:
-        await _deny(ws, status.HTTP_404_NOT_FOUND, f"no stream {source_id!r}")
-        return
     try:
         after = _parse_after(ws.query_params.get("after"))
     except ValueError:
@@ -95,8 +92,14 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
         )
         return
 
-    # Subscribe before accepting so that nothing published during the handshake is missed.
+    # Subscribe before accepting so that nothing published during the handshake is missed,
+    # and before checking the stream exists, so that a removal after the check still ends
+    # this subscription (the hub ends the subscriptions of a source when it is removed).
     sub = rt.hub.subscribe(source_id, after)
+    if source_id is not None and source_id not in manager:
+        sub.close()
+        await _deny(ws, status.HTTP_404_NOT_FOUND, f"no stream {source_id!r}")
+        return
     rt.metrics.websocket_clients.inc()
     try:
         await ws.accept(subprotocol)
@@ -108,6 +111,8 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError, WebSocketDisconnect):
                 await task
+        if reader.done() and not reader.cancelled():
+            reader.exception()  # retrieved: a failed read just means the client is gone
         if writer.done() and not writer.cancelled():
             # The client going away mid-send is normal; anything else is a bug to surface.
             exc = writer.exception()
