@@ -289,7 +289,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     with detector:
         report = evaluate(detector, coco, args.images, batch_size=args.batch,
                           progress=_progress("eval"))
-    text = report.to_json()
+    from vdet.bench import environment
+
+    text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(text + "\n")
