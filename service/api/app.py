@@ -111,28 +111,27 @@ def create_app(
 
 async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
     settings = rt.settings
-    detector = await run_in_threadpool(detector_factory, settings)
-    rt.detector = detector
-    info = detector.info
-    rt.class_names = info.names
-    backend = detector.backend
-    rt.metrics.set_backend(
-        backend=backend.name,
-        device=backend.device,
-        model=f"{info.path.name}@{info.sha256[:12]}",
-        precision=str(getattr(backend, "precision", "fp32")),
-    )
-    manager = StreamManager(
-        detector,
-        info.names,
-        rt.hub,
-        rt.metrics,
-        max_streams=settings.max_streams,
-        defaults=settings.detection,
-        ingest=settings.ingest,
-    )
-    rt.manager = manager
+    rt.sources_started = 0
+    rt.detector = detector = await run_in_threadpool(detector_factory, settings)
     try:
+        info, backend = detector.info, detector.backend
+        rt.class_names = info.names
+        rt.metrics.set_backend(
+            backend=backend.name,
+            device=backend.device,
+            model=f"{info.path.name}@{info.sha256[:12]}",
+            # Not every backend states its precision yet; ONNX Runtime on CPU runs fp32.
+            precision=str(getattr(backend, "precision", "fp32")),
+        )
+        rt.manager = manager = StreamManager(
+            detector,
+            info.names,
+            rt.hub,
+            rt.metrics,
+            max_streams=settings.max_streams,
+            defaults=settings.detection,
+            ingest=settings.ingest,
+        )
         for spec in settings.sources:
             try:
                 await run_in_threadpool(manager.add, spec)
@@ -149,10 +148,12 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
 async def _stop(rt: Runtime) -> None:
     rt.ready = False
     rt.hub.close()  # WebSocket feeds say goodbye first
-    if rt.manager is not None:
-        await run_in_threadpool(rt.manager.close)
-    if rt.detector is not None:
-        await run_in_threadpool(rt.detector.close)
+    manager, detector = rt.manager, rt.detector
+    rt.manager = rt.detector = None
+    if manager is not None:
+        await run_in_threadpool(manager.close)
+    if detector is not None:
+        await run_in_threadpool(detector.close)
 
 
 def _add_exception_handlers(app: FastAPI) -> None:
