@@ -4,43 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import av
 import cv2
 import numpy as np
 import pytest
-from vdet.cli import asset_path, main
-
-SAMPLE = asset_path("sample.mp4")
-TRUTH = json.loads(asset_path("sample.json").read_text())
-
-
-def _iou(a: list[float], b: list[float]) -> float:
-    iw = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
-    ih = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
-    inter = iw * ih
-    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
-    return inter / union if union > 0 else 0.0
+from support import truth
+from support.truth import SAMPLE, TRUTH
+from vdet.cli import main
 
 
-def recall(frames: list[dict[str, object]], min_size: int = 24, min_visible: float = 0.5) -> float:
-    """Class-aware recall at IoU 0.5 over labelled objects of at least `min_size` px.
 
-    Objects mostly hidden behind others (visible < `min_visible`) are not counted: the clip's
-    truth boxes are amodal, and nothing can be expected of an object that cannot be seen.
-    """
-    hits = total = 0
-    for record in frames:
-        truth = TRUTH["frames"][record["frame"]]["objects"]  # type: ignore[index]
-        dets = record["detections"]
-        for obj in truth:
-            x1, y1, x2, y2 = obj["box"]
-            if max(x2 - x1, y2 - y1) < min_size or obj["visible_fraction"] < min_visible:
-                continue
-            total += 1
-            hits += any(d["class_id"] == obj["class_id"] and _iou(d["box"], obj["box"]) >= 0.5
-                        for d in dets)  # type: ignore[union-attr]
-    return hits / total
+def recall(records: list[dict[str, Any]]) -> float:
+    return truth.recall([(r["frame"], r["detections"]) for r in records])
 
 
 @pytest.mark.slow
