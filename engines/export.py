@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:

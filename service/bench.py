@@ -75,8 +75,9 @@ def run_pipeline_bench(
     Frames are decoded as fast as possible (no real-time pacing) and each is detected right
     away, batch 1, the way one live source runs through the service.
     """
-    stages: dict[str, list[float]] = {k: [] for k in
-                                      ("decode", "preprocess", "inference", "postprocess", "total")}
+    stages: dict[str, list[float]] = {
+        k: [] for k in ("decode", "preprocess", "inference", "postprocess", "total")
+    }
     with Detector.open(model, backend) as detector, SourceReader(source, loop=True) as reader:
         info = reader.open()
         done = 0
@@ -84,7 +85,7 @@ def run_pipeline_bench(
             if isinstance(item, DecodeError):
                 continue
             start = time.perf_counter()
-            (_, timings), = detector.detect([item.image_bgr])
+            ((_, timings),) = detector.detect([item.image_bgr])
             elapsed = time.perf_counter() - start
             done += 1
             if done <= warmup:
@@ -104,8 +105,11 @@ def run_pipeline_bench(
         "environment": environment(),
         "backend": backend_name,
         "device": device,
-        "model": {"path": str(model_info.path), "sha256": model_info.sha256,
-                  "input_hw": list(model_info.input_hw)},
+        "model": {
+            "path": str(model_info.path),
+            "sha256": model_info.sha256,
+            "input_hw": list(model_info.input_hw),
+        },
         "source": {"path": source, "width": info.width, "height": info.height, "fps": info.fps},
         "frames": len(total),
         "warmup_frames": warmup,

@@ -132,14 +132,20 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
     if not settings.sources and not args.no_demo:
-        demo = StreamSpec(id=DEMO_SOURCE_ID, url=str(asset_path("sample.mp4")), loop=True,
-                          realtime=True)
+        demo = StreamSpec(
+            id=DEMO_SOURCE_ID, url=str(asset_path("sample.mp4")), loop=True, realtime=True
+        )
         settings = settings.model_copy(update={"sources": [demo]})
     if not settings.model_path.is_file():
         raise UsageError(f"model not found: {settings.model_path}")
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                ws_max_size=1 << 20)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        ws_max_size=1 << 20,
+    )
     return 0
 
 
@@ -157,8 +163,9 @@ def _detector(args: argparse.Namespace) -> tuple[object, object]:
     if args.classes:
         classes = frozenset(_class_ids(args.classes.split(","), detector.info.names))
     try:
-        params = PostprocessParams(conf_threshold=args.conf, iou_threshold=args.iou,
-                                   max_det=args.max_det, classes=classes)
+        params = PostprocessParams(
+            conf_threshold=args.conf, iou_threshold=args.iou, max_det=args.max_det, classes=classes
+        )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return detector, params
@@ -191,7 +198,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         image = cv2.imread(source, cv2.IMREAD_COLOR) if Path(source).is_file() else None
         if image is None:
             raise UsageError(f"cannot read image {source}")
-        (dets, timings), = detector.detect([image], params)  # type: ignore[arg-type]
+        ((dets, timings),) = detector.detect([image], params)  # type: ignore[arg-type]
         print(json.dumps(_frame_record(0, None, dets, names, timings)))
         if args.output:
             cv2.imwrite(str(args.output), draw_detections(image, dets, names))
@@ -212,7 +219,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             if isinstance(item, DecodeError):
                 print(f"decode error at frame {frames}: {item}", file=sys.stderr)
                 continue
-            (dets, timings), = detector.detect([item.image_bgr], params)  # type: ignore[arg-type]
+            ((dets, timings),) = detector.detect([item.image_bgr], params)  # type: ignore[arg-type]
             print(json.dumps(_frame_record(item.index, item.pts_seconds, dets, names, timings)))
             if args.output:
                 if writer is None:
@@ -226,8 +233,9 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _frame_record(index: int, pts: float | None, dets: object, names: Sequence[str],
-                  timings: object) -> dict[str, object]:
+def _frame_record(
+    index: int, pts: float | None, dets: object, names: Sequence[str], timings: object
+) -> dict[str, object]:
     from vdet.types import Detections, StageTimings
 
     assert isinstance(dets, Detections) and isinstance(timings, StageTimings)
@@ -235,8 +243,12 @@ def _frame_record(index: int, pts: float | None, dets: object, names: Sequence[s
         "frame": index,
         "pts": pts,
         "detections": [
-            {"class": names[int(c)], "class_id": int(c), "score": round(float(s), 4),
-             "box": [round(float(v), 1) for v in box]}
+            {
+                "class": names[int(c)],
+                "class_id": int(c),
+                "score": round(float(s), 4),
+                "box": [round(float(v), 1) for v in box],
+            }
             for box, s, c in zip(dets.xyxy, dets.scores, dets.class_ids, strict=True)
         ],
         "timings_ms": {
@@ -251,11 +263,14 @@ class _VideoWriter:
     """H.264 writer for annotated output (PyAV)."""
 
     def __init__(self, path: Path, size_wh: tuple[int, int], fps: float) -> None:
-        import av
         from fractions import Fraction
 
+        import av
+
         self._container = av.open(str(path), mode="w")
-        self._stream = self._container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
+        self._stream = self._container.add_stream(
+            "libx264", rate=Fraction(fps).limit_denominator(1001)
+        )
         self._stream.width, self._stream.height = size_wh
         self._stream.pix_fmt = "yuv420p"
 
@@ -287,8 +302,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ModelError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     with detector:
-        report = evaluate(detector, coco, args.images, batch_size=args.batch,
-                          progress=_progress("eval"))
+        report = evaluate(
+            detector, coco, args.images, batch_size=args.batch, progress=_progress("eval")
+        )
     from vdet.bench import environment
 
     text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
@@ -325,13 +341,27 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from vdet.engines.export import ExportError, export_onnx
 
     try:
-        info = export_onnx(args.weights, args.output, imgsz=args.imgsz,
-                           dynamic_batch=args.dynamic, batch=args.batch, opset=args.opset)
+        info = export_onnx(
+            args.weights,
+            args.output,
+            imgsz=args.imgsz,
+            dynamic_batch=args.dynamic,
+            batch=args.batch,
+            opset=args.opset,
+        )
     except ExportError as exc:
         raise UsageError(str(exc)) from None
-    print(json.dumps({"output": str(args.output), "classes": list(info.names),
-                      "input_hw": list(info.input_hw), "batch": info.batch,
-                      "sha256": info.sha256}))
+    print(
+        json.dumps(
+            {
+                "output": str(args.output),
+                "classes": list(info.names),
+                "input_hw": list(info.input_hw),
+                "batch": info.batch,
+                "sha256": info.sha256,
+            }
+        )
+    )
     return 0
 
 

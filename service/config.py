@@ -32,6 +32,7 @@ from pydantic_settings import (
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+
 from vdet.ingest.worker import IngestOptions
 
 CONFIG_ENV_VAR = "VDET_CONFIG"

@@ -80,10 +80,14 @@ def evaluate(
         for image_id, (dets, _) in zip(ids, detector.detect(images, params), strict=True):
             for box, score, cls in zip(dets.xyxy, dets.scores, dets.class_ids, strict=True):
                 x1, y1, x2, y2 = (float(v) for v in box)
-                results.append({
-                    "image_id": image_id, "category_id": int(cls), "score": float(score),
-                    "bbox": [x1, y1, x2 - x1, y2 - y1],
-                })
+                results.append(
+                    {
+                        "image_id": image_id,
+                        "category_id": int(cls),
+                        "score": float(score),
+                        "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    }
+                )
         if progress:
             progress(min(first + batch_size, len(image_ids)), len(image_ids))
 
@@ -98,7 +102,9 @@ def evaluate(
         objects=len(gt.getAnnIds()),
         **scores,
         seconds=round(time.perf_counter() - start, 2),
-        params={k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in asdict(params).items()},
+        params={
+            k: (sorted(v) if isinstance(v, frozenset) else v) for k, v in asdict(params).items()
+        },
     )
 
 

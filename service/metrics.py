@@ -20,6 +20,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
 from vdet.types import DetectionResult, SourceState, SourceStatus
 
 # 1 ms .. 2 s, roughly x2 per step with a finer grid where real-time budgets sit (5-50 ms).

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from support import truth
 from support.truth import SAMPLE, TRUTH
-from vdet.cli import main
 
+from vdet.cli import main
 
 
 def recall(records: list[dict[str, Any]]) -> float:
@@ -25,8 +25,21 @@ def test_detect_on_sample_clip_recalls_labelled_objects(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "annotated.mp4"
-    assert main(["detect", str(SAMPLE), "--backend", "onnxruntime", "--max-frames", "45",
-                 "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "detect",
+                str(SAMPLE),
+                "--backend",
+                "onnxruntime",
+                "--max-frames",
+                "45",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["frame"] for r in records] == list(range(45))
@@ -55,7 +68,9 @@ def test_swapping_red_and_blue_flips_the_swapped_classes(
     assert recall([record]) < 0.5
 
 
-def test_detect_image_writes_annotated_copy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_detect_image_writes_annotated_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with av.open(str(SAMPLE)) as container:
         frame = next(container.decode(video=0)).to_ndarray(format="bgr24")
     image, out = tmp_path / "f.jpg", tmp_path / "annotated.png"
@@ -77,6 +92,8 @@ def test_detect_image_writes_annotated_copy(tmp_path: Path, capsys: pytest.Captu
         (["detect", "x.jpg", "--model", "/no/model.onnx"], "model.onnx"),
     ],
 )
-def test_detect_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_detect_bad_input(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(args) == 2
     assert message in capsys.readouterr().err

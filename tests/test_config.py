@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+
 from vdet.config import (
     ConfigError,
     IngestSettings,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from faster_coco_eval import COCO
+
 from vdet.cli import main
 from vdet.evaluation import score_detections
 
@@ -17,10 +18,22 @@ def _gt(tmp_path: Path) -> COCO:
     data = {
         "images": [{"id": 1, "file_name": "x.jpg", "width": 400, "height": 400}],
         "annotations": [
-            {"id": 1, "image_id": 1, "category_id": 0, "bbox": [0, 0, 100, 100],
-             "area": 10000, "iscrowd": 0},
-            {"id": 2, "image_id": 1, "category_id": 0, "bbox": [200, 200, 100, 100],
-             "area": 10000, "iscrowd": 0},
+            {
+                "id": 1,
+                "image_id": 1,
+                "category_id": 0,
+                "bbox": [0, 0, 100, 100],
+                "area": 10000,
+                "iscrowd": 0,
+            },
+            {
+                "id": 2,
+                "image_id": 1,
+                "category_id": 0,
+                "bbox": [200, 200, 100, 100],
+                "area": 10000,
+                "iscrowd": 0,
+            },
         ],
         "categories": [{"id": 0, "name": "a"}, {"id": 1, "name": "b"}],
     }
@@ -61,10 +74,26 @@ def test_wrong_class_scores_zero_and_no_detections_score_zero(tmp_path: Path) ->
 
 
 @pytest.mark.slow
-def test_vdet_eval_on_a_small_synthetic_set(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_vdet_eval_on_a_small_synthetic_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "report.json"
-    assert main(["eval", "--synthetic", "12", "--cache-dir", str(tmp_path), "--backend",
-                 "onnxruntime", "--output", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--synthetic",
+                "12",
+                "--cache-dir",
+                str(tmp_path),
+                "--backend",
+                "onnxruntime",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["images"] == 12 and report["backend"] == "onnxruntime"
     assert report["map50"] > 0.8  # the committed 500-image figure is the real measure

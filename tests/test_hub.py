@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import pytest
+
 from vdet.hub import ResultsHub, SubscriptionEnd, SubscriptionEndedError
 from vdet.types import DetectionResult, Detections, StageTimings
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
+
 from vdet.metrics import STAGES, Metrics
 from vdet.types import DetectionResult, Detections, SourceState, SourceStatus, StageTimings
 

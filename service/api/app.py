@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+
 from vdet.api import routes_detect, routes_events, routes_ops, routes_streams
 from vdet.api.auth import require_api_key
 from vdet.api.deps import Runtime

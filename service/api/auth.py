@@ -17,6 +17,7 @@ from fastapi import HTTPException, Security, status
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.requests import Request
 from starlette.websockets import WebSocket
+
 from vdet.api.deps import runtime_of
 
 SUBPROTOCOL = "vdet.v1"

@@ -12,6 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from starlette.requests import HTTPConnection
+
 from vdet.api.schemas import ResultEventEncoder
 from vdet.config import Settings
 from vdet.hub import ResultsHub

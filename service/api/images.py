@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import cv2
 import numpy as np
+
 from vdet.types import Detections, ImageArray
 
 SUPPORTED_FORMATS = ("jpeg", "png", "bmp", "webp")

@@ -16,6 +16,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
+
 from vdet.api.deps import DetectorDep, RuntimeDep
 from vdet.api.images import SUPPORTED_FORMATS, UnsupportedImageError, decode_image
 from vdet.api.schemas import DetectOut, ErrorOut, detections_out, timings_out

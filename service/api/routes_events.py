@@ -27,6 +27,7 @@ from typing import Literal
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect, status
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnected
+
 from vdet.api.auth import websocket_auth
 from vdet.api.deps import Runtime, runtime_of
 from vdet.api.schemas import EndEvent, GapEvent

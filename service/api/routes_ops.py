@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
+
 from vdet.api.deps import RuntimeDep
 from vdet.api.schemas import HealthOut, ReadyOut
 from vdet.metrics import CONTENT_TYPE

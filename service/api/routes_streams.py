@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
+
 from vdet.api.deps import ManagerDep, RuntimeDep
 from vdet.api.images import draw_detections, encode_jpeg
 from vdet.api.schemas import (

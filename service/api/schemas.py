@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from vdet.config import ClassRef, ConfThreshold, IouThreshold, MaxDet, StreamSpec
 from vdet.types import DetectionResult, Detections, SourceState, StageTimings
 

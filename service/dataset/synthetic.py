@@ -148,10 +148,10 @@ def _shape_polygon(shape: str, cx: float, cy: float, size: float, angle: float) 
 
 def _rasterise(polygon: np.ndarray, width: int, height: int) -> tuple[np.ndarray, int, int] | None:
     """The polygon's mask inside its clipped bounding rectangle, and that rectangle's origin."""
-    x0 = max(int(math.floor(polygon[:, 0].min())) - 1, 0)
-    y0 = max(int(math.floor(polygon[:, 1].min())) - 1, 0)
-    x1 = min(int(math.ceil(polygon[:, 0].max())) + 2, width)
-    y1 = min(int(math.ceil(polygon[:, 1].max())) + 2, height)
+    x0 = max(math.floor(polygon[:, 0].min()) - 1, 0)
+    y0 = max(math.floor(polygon[:, 1].min()) - 1, 0)
+    x1 = min(math.ceil(polygon[:, 0].max()) + 2, width)
+    y1 = min(math.ceil(polygon[:, 1].max()) + 2, height)
     if x1 <= x0 or y1 <= y0:
         return None
     mask = np.zeros((y1 - y0, x1 - x0), np.uint8)

@@ -208,7 +208,7 @@ def write_video_with_truth(
 ) -> Path:
     """Render and encode one clip; its truth goes beside it as `<clip>.json`."""
     config = config or SceneConfig()
-    frames, truth = render_video(seed, int(round(seconds * fps)), fps=fps, config=config)
+    frames, truth = render_video(seed, round(seconds * fps), fps=fps, config=config)
     write_clip(clip_path, frames, fps=fps, **encode)  # type: ignore[arg-type]
     truth_path = clip_path.with_suffix(".json")
     truth_path.write_text(json.dumps(truth_to_json(truth, fps, config.width, config.height)))

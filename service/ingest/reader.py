@@ -36,6 +36,7 @@ import av
 import av.container
 import av.container.core
 import numpy as np
+
 from vdet.ingest.urls import is_network_url
 from vdet.types import ImageArray, VideoFrame
 

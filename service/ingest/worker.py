@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import av
+
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import DecodeError, SourceReader
 from vdet.ingest.urls import validate_source_url

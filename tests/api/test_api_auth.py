@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from support.apptest import MakeSettings, TestClient, WebSocketDenialResponse, stream_body
+
 from vdet.api.app import create_app
 
 KEY = "test-api-key-0123"

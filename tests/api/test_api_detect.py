@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 from support.apptest import MakeSettings, TestClient, expected_box
+
 from vdet.api.app import create_app
 
 WH = (160, 120)

@@ -15,6 +15,7 @@ from support.apptest import (
     stream_body,
 )
 from support.waiting import wait_until
+
 from vdet.api.app import create_app
 
 

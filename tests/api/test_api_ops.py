@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.apptest import MakeSettings, TestClient, stream_body
 from support.waiting import wait_until
+
 from vdet.api.app import create_app
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -12,6 +12,7 @@ import pytest
 from support.apptest import CLIP_WH, MakeSettings, TestClient, expected_box, stream_body
 from support.rtsp import free_port
 from support.waiting import wait_until
+
 from vdet.api.app import create_app
 
 

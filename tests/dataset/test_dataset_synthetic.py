@@ -8,6 +8,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+
 from vdet.dataset.synthetic import (
     CLASS_NAMES,
     SceneConfig,
@@ -37,12 +38,19 @@ def test_different_seeds_differ() -> None:
 @pytest.mark.parametrize("seed", range(6))
 def test_boxes_are_the_exact_extent_of_the_rendered_pixels(seed: int) -> None:
     """Render without blur and noise; the pixels that objects changed give each box exactly."""
-    config = SceneConfig(width=640, height=360, min_size=10, max_size=150, blur_sigma=0.0,
-                         noise_sigma=0.0, min_visible_fraction=1.0)
+    config = SceneConfig(
+        width=640,
+        height=360,
+        min_size=10,
+        max_size=150,
+        blur_sigma=0.0,
+        noise_sigma=0.0,
+        min_visible_fraction=1.0,
+    )
     rng = np.random.default_rng(seed)
     background = render_background(rng, config)
     objects = random_objects(rng, config, count=8)
-    scene, kept = render(background, objects, rng, config)
+    scene, _ = render(background, objects, rng, config)
     bare = np.clip(background, 0, 255).astype(np.uint8)
     changed = (scene.image_bgr != bare).any(axis=2)
     assert scene.annotations, "expected some objects"
@@ -65,8 +73,12 @@ def test_boxes_are_the_exact_extent_of_the_rendered_pixels(seed: int) -> None:
 
 
 def _overlaps(a: tuple[int, ...], b: tuple[int, ...], margin: int) -> bool:
-    return not (a[2] + margin <= b[0] or b[2] + margin <= a[0] or a[3] + margin <= b[1]
-                or b[3] + margin <= a[1])
+    return not (
+        a[2] + margin <= b[0]
+        or b[2] + margin <= a[0]
+        or a[3] + margin <= b[1]
+        or b[3] + margin <= a[1]
+    )
 
 
 def test_occlusion_is_bounded_in_stills() -> None:
@@ -103,8 +115,8 @@ def test_dataset_files_are_deterministic(tmp_path: Path) -> None:
     anns = [a for a in coco["annotations"] if a["image_id"] == first["id"]]
     lines = (tmp_path / "a/labels/val/val_0000000.txt").read_text().split("\n")
     for ann, line in zip(anns, filter(None, lines), strict=True):
-        cls, cx, cy, w, h = (float(v) for v in line.split())
-        x, y, bw, bh = ann["bbox"]
+        cls, cx, _, _, h = (float(v) for v in line.split())
+        x, _, bw, bh = ann["bbox"]
         assert cls == ann["category_id"]
         assert cx * SMALL.width == pytest.approx(x + bw / 2, abs=1e-3)
         assert h * SMALL.height == pytest.approx(bh, abs=1e-3)

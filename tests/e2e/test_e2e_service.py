@@ -16,6 +16,7 @@ from support import truth
 from support.apptest import TestClient
 from support.rtsp import RtspServer, RtspServerFactory
 from support.waiting import wait_until
+
 from vdet.api.app import create_app
 from vdet.cli import asset_path
 from vdet.config import Settings
@@ -81,8 +82,11 @@ def test_camera_dies_and_recovers_while_other_streams_run(
     wait_until(lambda: _state(client, "cam") == "streaming", 20, what="camera streaming")
 
     camera.kill()
-    wait_until(lambda: _state(client, "cam") in {"stalled", "failed", "backoff", "connecting"},
-               15, what="camera loss noticed")
+    wait_until(
+        lambda: _state(client, "cam") in {"stalled", "failed", "backoff", "connecting"},
+        15,
+        what="camera loss noticed",
+    )
     before = client.get("/v1/streams/file/detections").json()["seq"]
     time.sleep(1.0)
     during = client.get("/v1/streams/file/detections").json()["seq"]

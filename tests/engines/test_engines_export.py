@@ -1,4 +1,4 @@
-"""`vdet export`: Ultralytics model -> raw-head ONNX, checked, round-tripped through ONNX Runtime."""
+"""`vdet export`: Ultralytics model -> raw-head ONNX, checked, and run through ONNX Runtime."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from vdet.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.train]
@@ -35,6 +36,7 @@ def test_export_round_trip(
     """A checkpoint's ONNX gives the checkpoint's own PyTorch outputs (random weights)."""
     import torch
     from ultralytics import YOLO
+
     from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
 
     checkpoint = tmp_path / "model.pt"

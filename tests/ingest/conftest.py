@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support.rtsp import free_port
 from support.videos import write_corrupt_copy, write_h264_clip
+
 from vdet.ingest.worker import IngestOptions, SourceWorker
 
 

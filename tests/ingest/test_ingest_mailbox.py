@@ -4,6 +4,7 @@ import threading
 import time
 
 import numpy as np
+
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.types import VideoFrame
 

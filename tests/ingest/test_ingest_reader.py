@@ -7,6 +7,7 @@ from pathlib import Path
 import av
 import numpy as np
 import pytest
+
 from vdet.ingest.reader import (
     DecodeError,
     SourceReader,

@@ -10,6 +10,7 @@ import pytest
 from support.ingest import Transition, start_worker
 from support.rtsp import RtspServerFactory
 from support.waiting import wait_until
+
 from vdet.ingest.worker import IngestOptions, SourceWorker
 from vdet.types import SourceState, VideoFrame
 

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from vdet.ingest.urls import is_network_url, validate_source_url
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from support.ingest import Transition, drain, start_worker
 from support.waiting import wait_until
+
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.worker import IngestOptions, SourceWorker, backoff_delay
 from vdet.types import SourceState, VideoFrame

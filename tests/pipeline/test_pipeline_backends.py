@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx import TensorProto
+
 from vdet.pipeline import backends
 from vdet.pipeline.backends import BackendSpec, create_backend, known_backends, register_backend
 from vdet.pipeline.backends.base import InferenceBackend

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from vdet.pipeline.postprocess import (
     PostprocessParams,
     decode_and_nms,

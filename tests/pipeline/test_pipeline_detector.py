@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from vdet.pipeline.detector import Detector
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.pipeline.preprocess import letterbox_batch

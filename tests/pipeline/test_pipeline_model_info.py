@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from onnx import TensorProto
+
 from vdet.pipeline.model import ModelError, ModelInfo, load_model_info
 
 HeadModelWriter = Callable[..., Path]  # the conftest fixture

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
 from vdet.config import Settings
 
 with warnings.catch_warnings():
