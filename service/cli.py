@@ -10,7 +10,7 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from importlib.resources import files
 from pathlib import Path
 
@@ -153,33 +153,22 @@ def _detector(args: argparse.Namespace) -> tuple[object, object]:
     from vdet.pipeline.detector import Detector
     from vdet.pipeline.model import ModelError
     from vdet.pipeline.postprocess import PostprocessParams
+    from vdet.streams import resolve_classes
 
     model = args.model or asset_path("demo.onnx")
     try:
         detector = Detector.open(model, args.backend)
     except (FileNotFoundError, ModelError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    classes = None
-    if args.classes:
-        classes = frozenset(_class_ids(args.classes.split(","), detector.info.names))
     try:
+        refs = [c.strip() for c in args.classes.split(",")] if args.classes else None
+        classes = resolve_classes(refs, detector.info.names)
         params = PostprocessParams(
             conf_threshold=args.conf, iou_threshold=args.iou, max_det=args.max_det, classes=classes
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return detector, params
-
-
-def _class_ids(refs: Sequence[str], names: Sequence[str]) -> Iterator[int]:
-    for ref in refs:
-        ref = ref.strip()
-        if ref.isdigit() and int(ref) < len(names):
-            yield int(ref)
-        elif ref in names:
-            yield names.index(ref)
-        else:
-            raise UsageError(f"unknown class {ref!r}; the model has: {', '.join(names)}")
 
 
 def _cmd_detect(args: argparse.Namespace) -> int:
