@@ -42,7 +42,7 @@ def export_onnx(
     """
     os.environ.setdefault("YOLO_OFFLINE", "1")  # never reach for a hub
     try:
-        from ultralytics import YOLO
+        from ultralytics import YOLO  # type: ignore[attr-defined]
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
         raise ExportError(
             "exporting needs the optional training extra: pip install 'vdet[train]'"
@@ -59,7 +59,8 @@ def export_onnx(
     task = getattr(model, "task", None)
     if task != SUPPORTED_TASK:
         raise ExportError(f"{weights} is a '{task}' model; vdet serves detection models only")
-    head = model.model.model[-1] if hasattr(model.model, "model") else None
+    layers = getattr(model.model, "model", None)
+    head = layers[-1] if layers is not None else None
     if head is None or type(head).__name__ != "Detect":
         raise ExportError(
             f"{weights} has head {type(head).__name__}; vdet supports the YOLOv8 'Detect' head "

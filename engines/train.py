@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     os.environ.setdefault("YOLO_OFFLINE", "1")
-    from ultralytics import YOLO
+    from ultralytics import YOLO  # type: ignore[attr-defined]
 
     data_root = args.out / "data"
     t0 = time.time()
@@ -91,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     best = args.out / "train" / "weights" / "best.pt"
     info = export_onnx(best, args.out / "demo.onnx", imgsz=args.imgsz, dynamic_batch=True)
     record = {
-        "command": "python -m vdet.engines.train " + " ".join(argv or os.sys.argv[1:]),
+        "command": "python -m vdet.engines.train " + " ".join(argv or sys.argv[1:]),
         "train_args": {k: v for k, v in train_args.items() if k not in {"data", "project"}},
         "train_images": args.train_images,
         "val_images": args.val_images,

@@ -13,6 +13,12 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from vdet.pipeline.detector import Detector
+    from vdet.pipeline.postprocess import PostprocessParams
+    from vdet.types import Detections, ImageArray, StageTimings
 
 DEMO_SOURCE_ID = "demo"
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
@@ -149,7 +155,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _detector(args: argparse.Namespace) -> tuple[object, object]:
+def _detector(args: argparse.Namespace) -> tuple[Detector, PostprocessParams]:
     from vdet.pipeline.detector import Detector
     from vdet.pipeline.model import ModelError
     from vdet.pipeline.postprocess import PostprocessParams
@@ -175,19 +181,22 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     import cv2
 
     from vdet.api.images import draw_detections
+    from vdet.dataset.writers import ClipWriter
     from vdet.ingest.reader import DecodeError, SourceReader
     from vdet.ingest.urls import validate_source_url
-    from vdet.pipeline.detector import Detector
 
     detector, params = _detector(args)
-    assert isinstance(detector, Detector)
     names = detector.info.names
     source = args.source
     if Path(source).suffix.lower() in IMAGE_SUFFIXES:
-        image = cv2.imread(source, cv2.IMREAD_COLOR) if Path(source).is_file() else None
+        image = (
+            cast("ImageArray | None", cv2.imread(source, cv2.IMREAD_COLOR))
+            if Path(source).is_file()
+            else None
+        )
         if image is None:
             raise UsageError(f"cannot read image {source}")
-        ((dets, timings),) = detector.detect([image], params)  # type: ignore[arg-type]
+        ((dets, timings),) = detector.detect([image], params)
         print(json.dumps(_frame_record(0, None, dets, names, timings)))
         if args.output:
             cv2.imwrite(str(args.output), draw_detections(image, dets, names))
@@ -208,11 +217,11 @@ def _cmd_detect(args: argparse.Namespace) -> int:
             if isinstance(item, DecodeError):
                 print(f"decode error at frame {frames}: {item}", file=sys.stderr)
                 continue
-            ((dets, timings),) = detector.detect([item.image_bgr], params)  # type: ignore[arg-type]
+            ((dets, timings),) = detector.detect([item.image_bgr], params)
             print(json.dumps(_frame_record(item.index, item.pts_seconds, dets, names, timings)))
             if args.output:
                 if writer is None:
-                    writer = _VideoWriter(args.output, item.size_wh, info.fps or 30.0)
+                    writer = ClipWriter(args.output, fps=info.fps or 30.0, crf=20)
                 writer.write(draw_detections(item.image_bgr, dets, names))
             frames += 1
             if args.max_frames is not None and frames >= args.max_frames:
@@ -223,11 +232,12 @@ def _cmd_detect(args: argparse.Namespace) -> int:
 
 
 def _frame_record(
-    index: int, pts: float | None, dets: object, names: Sequence[str], timings: object
+    index: int,
+    pts: float | None,
+    dets: Detections,
+    names: Sequence[str],
+    timings: StageTimings,
 ) -> dict[str, object]:
-    from vdet.types import Detections, StageTimings
-
-    assert isinstance(dets, Detections) and isinstance(timings, StageTimings)
     return {
         "frame": index,
         "pts": pts,
@@ -246,34 +256,6 @@ def _frame_record(
             "postprocess": round(timings.postprocess * 1e3, 3),
         },
     }
-
-
-class _VideoWriter:
-    """H.264 writer for annotated output (PyAV)."""
-
-    def __init__(self, path: Path, size_wh: tuple[int, int], fps: float) -> None:
-        from fractions import Fraction
-
-        import av
-
-        self._container = av.open(str(path), mode="w")
-        self._stream = self._container.add_stream(
-            "libx264", rate=Fraction(fps).limit_denominator(1001)
-        )
-        self._stream.width, self._stream.height = size_wh
-        self._stream.pix_fmt = "yuv420p"
-
-    def write(self, image_bgr: object) -> None:
-        import av
-
-        frame = av.VideoFrame.from_ndarray(image_bgr, format="bgr24")  # type: ignore[arg-type]
-        for packet in self._stream.encode(frame):
-            self._container.mux(packet)
-
-    def close(self) -> None:
-        for packet in self._stream.encode():
-            self._container.mux(packet)
-        self._container.close()
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:

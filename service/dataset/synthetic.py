@@ -167,9 +167,10 @@ def _smooth_field(
     rng: np.random.Generator, width: int, height: int, cells: tuple[int, int], channels: int
 ) -> np.ndarray:
     small = rng.random((cells[1], cells[0], channels), dtype=np.float32)
-    return cv2.resize(small, (width, height), interpolation=cv2.INTER_CUBIC).reshape(
+    field: np.ndarray = cv2.resize(small, (width, height), interpolation=cv2.INTER_CUBIC).reshape(
         height, width, channels
     )
+    return field
 
 
 def render_background(rng: np.random.Generator, config: SceneConfig) -> np.ndarray:
@@ -196,7 +197,8 @@ def render_background(rng: np.random.Generator, config: SceneConfig) -> np.ndarr
             shape = ("circle", "triangle", "square")[kind]
             poly = _shape_polygon(shape, cx, cy, size, float(rng.uniform(0, 2 * math.pi)))
             cv2.fillPoly(img, [np.round(poly).astype(np.int32)], colour)
-    return img
+    background: np.ndarray = img
+    return background
 
 
 def random_objects(

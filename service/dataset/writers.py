@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -93,7 +94,8 @@ def write_dataset(
 
 
 def _coco(records: Iterable[dict[str, object]]) -> dict[str, object]:
-    images, annotations = [], []
+    images: list[dict[str, object]] = []
+    annotations: list[dict[str, object]] = []
     for image_id, rec in enumerate(records, start=1):
         images.append(
             {
@@ -125,48 +127,80 @@ def _coco(records: Iterable[dict[str, object]]) -> dict[str, object]:
     }
 
 
-def write_clip(
-    path: Path,
-    frames: Sequence[ImageArray],
-    fps: int = 30,
-    crf: int = 26,
-    gop: int = 30,
-    b_frames: int = 0,
-    preset: str = "medium",
-    codec: str = "libx264",
-) -> None:
-    """Encode BGR frames to H.264 (yuv420p, BT.709 tagged) in an MP4/MKV container.
+class ClipWriter:
+    """Encode BGR frames one at a time to H.264 (yuv420p, BT.709 tagged) in MP4/MKV.
 
     `b_frames=0` makes an IPPP stream that a decoder can output with one frame of latency; a
-    keyframe every `gop` frames lets an RTSP client join within a second.
+    keyframe every `gop` frames lets an RTSP client join within a second. The frame size is
+    taken from the first frame written.
     """
-    import av  # only clip writing needs FFmpeg
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    h, w = frames[0].shape[:2]
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream(codec, rate=Fraction(fps))
+    def __init__(
+        self,
+        path: Path,
+        fps: float = 30,
+        crf: int = 26,
+        gop: int = 30,
+        b_frames: int = 0,
+        preset: str = "medium",
+        codec: str = "libx264",
+    ) -> None:
+        import av  # only clip writing needs FFmpeg
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._av = av
+        self._container = av.open(str(path), mode="w")
+        stream = self._container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
+        assert isinstance(stream, av.VideoStream)
+        self._stream = stream
+        self._options: dict[str, str] = {
+            "crf": str(crf),
+            "preset": preset,
+            "bf": str(b_frames),
+            "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0",
+        }
+        self._gop, self._b_frames, self._codec = gop, b_frames, codec
+        self._started = False
+
+    def _start(self, w: int, h: int) -> None:
+        stream = self._stream
         stream.width, stream.height = w, h
         stream.pix_fmt = "yuv420p"
-        stream.codec_context.gop_size = gop
-        stream.codec_context.max_b_frames = b_frames
+        stream.codec_context.gop_size = self._gop
+        stream.codec_context.max_b_frames = self._b_frames
         stream.codec_context.color_primaries = 1  # BT.709
         stream.codec_context.color_trc = 1
         stream.codec_context.colorspace = 1
         stream.codec_context.color_range = 1  # limited ("tv") range
-        if codec.startswith("libx264"):
-            stream.options = {
-                "crf": str(crf),
-                "preset": preset,
-                "bf": str(b_frames),
-                "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0",
-            }
-        for img in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="bgr24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+        if self._codec.startswith("libx264"):
+            stream.options = self._options
+        self._started = True
+
+    def write(self, image_bgr: ImageArray) -> None:
+        if not self._started:
+            self._start(image_bgr.shape[1], image_bgr.shape[0])
+        frame = self._av.VideoFrame.from_ndarray(np.ascontiguousarray(image_bgr), format="bgr24")
+        for packet in self._stream.encode(frame):
+            self._container.mux(packet)
+
+    def close(self) -> None:
+        if self._started:
+            for packet in self._stream.encode():
+                self._container.mux(packet)
+        self._container.close()
+
+    def __enter__(self) -> ClipWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_clip(path: Path, frames: Sequence[ImageArray], fps: int = 30, **encode: Any) -> None:
+    """Encode a list of BGR frames; `encode` as for `ClipWriter`."""
+    with ClipWriter(path, fps=fps, **encode) as writer:
+        for image in frames:
+            writer.write(image)
 
 
 def truth_to_json(
@@ -204,12 +238,12 @@ def write_video_with_truth(
     seconds: float = 10.0,
     fps: int = 30,
     config: SceneConfig | None = None,
-    **encode: object,
+    **encode: Any,
 ) -> Path:
     """Render and encode one clip; its truth goes beside it as `<clip>.json`."""
     config = config or SceneConfig()
     frames, truth = render_video(seed, round(seconds * fps), fps=fps, config=config)
-    write_clip(clip_path, frames, fps=fps, **encode)  # type: ignore[arg-type]
+    write_clip(clip_path, frames, fps=fps, **encode)
     truth_path = clip_path.with_suffix(".json")
     truth_path.write_text(json.dumps(truth_to_json(truth, fps, config.width, config.height)))
     return truth_path
