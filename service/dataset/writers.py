@@ -153,7 +153,7 @@ class ClipWriter:
         stream = self._container.add_stream(codec, rate=Fraction(fps).limit_denominator(1001))
         assert isinstance(stream, av.VideoStream)
         self._stream = stream
-        self._options: dict[str, str] = {
+        self._options: dict[str, object] = {
             "crf": str(crf),
             "preset": preset,
             "bf": str(b_frames),
