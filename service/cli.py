@@ -1,4 +1,4 @@
-"""The `vdet` command line: serve, detect, eval, export, generate, bench.
+"""The `vdet` command line: serve, detect, eval, export, quantize, generate, bench.
 
 Each subcommand parses its arguments and hands over to the module that owns the work; nothing
 here computes anything itself. Errors a user can fix exit with status 2 and one clear line.
@@ -84,6 +84,36 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--opset", type=int, default=17)
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("quantize", help="INT8 calibration into a Q/DQ ONNX (TensorRT explicit)")
+    p.add_argument("source", help="calibration images folder, video file, stream URL or .npy")
+    p.add_argument("--model", type=Path, default=None, help="FP32 ONNX (default: demo model)")
+    p.add_argument("--output", type=Path, required=True, help="Q/DQ ONNX to write")
+    p.add_argument("--method", choices=["entropy", "max"], default="entropy")
+    p.add_argument("--frames", type=int, default=500, help="calibration frames")
+    p.add_argument("--every", type=int, default=None, help="take every k-th frame/file")
+    p.add_argument("--allow-fewer", action="store_true", help="accept fewer frames than asked")
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=None,
+        metavar="REGEX",
+        help="node names kept in high precision (repeatable; default: tuned list)",
+    )
+    p.add_argument("--no-exclude", action="store_true", help="quantize every eligible node")
+    p.add_argument(
+        "--high-precision",
+        choices=["fp32", "fp16"],
+        default="fp32",
+        help="type of the layers left unquantized",
+    )
+    p.add_argument(
+        "--save-frames",
+        type=Path,
+        default=None,
+        help="also write the letterboxed calibration frames as .npy",
+    )
+    p.set_defaults(func=_cmd_quantize)
 
     p = sub.add_parser("generate", help="render a synthetic dataset or a clip with truth")
     p.add_argument("kind", choices=["dataset", "clip"])
@@ -333,6 +363,38 @@ def _cmd_export(args: argparse.Namespace) -> int:
             }
         )
     )
+    return 0
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from vdet.engines.quantize import (
+        QuantizeError,
+        collect_calibration_frames,
+        quantize_onnx,
+        save_calibration_frames,
+    )
+    from vdet.pipeline.model import ModelError, load_model_info
+
+    model = args.model or asset_path("demo.onnx")
+    excluded = [] if args.no_exclude else args.exclude
+    try:
+        info = load_model_info(model)
+        frames = collect_calibration_frames(
+            args.source, info.input_hw, args.frames, every=args.every, allow_fewer=args.allow_fewer
+        )
+        if args.save_frames:
+            save_calibration_frames(frames, args.save_frames)
+        result = quantize_onnx(
+            model,
+            args.output,
+            frames,
+            method=args.method,
+            nodes_to_exclude=excluded,
+            high_precision=args.high_precision,
+        )
+    except (FileNotFoundError, ModelError, QuantizeError) as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(result.to_dict()))
     return 0
 
 
