@@ -50,6 +50,20 @@ class Detections:
         return Detections(self.xyxy[keep], self.scores[keep], self.class_ids[keep])
 
 
+class ColourMatrix(enum.StrEnum):
+    """The YCbCr -> RGB matrix a stream declares (H.264/HEVC VUI `matrix_coefficients`)."""
+
+    BT601 = "bt601"
+    BT709 = "bt709"
+
+
+class ColourRange(enum.StrEnum):
+    """Whether 8-bit luma spans 16..235 (limited, "MPEG", "tv") or 0..255 (full, "JPEG", "pc")."""
+
+    LIMITED = "limited"
+    FULL = "full"
+
+
 @dataclass(frozen=True)
 class VideoFrame:
     """One decoded frame as it leaves ingest.
