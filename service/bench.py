@@ -43,6 +43,8 @@ def environment() -> dict[str, object]:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host_cpu": cpu,
         "cpu_count": os.cpu_count(),
+        # Other work on a shared machine moves absolute times: record how busy it was.
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "packages": versions,
