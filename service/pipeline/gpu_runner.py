@@ -1,0 +1,546 @@
+"""Per-source GPU-resident detection: NV12 frame -> detections with one CUDA graph replay.
+
+This module owns running the whole per-frame pipeline on the GPU for a source: the source's own
+CUDA stream, its static input buffers, and, per frame shape, ONE captured CUDA graph of
+preprocess -> network -> decode + NMS -> async copy of the compact result ([max_det, 6] rows and
+a count) into pinned host memory. A frame costs a device-to-device copy into the static input,
+one `replay()` (a few microseconds of host time instead of hundreds of kernel launches), and one
+event wait. Graphs are cached per (geometry, params) in a small LRU, so a source that changes
+resolution, or whose thresholds change, is recaptured once. When capture fails the same work
+runs eagerly: `on_eager_fallback` is called for every such frame (the service counts it in
+vdet_inference_eager_fallbacks_total) and the first failure is logged.
+
+`BatchedGraphRunner` is the throughput variant: up to K ready frames of any sources are
+preprocessed into one static batch and a single batch-K graph runs network + NMS + copy.
+
+The ops come from outside (`PreprocessFn`, `DecodeNmsFn` from gpu_ops or the CUDA kernels in
+plugins/), and so does the network: this module must not load models, decode video or know
+which thread calls it (each runner serialises its own calls).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from ..types import ColourMatrix, ColourRange, Detections, FloatArray
+from .gpu_ops import (
+    DETECTION_COLUMNS,
+    DecodeNmsFn,
+    Nv12Geometry,
+    PreprocessFn,
+    ReferenceDecodeNms,
+    nv12_letterbox_reference,
+    rows_to_arrays,
+)
+from .postprocess import PostprocessParams, decode_and_nms_image
+
+log = logging.getLogger(__name__)
+
+Network = Callable[[torch.Tensor], torch.Tensor]
+KeyT = TypeVar("KeyT", bound=Hashable)
+ValueT = TypeVar("ValueT")
+
+
+class Replayable(Protocol):
+    """What a capture returns: torch.cuda.CUDAGraph is one."""
+
+    def replay(self) -> None: ...
+
+
+# capture(work, stream) -> a replayable graph of `work`, or an exception when it cannot.
+CaptureFn = Callable[[Callable[[], None], "torch.cuda.Stream | None"], Replayable]
+
+
+def capture_cuda_graph(work: Callable[[], None], stream: torch.cuda.Stream | None) -> Replayable:
+    """Capture `work` into a torch.cuda.CUDAGraph on `stream` (thread-local capture errors).
+
+    thread_local: other sources' threads keep launching and allocating while one captures;
+    only this thread's unsafe calls may invalidate this capture.
+    """
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+        work()
+    return graph
+
+
+class GraphCache(Generic[KeyT, ValueT]):
+    """A small LRU: the most recently used `capacity` entries; `on_evict` gets each one dropped."""
+
+    def __init__(self, capacity: int, on_evict: Callable[[ValueT], None] | None = None) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._on_evict = on_evict
+        self._entries: OrderedDict[KeyT, ValueT] = OrderedDict()
+
+    def get(self, key: KeyT) -> ValueT | None:
+        value = self._entries.get(key)
+        if value is not None:
+            self._entries.move_to_end(key)
+        return value
+
+    def put(self, key: KeyT, value: ValueT) -> None:
+        self._entries[key] = value
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.capacity:
+            _, dropped = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(dropped)
+
+    def keys(self) -> list[KeyT]:
+        """Least recently used first."""
+        return list(self._entries)
+
+    def clear(self) -> None:
+        while self._entries:
+            _, dropped = self._entries.popitem(last=False)
+            if self._on_evict is not None:
+                self._on_evict(dropped)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+
+class Nv12Frame(Protocol):
+    """What `run_frame` reads from a decoded frame (vdet.ingest.nvdec.GpuVideoFrame is one)."""
+
+    @property
+    def nv12(self) -> torch.Tensor: ...
+
+    @property
+    def size_wh(self) -> tuple[int, int]: ...
+
+    @property
+    def matrix(self) -> ColourMatrix: ...
+
+    @property
+    def colour_range(self) -> ColourRange: ...
+
+    @property
+    def ready(self) -> torch.cuda.Event | None: ...
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Detections in source pixels for one frame, and how they were computed.
+
+    `seconds` is the wall time of the call (copy, replay or eager launches, and the wait);
+    `replayed` is False when the frame ran eagerly (capture failed or graphs are off).
+    """
+
+    detections: Detections
+    seconds: float
+    replayed: bool
+
+
+@dataclass
+class _Slot:
+    """The static buffers and, once captured, the graph of one (geometry, params) key."""
+
+    geometry: Nv12Geometry | None  # None for the batched runner (preprocess outside the graph)
+    params: PostprocessParams
+    nv12: torch.Tensor | None
+    net_in: torch.Tensor
+    boxes: torch.Tensor
+    count: torch.Tensor
+    host_boxes: torch.Tensor
+    host_count: torch.Tensor
+    raw: torch.Tensor | None = None
+    graph: Replayable | None = None
+    copies_in_graph: bool = False
+    eager: bool = False
+    failure: str | None = None
+
+
+class _RunnerBase:
+    """Shared machinery: device, stream, capture with fallbacks, host buffers, result parsing."""
+
+    def __init__(
+        self,
+        network: Network,
+        *,
+        input_hw: tuple[int, int],
+        batch: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        decode_nms: DecodeNmsFn | None,
+        channels_last: bool,
+        use_graphs: bool,
+        cache_size: int,
+        on_eager_fallback: Callable[[], None] | None,
+        capture: CaptureFn | None,
+        name: str,
+    ) -> None:
+        self.network = network
+        self.input_hw = (int(input_hw[0]), int(input_hw[1]))
+        self.batch = batch
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.channels_last = channels_last
+        self.name = name
+        self._reference_nms = ReferenceDecodeNms()
+        self.decode_nms: DecodeNmsFn = decode_nms if decode_nms is not None else self._reference_nms
+        self._cuda = self.device.type == "cuda"
+        self.use_graphs = use_graphs and (self._cuda or capture is not None)
+        self._capture: CaptureFn = capture if capture is not None else capture_cuda_graph
+        self._on_eager_fallback = on_eager_fallback
+        self.stream: torch.cuda.Stream | None = (
+            torch.cuda.Stream(device=self.device) if self._cuda else None  # type: ignore[no-untyped-call]
+        )
+        self._done = torch.cuda.Event() if self._cuda else None  # type: ignore[no-untyped-call]
+        self._lock = threading.Lock()
+        self._logged_failure = False
+        self.eager_runs = 0
+        self.captures = 0
+        self._slots: GraphCache[Hashable, _Slot] = GraphCache(cache_size, self._release)
+
+    # -- buffers ---------------------------------------------------------------------------
+
+    def _host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, pin_memory=self._cuda)
+
+    def _new_slot(
+        self, geometry: Nv12Geometry | None, params: PostprocessParams, nv12: torch.Tensor | None
+    ) -> _Slot:
+        H, W = self.input_hw
+        with self._on_stream():
+            net_in = torch.zeros((self.batch, 3, H, W), dtype=self.dtype, device=self.device)
+            boxes = torch.zeros(
+                (self.batch, params.max_det, DETECTION_COLUMNS), dtype=torch.float32,
+                device=self.device,
+            )
+            count = torch.zeros((self.batch,), dtype=torch.int32, device=self.device)
+            static_nv12 = None if nv12 is None else torch.zeros_like(nv12, device=self.device)
+        return _Slot(
+            geometry=geometry,
+            params=params,
+            nv12=static_nv12,
+            net_in=net_in,
+            boxes=boxes,
+            count=count,
+            host_boxes=self._host(tuple(boxes.shape), torch.float32),
+            host_count=self._host(tuple(count.shape), torch.int32),
+        )
+
+    @staticmethod
+    def _release(slot: _Slot) -> None:
+        slot.graph = None  # the graph's private memory pool goes with its last reference
+        slot.raw = None
+
+    # -- the captured work -----------------------------------------------------------------
+
+    def _preprocess_into(self, slot: _Slot) -> None:
+        """Fill slot.net_in from the slot's static inputs (per-runner; none for batched)."""
+
+    def _work(self, slot: _Slot, copies: bool) -> None:
+        self._preprocess_into(slot)
+        net_in = slot.net_in
+        if self.channels_last:
+            net_in = net_in.contiguous(memory_format=torch.channels_last)
+        raw = self.network(net_in)
+        slot.raw = raw
+        self.decode_nms(raw, slot.params, slot.boxes, slot.count, self.stream)
+        if copies:
+            self._copy_out(slot)
+
+    def _bound_work(self, slot: _Slot, copies: bool) -> Callable[[], None]:
+        return lambda: self._work(slot, copies)
+
+    def _copy_out(self, slot: _Slot) -> None:
+        slot.host_boxes.copy_(slot.boxes, non_blocking=self._cuda)
+        slot.host_count.copy_(slot.count, non_blocking=self._cuda)
+
+    def _prepare(self, slot: _Slot) -> None:
+        """Warm up and capture a new slot; on failure mark it eager (logged once, counted)."""
+        with self._on_stream():
+            # Warm-up outside capture: cuDNN/cuBLAS choose their kernels and allocate their
+            # workspaces, and decode + NMS makes its device constants.
+            for _ in range(2 if self._cuda else 1):
+                self._work(slot, copies=True)
+        if self.stream is not None:
+            self.stream.synchronize()
+        if not self.use_graphs:
+            slot.eager = True
+            return
+        errors = []
+        for copies in (True, False):
+            try:
+                slot.graph = self._capture(self._bound_work(slot, copies), self.stream)
+                slot.copies_in_graph = copies
+                self.captures += 1
+                return
+            except Exception as exc:  # capture raises many types (RuntimeError, CUDA errors)
+                errors.append(f"{type(exc).__name__}: {exc}")
+                slot.graph = None
+                if self.stream is not None:
+                    self.stream.synchronize()
+        slot.eager = True
+        slot.failure = "; ".join(errors)
+        if not self._logged_failure:
+            self._logged_failure = True
+            log.warning(
+                "%s: CUDA graph capture failed, running eagerly from now on for this shape "
+                "(counted in vdet_inference_eager_fallbacks_total): %s",
+                self.name,
+                slot.failure,
+            )
+
+    def _execute(self, slot: _Slot) -> bool:
+        """Replay or run the slot's work on the stream, copy results to the host; True: replayed."""
+        with self._on_stream():
+            if slot.graph is not None and not slot.eager:
+                slot.graph.replay()
+                if not slot.copies_in_graph:
+                    self._copy_out(slot)
+                replayed = True
+            else:
+                self._work(slot, copies=True)
+                replayed = False
+                self.eager_runs += 1
+        if not replayed and self._on_eager_fallback is not None and self.use_graphs:
+            self._on_eager_fallback()
+        if self._done is not None and self.stream is not None:
+            self._done.record(self.stream)
+            self._done.synchronize()
+        return replayed
+
+    def _detections(self, slot: _Slot, index: int, geometry: Nv12Geometry) -> Detections:
+        count = int(slot.host_count[index])
+        transform = geometry.transform
+        if count < 0:
+            # decode + NMS could not prove its result within its fixed work: host reference.
+            assert slot.raw is not None
+            head = slot.raw[index].float().cpu().numpy()
+            dets = decode_and_nms_image(head, slot.params)[0]
+        else:
+            xyxy, scores, class_ids = rows_to_arrays(slot.host_boxes[index].numpy(), count)
+            dets = Detections(xyxy, scores, class_ids)
+        return Detections(transform.to_source(dets.xyxy), dets.scores, dets.class_ids)
+
+    @contextmanager
+    def _on_stream(self) -> Iterator[None]:
+        if self.stream is None:
+            yield
+            return
+        with torch.cuda.stream(self.stream):
+            yield
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def cached_keys(self) -> list[Hashable]:
+        """Keys of the captured (or eager) slots, least recently used first."""
+        with self._lock:
+            return self._slots.keys()
+
+    def close(self) -> None:
+        with self._lock:
+            self._slots.clear()
+
+
+class CudaGraphRunner(_RunnerBase):
+    """One source's frames -> detections, one CUDA graph per (geometry, params).
+
+    `network` maps (1, 3, H, W) `dtype` -> (1, 4 + nc, N) and must be capturable (the torch
+    backend's modules are). `preprocess` / `decode_nms` default to the torch references in
+    gpu_ops. `capture` replaces CUDA graph capture (tests inject a failing or fake one).
+    Calls are serialised; frames of one source arrive one at a time anyway.
+    """
+
+    def __init__(
+        self,
+        network: Network,
+        *,
+        input_hw: tuple[int, int],
+        dtype: torch.dtype = torch.float16,
+        device: torch.device | str = "cuda",
+        preprocess: PreprocessFn | None = None,
+        decode_nms: DecodeNmsFn | None = None,
+        channels_last: bool = True,
+        use_graphs: bool = True,
+        cache_size: int = 4,
+        on_eager_fallback: Callable[[], None] | None = None,
+        capture: CaptureFn | None = None,
+        name: str = "gpu runner",
+    ) -> None:
+        super().__init__(
+            network,
+            input_hw=input_hw,
+            batch=1,
+            dtype=dtype,
+            device=device,
+            decode_nms=decode_nms,
+            channels_last=channels_last,
+            use_graphs=use_graphs,
+            cache_size=cache_size,
+            on_eager_fallback=on_eager_fallback,
+            capture=capture,
+            name=name,
+        )
+        self.preprocess: PreprocessFn = (
+            preprocess if preprocess is not None else nv12_letterbox_reference
+        )
+
+    def _preprocess_into(self, slot: _Slot) -> None:
+        assert slot.nv12 is not None and slot.geometry is not None
+        self.preprocess(slot.nv12, slot.geometry, slot.net_in[0], self.stream)
+
+    def run(
+        self,
+        nv12: torch.Tensor,
+        geometry: Nv12Geometry,
+        params: PostprocessParams,
+        ready: torch.cuda.Event | None = None,
+    ) -> RunResult:
+        """Detect in one NV12 frame; blocks until its result is on the host.
+
+        `ready` (the decoder's event) is waited on by this source's stream before the frame is
+        read; the frame's memory is marked in use by that stream until the copy is done.
+        """
+        if geometry.input_hw != self.input_hw:
+            raise ValueError(f"geometry is for input {geometry.input_hw}, runner {self.input_hw}")
+        if tuple(nv12.shape) != geometry.nv12_shape or nv12.dtype != torch.uint8:
+            raise ValueError(
+                f"nv12 must be {geometry.nv12_shape} uint8, got {tuple(nv12.shape)} {nv12.dtype}"
+            )
+        started = time.perf_counter()
+        key = (geometry, params)
+        with self._lock:
+            slot = self._slots.get(key)
+            fresh = slot is None
+            if slot is None:
+                slot = self._new_slot(geometry, params, nv12)
+            assert slot.nv12 is not None
+            with self._on_stream():
+                if self.stream is not None:
+                    if ready is not None:
+                        self.stream.wait_event(ready)
+                    if nv12.device.type == "cuda":
+                        nv12.record_stream(self.stream)
+                slot.nv12.copy_(nv12, non_blocking=True)
+            if fresh:
+                self._prepare(slot)
+                self._slots.put(key, slot)
+            replayed = self._execute(slot)
+            detections = self._detections(slot, 0, geometry)
+        return RunResult(detections, time.perf_counter() - started, replayed)
+
+    def run_frame(self, frame: Nv12Frame, params: PostprocessParams) -> RunResult:
+        """`run` with the geometry and colour a decoded frame carries."""
+        geometry = Nv12Geometry.of(frame.size_wh, self.input_hw, frame.matrix, frame.colour_range)
+        return self.run(frame.nv12, geometry, params, frame.ready)
+
+
+class BatchedGraphRunner(_RunnerBase):
+    """Up to `batch` frames of any sources per call: eager preprocess into a static batch, then
+    one batch-`batch` graph of network + decode + NMS + copy (padded: unused slots are ignored).
+
+    One graph per params; `network` maps (batch, 3, H, W) -> (batch, 4 + nc, N).
+    """
+
+    def __init__(
+        self,
+        network: Network,
+        *,
+        input_hw: tuple[int, int],
+        batch: int,
+        dtype: torch.dtype = torch.float16,
+        device: torch.device | str = "cuda",
+        preprocess: PreprocessFn | None = None,
+        decode_nms: DecodeNmsFn | None = None,
+        channels_last: bool = True,
+        use_graphs: bool = True,
+        cache_size: int = 4,
+        on_eager_fallback: Callable[[], None] | None = None,
+        capture: CaptureFn | None = None,
+        name: str = "batched gpu runner",
+    ) -> None:
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        super().__init__(
+            network,
+            input_hw=input_hw,
+            batch=batch,
+            dtype=dtype,
+            device=device,
+            decode_nms=decode_nms,
+            channels_last=channels_last,
+            use_graphs=use_graphs,
+            cache_size=cache_size,
+            on_eager_fallback=on_eager_fallback,
+            capture=capture,
+            name=name,
+        )
+        self.preprocess: PreprocessFn = (
+            preprocess if preprocess is not None else nv12_letterbox_reference
+        )
+
+    def run_batch(
+        self,
+        frames: Sequence[tuple[torch.Tensor, Nv12Geometry, torch.cuda.Event | None]],
+        params: PostprocessParams,
+    ) -> list[RunResult]:
+        """Detect in 1..batch frames (nv12, geometry, ready event); results in input order."""
+        if not 1 <= len(frames) <= self.batch:
+            raise ValueError(f"run_batch takes 1..{self.batch} frames, got {len(frames)}")
+        started = time.perf_counter()
+        with self._lock:
+            slot = self._slots.get(params)
+            fresh = slot is None
+            if slot is None:
+                slot = self._new_slot(None, params, None)
+            with self._on_stream():
+                for i, (nv12, geometry, ready) in enumerate(frames):
+                    if geometry.input_hw != self.input_hw:
+                        raise ValueError(
+                            f"geometry is for input {geometry.input_hw}, runner {self.input_hw}"
+                        )
+                    if self.stream is not None:
+                        if ready is not None:
+                            self.stream.wait_event(ready)
+                        if nv12.device.type == "cuda":
+                            nv12.record_stream(self.stream)
+                    self.preprocess(nv12, geometry, slot.net_in[i], self.stream)
+            if fresh:
+                self._prepare(slot)
+                self._slots.put(params, slot)
+            replayed = self._execute(slot)
+            detections = [
+                self._detections(slot, i, geometry) for i, (_, geometry, _) in enumerate(frames)
+            ]
+        seconds = time.perf_counter() - started
+        return [RunResult(d, seconds, replayed) for d in detections]
+
+
+def as_numpy_rows(result: RunResult) -> FloatArray:
+    """(n, 6) float32 rows x1, y1, x2, y2, score, class_id of a result (tests, benchmarks)."""
+    d = result.detections
+    return np.concatenate(
+        (d.xyxy, d.scores[:, None], d.class_ids[:, None].astype(np.float32)), axis=1
+    ).astype(np.float32)
+
+
+__all__ = [
+    "BatchedGraphRunner",
+    "CaptureFn",
+    "CudaGraphRunner",
+    "GraphCache",
+    "Nv12Frame",
+    "Replayable",
+    "RunResult",
+    "as_numpy_rows",
+    "capture_cuda_graph",
+]
