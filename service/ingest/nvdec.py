@@ -1,0 +1,536 @@
+"""NVDEC decode with PyNvVideoCodec: H.264 / HEVC packets -> NV12 frames in GPU memory.
+
+This module owns one hardware decoder session per stream (`NvdecDecoder`), the frame type it
+hands on (`GpuVideoFrame`: NV12 as a torch CUDA uint8 tensor (h * 3 / 2, w), Y rows then
+interleaved UV rows, plus the colour matrix and range the stream declares and the CUDA event
+after which the pixels are valid), `nvdec_available()`, and `decode_file`, which reads a file
+with PyNvVideoCodec's own demuxer (no PyAV needed). Feeding it from PyAV (RTSP, HTTP, files,
+with interrupts and pacing) is vdet.ingest.nvdec_reader; this module must not import PyAV.
+
+Facts it relies on (PyNvVideoCodec 2.2.4; its C++ source, and shared/device/README.md):
+
+- `CreateDecoder(gpuid, codec, cudacontext, cudastream, usedevicememory, latency=...)`; with
+  cudacontext 0 it retains the device's primary context (the one torch uses), so a torch
+  stream handle is a valid `cudastream`: the decoder's output copies run on it.
+- `Decode(PacketData)` parses synchronously (the packet buffer only has to live during the
+  call) and returns the frames ready for display; an empty PacketData flushes.
+  `DisplayDecodeLatencyType.LOW` with `VideoPacketFlag.ENDOFPICTURE` returns each frame of an
+  IPPP stream from its own packet; NATIVE (display delay, reordering) is needed with B-frames.
+- A returned frame's buffer belongs to a small pool inside the decoder and is REUSED by the
+  next `Decode` call (NvDecoder::Decode resets its frame counter; GetFrame hands out
+  m_vpFrame[i]). `torch.from_dlpack(frame)` is a zero-copy view of that pool buffer, so each
+  frame is copied once, device to device (a 1080p frame is 3 MB: about 2 us on an H200), into
+  a tensor of its own before the next packet is decoded. `copy_frames=False` skips the copy
+  for callers that finish with a frame before decoding the next packet (benchmarks).
+- Inside one session a new SPS with another coded size is not output at its own size
+  (NvDecoder reconfigures and scales to the first size, or throws when larger than its
+  maximum). So a changed SPS starts a new session here, after flushing the old one.
+- Frames of odd width or height do not occur: 4:2:0 cropping is in units of two pixels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+from vdet.types import ColourMatrix, ColourRange
+
+log = logging.getLogger(__name__)
+
+# Codec names as FFmpeg / PyAV spell them -> PyNvVideoCodec's cudaVideoCodec member.
+NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
+_START_CODE = b"\x00\x00\x01"
+# FFmpeg AVColorSpace values (libavutil/pixfmt.h).
+_AVCOL_SPC_BT709, _AVCOL_SPC_SMPTE240M = 1, 7
+_AVCOL_SPC_601 = frozenset({4, 5, 6})  # FCC, BT470BG, SMPTE170M
+_AVCOL_SPC_BT2020 = frozenset({9, 10})
+_AVCOL_RANGE_JPEG = 2
+
+
+class NvdecError(RuntimeError):
+    """NVDEC could not decode a packet (or create a session); the reader reports it as a
+    decode error and the next keyframe starts a fresh session."""
+
+
+@dataclass(frozen=True)
+class GpuVideoFrame:
+    """One decoded frame in GPU memory, as NVDEC ingest hands it to the GPU pipeline.
+
+    `nv12` is (height * 3 / 2, width) uint8 on the GPU: `height` rows of Y, then `height / 2`
+    rows of interleaved U, V. It is valid once `ready` has completed (record on `stream`);
+    a consumer on another stream calls `wait(consumer_stream)` first. `matrix` and
+    `colour_range` are what the stream declares (see `colour_from_metadata`). Times as in
+    `VideoFrame`: `arrival_time` is the wall clock when the packet completing the frame was
+    read, `decode_seconds` the host time spent decoding it.
+    """
+
+    source_id: str
+    index: int
+    pts_seconds: float | None
+    arrival_time: float
+    decode_seconds: float
+    width: int
+    height: int
+    nv12: torch.Tensor
+    matrix: ColourMatrix
+    colour_range: ColourRange
+    stream: torch.cuda.Stream | None
+    ready: torch.cuda.Event | None
+
+    def __post_init__(self) -> None:
+        w, h = self.width, self.height
+        if w < 2 or h < 2 or w % 2 or h % 2:
+            raise ValueError(f"NV12 frames have even sizes of at least 2, got {w}x{h}")
+        if tuple(self.nv12.shape) != (h * 3 // 2, w) or self.nv12.dtype != torch.uint8:
+            raise ValueError(
+                f"nv12 must be ({h * 3 // 2}, {w}) uint8, got {tuple(self.nv12.shape)} "
+                f"{self.nv12.dtype}"
+            )
+
+    @property
+    def size_wh(self) -> tuple[int, int]:
+        return self.width, self.height
+
+    @property
+    def y_plane(self) -> torch.Tensor:
+        return self.nv12[: self.height]
+
+    @property
+    def uv_plane(self) -> torch.Tensor:
+        """(height / 2, width / 2, 2): U, V pairs."""
+        return self.nv12[self.height :].reshape(self.height // 2, self.width // 2, 2)
+
+    def wait(self, stream: torch.cuda.Stream) -> None:
+        """Make `stream` wait for the pixels and keep their memory until its work is done."""
+        if self.ready is not None:
+            stream.wait_event(self.ready)
+        if self.nv12.is_cuda:
+            self.nv12.record_stream(stream)
+
+
+@dataclass(frozen=True)
+class DecodedNv12:
+    """A frame as `NvdecDecoder` returns it, before the reader adds source and timing."""
+
+    nv12: torch.Tensor
+    width: int
+    height: int
+    pts: int | None
+    ready: torch.cuda.Event | None
+
+
+# ---------------------------------------------------------------------------- availability
+
+
+def load_pynvvideocodec() -> ModuleType:
+    """Import PyNvVideoCodec, or raise ImportError saying what to install."""
+    try:
+        import PyNvVideoCodec as nvc  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        raise ImportError(
+            "NVDEC decoding needs PyNvVideoCodec (pip install 'vdet[gpu]') and the NVIDIA "
+            f"driver's libnvcuvid on the library path: {exc}"
+        ) from exc
+    module: ModuleType = nvc
+    return module
+
+
+@functools.cache
+def nvdec_available(gpu: int = 0, codec: str = "h264") -> bool:
+    """PyNvVideoCodec imports, torch sees a CUDA GPU, and NVDEC there decodes 8-bit 4:2:0 `codec`.
+
+    Cached: `GetDecoderCaps` creates a CUDA context, too slow to ask per stream.
+    """
+    if codec not in NVDEC_CODECS:
+        return False
+    try:
+        nvc = load_pynvvideocodec()
+        if not torch.cuda.is_available() or gpu >= torch.cuda.device_count():
+            return False
+        # Defaults of the other arguments: 4:2:0, 8 bits.
+        caps = nvc.GetDecoderCaps(gpuid=gpu, codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[codec]))
+        return bool(caps.get("supported", 0)) and int(caps.get("num_decoder_engines", 1)) > 0
+    except Exception as exc:  # a missing driver library surfaces as several exception types
+        log.info("NVDEC unavailable on GPU %d for %s: %s", gpu, codec, exc)
+        return False
+
+
+# ---------------------------------------------------------------------------------- colour
+
+
+def colour_from_metadata(
+    colorspace: int | None, color_range: int | None, pix_fmt: str | None = None
+) -> tuple[ColourMatrix, ColourRange]:
+    """The matrix and range to convert with, from FFmpeg's AVColorSpace / AVColorRange values.
+
+    BT.709 (and SMPTE 240M, within rounding of it) -> BT.709; BT.601 flavours -> BT.601;
+    BT.2020 -> BT.709, the nearest this 8-bit path has (logged). Unspecified -> BT.601, which
+    is what FFmpeg's swscale (the CPU path, `SourceReader`) converts untagged video with, so
+    both decoders feed the network the same colours. Range: full for AVCOL_RANGE_JPEG or a
+    yuvj* pixel format, else limited.
+    """
+    if colorspace in (_AVCOL_SPC_BT709, _AVCOL_SPC_SMPTE240M):
+        matrix = ColourMatrix.BT709
+    elif colorspace in _AVCOL_SPC_BT2020:
+        log.info("BT.2020 video: converting with BT.709, the nearest supported matrix")
+        matrix = ColourMatrix.BT709
+    else:
+        matrix = ColourMatrix.BT601
+    full = color_range == _AVCOL_RANGE_JPEG or (pix_fmt or "").startswith("yuvj")
+    return matrix, ColourRange.FULL if full else ColourRange.LIMITED
+
+
+def colour_from_demuxer(demuxer: Any) -> tuple[ColourMatrix, ColourRange]:
+    """Matrix and range from a PyNvVideoCodec demuxer (ColorSpace BT_601/BT_709/UNSPEC,
+    ColorRange MPEG/JPEG/UDEF), with the same defaults as `colour_from_metadata`."""
+    space = str(getattr(demuxer.ColorSpace(), "name", demuxer.ColorSpace()))
+    colour_range = str(getattr(demuxer.ColorRange(), "name", demuxer.ColorRange()))
+    matrix = ColourMatrix.BT709 if space.endswith("BT_709") else ColourMatrix.BT601
+    full = colour_range.endswith("JPEG")
+    return matrix, ColourRange.FULL if full else ColourRange.LIMITED
+
+
+# ------------------------------------------------------------------------------- annex B
+
+
+def nal_units(data: bytes) -> Iterator[bytes]:
+    """The NAL units of an Annex B byte stream (start codes and trailing zeros removed)."""
+    start = data.find(_START_CODE)
+    while start >= 0:
+        begin = start + len(_START_CODE)
+        nxt = data.find(_START_CODE, begin)
+        end = len(data) if nxt < 0 else nxt
+        unit = data[begin:end].rstrip(b"\x00") if nxt >= 0 else data[begin:end]
+        if unit:
+            yield unit
+        start = nxt
+
+
+def nal_type(unit: bytes, codec: str) -> int:
+    """The NAL unit type from the first header byte (H.264: 5 bits; HEVC: 6 bits after 1)."""
+    return unit[0] & 0x1F if codec == "h264" else (unit[0] >> 1) & 0x3F
+
+
+_SPS_TYPE = {"h264": 7, "hevc": 33}
+
+
+def sequence_header(data: bytes, codec: str) -> bytes | None:
+    """The first SPS NAL unit in an Annex B packet, or None."""
+    if _START_CODE not in data:
+        return None
+    for unit in nal_units(data):
+        if nal_type(unit, codec) == _SPS_TYPE[codec]:
+            return unit
+    return None
+
+
+def is_length_prefixed(extradata: bytes | None) -> bool:
+    """avcC / hvcC extradata (MP4, MKV): packets are length-prefixed and need the
+    *_mp4toannexb bitstream filter before NVDEC's Annex B parser can read them."""
+    return bool(extradata) and extradata is not None and extradata[0] == 1
+
+
+# ------------------------------------------------------------------------------- decoder
+
+
+class NvdecDecoder:
+    """One stream's NVDEC session(s): Annex B packets in, `DecodedNv12` frames out.
+
+    `b_frames`: True starts in NATIVE latency (reordering), False in LOW latency (each frame
+    from its own packet, ENDOFPICTURE). If a LOW session then sees a packet whose pts is
+    earlier than one already fed (reordering, i.e. B-frames), it flushes and switches to
+    NATIVE at the next keyframe, dropping the packets in between (`dropped_packets`).
+    `header`: Annex B parameter sets (RTSP's SDP sprop sets) fed before the first packet of
+    every session, for cameras that never repeat them in band. A changed SPS flushes the
+    session and starts a new one (resolution changes). `stream`: the torch CUDA stream the
+    decoder and the frame copies run on (default: a new one); frames' `ready` events are
+    recorded on it.
+
+    Not thread-safe: one reader thread owns it. `nvc` replaces the PyNvVideoCodec module
+    (tests); `device` "cpu" is for such tests only.
+    """
+
+    def __init__(
+        self,
+        codec: str,
+        *,
+        gpu: int = 0,
+        b_frames: bool = False,
+        header: bytes | None = None,
+        stream: torch.cuda.Stream | None = None,
+        copy_frames: bool = True,
+        nvc: ModuleType | None = None,
+        device: str | None = None,
+    ) -> None:
+        if codec not in NVDEC_CODECS:
+            raise ValueError(f"NVDEC decodes {sorted(NVDEC_CODECS)}, not {codec!r}")
+        self.codec = codec
+        self.gpu = gpu
+        self.b_frames = b_frames
+        self.header = header or None
+        self.copy_frames = copy_frames
+        self._nvc = nvc if nvc is not None else load_pynvvideocodec()
+        self.device = torch.device(device if device is not None else f"cuda:{gpu}")
+        cuda = self.device.type == "cuda"
+        if cuda and stream is None:
+            stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+        self.stream = stream if cuda else None
+        self._session: Any = None
+        self._sps = sequence_header(self.header, codec) if self.header else None
+        self._max_pts: int | None = None
+        self._wait_for_key = False
+        self._buffer: np.ndarray[Any, np.dtype[np.uint8]] | None = None
+        self.sessions = 0
+        self.dropped_packets = 0
+
+    @property
+    def latency(self) -> str:
+        return "native" if self.b_frames else "low"
+
+    def _create(self) -> Any:
+        nvc = self._nvc
+        latency = nvc.DisplayDecodeLatencyType
+        try:
+            session = nvc.CreateDecoder(
+                gpuid=self.gpu,
+                codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[self.codec]),
+                cudacontext=0,
+                cudastream=0 if self.stream is None else self.stream.cuda_stream,
+                usedevicememory=True,
+                latency=latency.NATIVE if self.b_frames else latency.LOW,
+            )
+        except Exception as exc:
+            raise NvdecError(f"cannot create an NVDEC {self.codec} session: {exc}") from exc
+        self.sessions += 1
+        return session
+
+    def decode(
+        self, data: bytes | memoryview, pts: int | None = None, key: bool = False
+    ) -> list[DecodedNv12]:
+        """Feed one Annex B packet (a whole access unit); return the frames it completed."""
+        payload = bytes(data)
+        out: list[DecodedNv12] = []
+        sps = sequence_header(payload, self.codec)
+        if sps is not None and self._sps is not None and sps != self._sps:
+            out += self.flush()  # a new sequence (size, profile): a new session
+        if sps is not None:
+            self._sps = sps
+        starts_sequence = key or sps is not None
+        if pts is not None and not self.b_frames:
+            if self._max_pts is not None and pts < self._max_pts:
+                log.info("packets arrive out of presentation order: decoding with reordering")
+                out += self.flush()
+                self.b_frames = True
+                self._wait_for_key = True
+            self._max_pts = pts if self._max_pts is None else max(self._max_pts, pts)
+        if self._wait_for_key:
+            if not starts_sequence:
+                self.dropped_packets += 1
+                return out
+            self._wait_for_key = False
+        if self._session is None:
+            self._session = self._create()
+            if self.header and sps is None:
+                payload = self.header + payload
+        out += self._feed(payload, pts)
+        return out
+
+    def flush(self) -> list[DecodedNv12]:
+        """Drain and end the current session (the next packet starts a new one)."""
+        if self._session is None:
+            return []
+        try:
+            frames = self._run(self._nvc.PacketData())
+        finally:
+            self._session = None
+        return frames
+
+    def close(self) -> None:
+        self._session = None
+
+    def _feed(self, payload: bytes, pts: int | None) -> list[DecodedNv12]:
+        nvc = self._nvc
+        self._buffer = np.frombuffer(payload, dtype=np.uint8)  # alive through Decode()
+        packet = nvc.PacketData()
+        packet.bsl_data = int(self._buffer.ctypes.data)
+        packet.bsl = len(payload)
+        packet.pts = 0 if pts is None else int(pts)
+        if not self.b_frames:
+            packet.decode_flag = nvc.VideoPacketFlag.ENDOFPICTURE
+        return self._run(packet, pts_known=pts is not None)
+
+    def _run(self, packet: Any, pts_known: bool = True) -> list[DecodedNv12]:
+        try:
+            frames = self._session.Decode(packet)
+        except Exception as exc:
+            self._session = None
+            self._wait_for_key = True
+            raise NvdecError(f"NVDEC failed on a {self.codec} packet: {exc}") from exc
+        return [self._take(frame, pts_known) for frame in frames]
+
+    def _take(self, frame: Any, pts_known: bool) -> DecodedNv12:
+        with _StreamScope(self.stream):
+            view = torch.from_dlpack(frame)
+            if view.dim() != 2 or view.dtype != torch.uint8 or view.shape[0] % 3:
+                raise NvdecError(
+                    f"expected an NV12 frame (h * 3 / 2, w) uint8 from NVDEC, got "
+                    f"{tuple(view.shape)} {view.dtype}"
+                )
+            height, width = view.shape[0] * 2 // 3, view.shape[1]
+            if self.copy_frames:
+                nv12 = torch.empty((view.shape[0], width), dtype=torch.uint8, device=view.device)
+                nv12.copy_(view, non_blocking=True)
+            else:
+                nv12 = view
+            ready = None
+            if self.stream is not None:
+                ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                ready.record(self.stream)
+        pts = int(frame.getPTS()) if pts_known else None
+        return DecodedNv12(nv12, int(width), int(height), pts, ready)
+
+
+class _StreamScope:
+    """`torch.cuda.stream(stream)` when there is a stream (CUDA), else nothing (CPU tests)."""
+
+    def __init__(self, stream: torch.cuda.Stream | None) -> None:
+        self._context = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self) -> None:
+        if self._context is not None:
+            self._context.__enter__()  # type: ignore[no-untyped-call]
+
+    def __exit__(self, *exc: object) -> None:
+        if self._context is not None:
+            self._context.__exit__(*exc)
+
+
+# --------------------------------------------------------------------- files, no PyAV
+
+
+def packet_bytes(packet: Any) -> bytes:
+    """The payload of a PyNvVideoCodec PacketData (its buffer is reused by the next Demux)."""
+    size = int(packet.bsl)
+    return ctypes.string_at(int(packet.bsl_data), size) if size else b""
+
+
+def detect_b_frames(pts: list[int]) -> bool:
+    """Whether packets in decode order carry presentation times out of order (B-frames)."""
+    highest: int | None = None
+    for value in pts:
+        if highest is not None and value < highest:
+            return True
+        highest = value if highest is None else max(highest, value)
+    return False
+
+
+def decode_file(
+    path: str,
+    *,
+    source_id: str = "",
+    gpu: int = 0,
+    b_frames: bool | None = None,
+    lookahead: int = 16,
+    copy_frames: bool = True,
+    stream: torch.cuda.Stream | None = None,
+    nvc: ModuleType | None = None,
+    on_decoder: Callable[[NvdecDecoder], None] | None = None,
+) -> Iterator[GpuVideoFrame]:
+    """Every frame of an MP4 / MKV / AVI file, demuxed by PyNvVideoCodec, decoded by NVDEC.
+
+    `b_frames` None: decided from the first `lookahead` packets (presentation times out of
+    decode order). Raises NvdecError on a decoder failure (a file is not retried).
+    `on_decoder` sees the decoder once it exists (tests read its latency and sessions).
+    """
+    nvc = nvc if nvc is not None else load_pynvvideocodec()
+    demuxer = nvc.CreateDemuxer(filename=str(path))
+    matrix, colour_range = colour_from_demuxer(demuxer)
+    codec = {"H264": "h264", "HEVC": "hevc"}.get(
+        str(getattr(demuxer.GetNvCodecId(), "name", demuxer.GetNvCodecId())).rsplit(".", 1)[-1]
+    )
+    if codec is None:
+        raise NvdecError(f"{path}: NVDEC decodes H.264 and HEVC, not {demuxer.GetNvCodecId()}")
+
+    pending: list[tuple[bytes, int, bool]] = []
+    packets = iter(demuxer)
+
+    def next_packet() -> tuple[bytes, int, bool] | None:
+        for packet in packets:
+            data = packet_bytes(packet)
+            if data:
+                return data, int(packet.pts), bool(packet.key)
+        return None
+
+    while len(pending) < lookahead:
+        item = next_packet()
+        if item is None:
+            break
+        pending.append(item)
+    if b_frames is None:
+        b_frames = detect_b_frames([pts for _, pts, _ in pending])
+    decoder = NvdecDecoder(
+        codec, gpu=gpu, b_frames=b_frames, stream=stream, copy_frames=copy_frames, nvc=nvc
+    )
+    if on_decoder is not None:
+        on_decoder(decoder)
+    index = 0
+    time_base = 1.0 / 1000.0  # PyNvVideoCodec's demuxer reports timestamps in milliseconds
+
+    def frames_of(decoded: list[DecodedNv12], started: float) -> Iterator[GpuVideoFrame]:
+        nonlocal index
+        share = (time.perf_counter() - started) / max(1, len(decoded))
+        for frame in decoded:
+            yield GpuVideoFrame(
+                source_id=source_id,
+                index=index,
+                pts_seconds=None if frame.pts is None else frame.pts * time_base,
+                arrival_time=time.time(),
+                decode_seconds=share,
+                width=frame.width,
+                height=frame.height,
+                nv12=frame.nv12,
+                matrix=matrix,
+                colour_range=colour_range,
+                stream=decoder.stream,
+                ready=frame.ready,
+            )
+            index += 1
+
+    try:
+        while True:
+            item = pending.pop(0) if pending else next_packet()
+            if item is None:
+                break
+            data, pts, key = item
+            started = time.perf_counter()
+            yield from frames_of(decoder.decode(data, pts, key), started)
+        started = time.perf_counter()
+        yield from frames_of(decoder.flush(), started)
+    finally:
+        decoder.close()
+
+
+__all__ = [
+    "NVDEC_CODECS",
+    "DecodedNv12",
+    "GpuVideoFrame",
+    "NvdecDecoder",
+    "NvdecError",
+    "colour_from_demuxer",
+    "colour_from_metadata",
+    "decode_file",
+    "detect_b_frames",
+    "is_length_prefixed",
+    "nal_units",
+    "nvdec_available",
+    "sequence_header",
+]
