@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -41,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from vdet.types import ColourMatrix, ColourRange
 
@@ -134,13 +136,12 @@ class DecodedNv12:
 def load_pynvvideocodec() -> ModuleType:
     """Import PyNvVideoCodec, or raise ImportError saying what to install."""
     try:
-        import PyNvVideoCodec as nvc  # type: ignore[import-not-found,unused-ignore]
+        module = importlib.import_module("PyNvVideoCodec")
     except ImportError as exc:
         raise ImportError(
             "NVDEC decoding needs PyNvVideoCodec (pip install 'vdet[gpu]') and the NVIDIA "
             f"driver's libnvcuvid on the library path: {exc}"
         ) from exc
-    module: ModuleType = nvc
     return module
 
 
@@ -379,7 +380,7 @@ class NvdecDecoder:
 
     def _take(self, frame: Any, pts_known: bool) -> DecodedNv12:
         with _StreamScope(self.stream):
-            view = torch.from_dlpack(frame)
+            view = from_dlpack(frame)
             if view.dim() != 2 or view.dtype != torch.uint8 or view.shape[0] % 3:
                 raise NvdecError(
                     f"expected an NV12 frame (h * 3 / 2, w) uint8 from NVDEC, got "
