@@ -347,6 +347,7 @@ class NvdecDecoder:
 
     def flush(self) -> list[DecodedNv12]:
         """Drain and end the current session (the next packet starts a new one)."""
+        self._max_pts = None  # a new session (or a loop back to the start) may restart times
         if self._session is None:
             return []
         try:
