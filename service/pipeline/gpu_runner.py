@@ -219,7 +219,8 @@ class _RunnerBase:
         with self._on_stream():
             net_in = torch.zeros((self.batch, 3, H, W), dtype=self.dtype, device=self.device)
             boxes = torch.zeros(
-                (self.batch, params.max_det, DETECTION_COLUMNS), dtype=torch.float32,
+                (self.batch, params.max_det, DETECTION_COLUMNS),
+                dtype=torch.float32,
                 device=self.device,
             )
             count = torch.zeros((self.batch,), dtype=torch.int32, device=self.device)

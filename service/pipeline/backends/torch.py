@@ -433,8 +433,9 @@ register_backend(
         kind=TorchBackend.name,
         factory=TorchBackend,
         priority=200,
-        is_available=lambda: torch_cuda_available()
-        and importlib.util.find_spec("onnx2torch") is not None,
+        is_available=lambda: (
+            torch_cuda_available() and importlib.util.find_spec("onnx2torch") is not None
+        ),
         accepts=_accepts,
     )
 )
