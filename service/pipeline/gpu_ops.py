@@ -74,8 +74,8 @@ def yuv_coefficients(matrix: ColourMatrix, colour_range: ColourRange) -> YuvCoef
         y_offset=f32(16.0 if limited else 0.0),
         y_scale=f32(255.0 / 219.0 if limited else 1.0),
         r_v=f32(2.0 * (1.0 - kr) * chroma_gain),
-        g_u=f32(2.0 * kb * (1.0 - kb) / kg * chroma_gain),
-        g_v=f32(2.0 * kr * (1.0 - kr) / kg * chroma_gain),
+        g_u=f32(2.0 * (1.0 - kb) * kb / kg * chroma_gain),
+        g_v=f32(2.0 * (1.0 - kr) * kr / kg * chroma_gain),
         b_u=f32(2.0 * (1.0 - kb) * chroma_gain),
     )
 

@@ -1,0 +1,313 @@
+"""The pure-torch GPU ops on the CPU: NV12 letterbox against `letterbox`, decode + NMS against
+`decode_and_nms_image` (docs/conventions.md tolerances), run on CPU torch.
+
+Tolerances: preprocess padding and unscaled frames exact, resized areas within 1/255 + 1e-6
+(float bilinear weights against OpenCV's fixed point); float16 output adds its rounding
+(2^-11 relative). Decode + NMS: same count, scores and classes exactly, boxes within 1e-4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vdet.pipeline.gpu_ops import (
+    Nv12Geometry,
+    ReferenceDecodeNms,
+    nv12_letterbox_reference,
+    nv12_to_rgb_u8,
+    yuv_coefficients,
+)
+from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
+from vdet.pipeline.preprocess import letterbox
+from vdet.types import ColourMatrix, ColourRange
+
+PAD = np.float32(114) / np.float32(255)
+RESIZE_TOLERANCE = 1 / 255 + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("matrix", "colour_range", "expected"),
+    [
+        # (r_v, g_u, g_v, b_u): the textbook 1.596/0.392/0.813/2.017 for BT.601 limited, etc.
+        (ColourMatrix.BT601, ColourRange.LIMITED, (1.5960, 0.3917, 0.8129, 2.0172)),
+        (ColourMatrix.BT709, ColourRange.LIMITED, (1.7927, 0.2132, 0.5329, 2.1124)),
+        (ColourMatrix.BT601, ColourRange.FULL, (1.4020, 0.3441, 0.7141, 1.7720)),
+        (ColourMatrix.BT709, ColourRange.FULL, (1.5748, 0.1873, 0.4681, 1.8556)),
+    ],
+)
+def test_yuv_coefficients(
+    matrix: ColourMatrix, colour_range: ColourRange, expected: tuple[float, ...]
+) -> None:
+    k = yuv_coefficients(matrix, colour_range)
+    assert (k.r_v, k.g_u, k.g_v, k.b_u) == pytest.approx(expected, abs=1e-4)
+    limited = colour_range is ColourRange.LIMITED
+    assert (k.y_offset, k.y_scale) == pytest.approx((16, 255 / 219) if limited else (0, 1))
+
+
+@pytest.mark.parametrize(
+    ("y", "u", "v", "colour_range", "rgb"),
+    [
+        (235, 128, 128, ColourRange.LIMITED, (255, 255, 255)),
+        (16, 128, 128, ColourRange.LIMITED, (0, 0, 0)),
+        (255, 128, 128, ColourRange.FULL, (255, 255, 255)),
+        (0, 128, 128, ColourRange.FULL, (0, 0, 0)),
+        (126, 128, 128, ColourRange.LIMITED, (128, 128, 128)),  # (126 - 16) * 255/219 = 128.08
+        (81, 90, 240, ColourRange.LIMITED, (255, 0, 0)),  # BT.601 limited red
+    ],
+)
+def test_nv12_to_rgb_known_colours(
+    y: int, u: int, v: int, colour_range: ColourRange, rgb: tuple[int, int, int]
+) -> None:
+    nv12 = torch.empty((6, 4), dtype=torch.uint8)
+    nv12[:4] = y
+    nv12[4:, 0::2], nv12[4:, 1::2] = u, v
+    geometry = Nv12Geometry.of((4, 4), (8, 8), ColourMatrix.BT601, colour_range)
+    out = nv12_to_rgb_u8(nv12, geometry)
+    assert out.shape == (3, 4, 4)
+    assert out[:, 0, 0].tolist() == pytest.approx(rgb, abs=1)
+
+
+def test_nv12_to_rgb_uses_each_blocks_chroma() -> None:
+    """Nearest chroma: the 2 x 2 luma block at (row 2, col 4) takes UV pair (1, 2)."""
+    nv12 = torch.full((6, 8), 128, dtype=torch.uint8)
+    nv12[:4] = 120
+    nv12[4 + 1, 2 * 2 + 1] = 200  # V of block (1, 2)
+    geometry = Nv12Geometry.of((8, 4), (8, 8), ColourMatrix.BT709, ColourRange.LIMITED)
+    red = nv12_to_rgb_u8(nv12, geometry)[0]
+    hot = red > red[0, 0]
+    assert hot.nonzero().tolist() == [[2, 4], [2, 5], [3, 4], [3, 5]]
+
+
+def _random_nv12(w: int, h: int, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    # Smooth-ish content (a gradient plus noise) and some saturated extremes.
+    base = np.linspace(0, 255, w * h * 3 // 2).reshape(h * 3 // 2, w)
+    noise = rng.integers(-60, 61, (h * 3 // 2, w))
+    return torch.from_numpy(np.clip(base + noise, 0, 255).astype(np.uint8))
+
+
+def _independent_bgr(nv12: np.ndarray, matrix: ColourMatrix, rng: ColourRange) -> np.ndarray:
+    """The conversion in float64 NumPy, from Kr/Kb: checks gpu_ops' float32 constants."""
+    kr, kb = {ColourMatrix.BT601: (0.299, 0.114), ColourMatrix.BT709: (0.2126, 0.0722)}[matrix]
+    h = nv12.shape[0] * 2 // 3
+    y = nv12[:h].astype(np.float64)
+    uv = nv12[h:].reshape(h // 2, -1, 2).astype(np.float64)
+    u = uv[..., 0].repeat(2, 0).repeat(2, 1) - 128
+    v = uv[..., 1].repeat(2, 0).repeat(2, 1) - 128
+    if rng is ColourRange.LIMITED:
+        y, u, v = (y - 16) * 255 / 219, u * 255 / 224, v * 255 / 224
+    kg = 1 - kr - kb
+    r = y + 2 * (1 - kr) * v
+    b = y + 2 * (1 - kb) * u
+    g = (y - kr * r - kb * b) / kg
+    return np.clip(np.rint(np.stack((b, g, r), axis=-1)), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("matrix", list(ColourMatrix))
+@pytest.mark.parametrize("colour_range", list(ColourRange))
+def test_nv12_conversion_matches_float64_formula(
+    matrix: ColourMatrix, colour_range: ColourRange
+) -> None:
+    nv12 = _random_nv12(64, 48, 3)
+    geometry = Nv12Geometry.of((64, 48), (64, 64), matrix, colour_range)
+    rgb = nv12_to_rgb_u8(nv12, geometry).numpy()
+    bgr = _independent_bgr(nv12.numpy(), matrix, colour_range)
+    # float32 against float64 may round a value on the other side of .5: at most one level.
+    diff = np.abs(rgb.transpose(1, 2, 0)[:, :, ::-1].astype(int) - bgr.astype(int))
+    assert diff.max() <= 1
+    assert (diff > 0).mean() < 0.01
+
+
+@pytest.mark.parametrize(
+    ("size_wh", "input_hw"),
+    [
+        ((1920, 1080), (640, 640)),  # exact 3x down
+        ((640, 480), (640, 640)),  # no resize: exact
+        ((518, 334), (640, 640)),  # up
+        ((100, 52), (64, 64)),
+        ((1280, 720), (384, 640)),
+        ((2, 2), (8, 8)),
+    ],
+)
+@pytest.mark.parametrize(
+    ("matrix", "colour_range"),
+    [(ColourMatrix.BT709, ColourRange.LIMITED), (ColourMatrix.BT601, ColourRange.FULL)],
+)
+def test_reference_preprocess_matches_cpu_letterbox(
+    size_wh: tuple[int, int],
+    input_hw: tuple[int, int],
+    matrix: ColourMatrix,
+    colour_range: ColourRange,
+) -> None:
+    w, h = size_wh
+    nv12 = _random_nv12(w, h, w + h)
+    geometry = Nv12Geometry.of(size_wh, input_hw, matrix, colour_range)
+    rgb = nv12_to_rgb_u8(nv12, geometry).numpy().astype(np.uint8)
+    bgr = np.ascontiguousarray(rgb.transpose(1, 2, 0)[:, :, ::-1])
+    expected, transform = letterbox(bgr, input_hw)
+
+    out = torch.full((3, *input_hw), -1.0)
+    nv12_letterbox_reference(nv12, geometry, out)
+    got = out.numpy()
+
+    new_w, new_h = transform.resized_wh
+    left, top = transform.pad_x, transform.pad_y
+    inside = np.zeros(input_hw, bool)
+    inside[top : top + new_h, left : left + new_w] = True
+    assert (got[:, ~inside] == PAD).all()  # padding bit exact
+    diff = np.abs(got - expected)[:, inside]
+    if (new_w, new_h) == size_wh:
+        assert diff.max() == 0
+    else:
+        assert diff.max() <= RESIZE_TOLERANCE
+
+
+def test_reference_preprocess_fp16_output() -> None:
+    nv12 = _random_nv12(320, 240, 1)
+    geometry = Nv12Geometry.of((320, 240), (320, 320))
+    out32 = torch.empty((3, 320, 320))
+    out16 = torch.empty((3, 320, 320), dtype=torch.float16)
+    nv12_letterbox_reference(nv12, geometry, out32)
+    nv12_letterbox_reference(nv12, geometry, out16)
+    assert torch.allclose(out16.float(), out32, atol=0, rtol=2**-11)
+
+
+def test_reference_preprocess_rejects_bad_shapes() -> None:
+    geometry = Nv12Geometry.of((64, 48), (64, 64))
+    with pytest.raises(ValueError, match="nv12 must be"):
+        nv12_letterbox_reference(
+            torch.zeros((48, 64), dtype=torch.uint8), geometry, torch.empty(3, 64, 64)
+        )
+    with pytest.raises(ValueError, match="out must have shape"):
+        nv12_letterbox_reference(
+            torch.zeros((72, 64), dtype=torch.uint8), geometry, torch.empty(3, 32, 64)
+        )
+    with pytest.raises(ValueError, match="even sizes"):
+        Nv12Geometry.of((63, 48), (64, 64))
+
+
+# ----------------------------------------------------------------------------- decode + NMS
+
+
+def _clustered_head(seed: int, n: int = 1200, nc: int = 4, clusters: int = 10) -> np.ndarray:
+    """Boxes around a few centres (so NMS has work), random scores without ties."""
+    rng = np.random.default_rng(seed)
+    head = np.zeros((4 + nc, n), np.float32)
+    centres = rng.uniform(40, 600, (clusters, 2))
+    which = rng.integers(0, clusters, n)
+    head[0:2] = (centres[which] + rng.normal(0, 6, (n, 2))).T
+    head[2:4] = rng.uniform(15, 90, (2, n))
+    head[4:] = rng.permutation(n * nc).reshape(nc, n).astype(np.float32) / (n * nc)
+    head[4:] = head[4:] ** 4  # most anchors below the threshold
+    return head
+
+
+def _run(
+    heads: list[np.ndarray], params: PostprocessParams, iterations: int = 8
+) -> tuple[np.ndarray, np.ndarray]:
+    raw = torch.from_numpy(np.stack(heads))
+    boxes = torch.full((len(heads), params.max_det, 6), 7.0)
+    count = torch.full((len(heads),), 99, dtype=torch.int32)
+    ReferenceDecodeNms(iterations)(raw, params, boxes, count)
+    return boxes.numpy(), count.numpy()
+
+
+def _assert_same(
+    boxes: np.ndarray, count: int, head: np.ndarray, params: PostprocessParams
+) -> None:
+    dets = decode_and_nms_image(head, params)[0]
+    assert count == len(dets)
+    np.testing.assert_array_equal(boxes[:count, 4], dets.scores)
+    np.testing.assert_array_equal(boxes[:count, 5].astype(np.int32), dets.class_ids)
+    np.testing.assert_allclose(boxes[:count, :4], dets.xyxy, atol=1e-4, rtol=0)
+    assert (boxes[count:] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        PostprocessParams(),
+        PostprocessParams(conf_threshold=0.05, iou_threshold=0.3),
+        PostprocessParams(conf_threshold=0.05, iou_threshold=0.6, class_agnostic=True),
+        PostprocessParams(conf_threshold=0.05, top_k=50, max_det=20),
+        PostprocessParams(conf_threshold=0.02, max_det=5),
+        PostprocessParams(conf_threshold=0.05, classes=frozenset({1, 3, 17})),
+        PostprocessParams(conf_threshold=0.999),  # nothing passes: the empty (0, 6) case
+    ],
+)
+def test_reference_decode_nms_matches_cpu(params: PostprocessParams) -> None:
+    heads = [_clustered_head(seed) for seed in range(4)]
+    boxes, count = _run(heads, params)
+    for b, head in enumerate(heads):
+        _assert_same(boxes[b], int(count[b]), head, params)
+
+
+def test_reference_decode_nms_ties_nan_and_strict_thresholds(make_head) -> None:  # type: ignore[no-untyped-def]
+    head = make_head(
+        [[10, 10, 10, 10], [100, 100, 10, 10], [50, 50, 10, 10], [200, 200, 10, 10], [9, 9, 4, 4]],
+        [[0.5, 0.5], [0.5, 0.2], [0.25, 0.1], [np.nan, 0.9], [0.5, 0.5]],
+    )
+    params = PostprocessParams(conf_threshold=0.25, iou_threshold=0.0)
+    boxes, count = _run([head], params)
+    _assert_same(boxes[0], int(count[0]), head, params)
+    # Equal scores keep anchor order; the score equal to the threshold and the NaN row drop;
+    # the last box, inside the first (IoU > 0), goes.
+    assert boxes[0, : count[0], 4].tolist() == [0.5, 0.5]
+    assert boxes[0, : count[0], :2].tolist() == [[5, 5], [95, 95]]
+
+
+def test_reference_decode_nms_flags_long_chains() -> None:
+    """A chain where each box would suppress the next needs one sweep per link."""
+    n = 12
+    xs = np.arange(n, dtype=np.float32) * 6.0 + 100  # width 10, step 6: IoU(i, i+1) = 0.25
+    head = np.zeros((5, n), np.float32)
+    head[0], head[1], head[2], head[3] = xs, 100, 10, 10
+    head[4] = np.linspace(0.9, 0.5, n, dtype=np.float32)
+    params = PostprocessParams(iou_threshold=0.2)
+    boxes, count = _run([head], params, iterations=3)
+    assert count[0] == -1  # not proven within 3 sweeps: the caller must use the host
+    boxes, count = _run([head], params, iterations=n)
+    _assert_same(boxes[0], int(count[0]), head, params)
+    assert count[0] == n // 2  # every other box survives
+
+
+def test_reference_decode_nms_agrees_with_torchvision() -> None:
+    torchvision = pytest.importorskip("torchvision")
+    head = _clustered_head(11)
+    params = PostprocessParams(conf_threshold=0.05, iou_threshold=0.5, top_k=100000, max_det=1000)
+    _, count = _run([head], params)
+    # torchvision's NMS over all candidates above the threshold keeps the same number.
+    nms_free = PostprocessParams(
+        conf_threshold=0.05, iou_threshold=1.0, top_k=100000, max_det=100000
+    )
+    dets = decode_and_nms_image(head, nms_free)[0]
+    keep = torchvision.ops.batched_nms(
+        torch.from_numpy(dets.xyxy),
+        torch.from_numpy(dets.scores),
+        torch.from_numpy(dets.class_ids),
+        0.5,
+    )
+    assert count[0] == len(keep)
+
+
+def test_reference_decode_nms_checks_shapes() -> None:
+    nms = ReferenceDecodeNms()
+    raw = torch.zeros((1, 6, 10))
+    with pytest.raises(ValueError, match="out_boxes"):
+        nms(
+            raw,
+            PostprocessParams(max_det=5),
+            torch.zeros(1, 4, 6),
+            torch.zeros(1, dtype=torch.int32),
+        )
+    with pytest.raises(ValueError, match="out_count"):
+        nms(
+            raw,
+            PostprocessParams(max_det=5),
+            torch.zeros(1, 5, 6),
+            torch.zeros(2, dtype=torch.int32),
+        )
+    with pytest.raises(ValueError, match="iterations"):
+        ReferenceDecodeNms(0)
