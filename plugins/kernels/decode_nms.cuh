@@ -1,0 +1,445 @@
+/* YOLOv8 decode + class-aware greedy NMS on the raw head [B, 4 + nc, N] (fp32 or fp16).
+ *
+ * The contract is docs/conventions.md ("Raw head", "Decode", "NMS"), i.e. the CPU reference
+ * vdet.pipeline.postprocess.decode_and_nms_image. Four launches per batch, one stream:
+ *
+ * 1. vdet_decode_candidates: one thread per (anchor, class group); best class per anchor
+ *    (lowest id on ties, NaN drops the anchor), score > conf, optional class filter; survivors
+ *    are appended (in no particular order) to keys[b] as 64-bit sort keys, their class to
+ *    best_class[b][anchor]. counts[b] must be zero before the launch.
+ * 2. vdet_select_topk: one block per image; radix-selects the top_k largest keys (8-bit digits,
+ *    most significant first, stopping as soon as the boundary bucket is taken whole), bitonic-
+ *    sorts them in shared memory, and writes the candidates (box, score, class, anchor) in
+ *    order. Keys are unique, so the order is total and deterministic.
+ * 3. vdet_nms_mask: one 64-thread block per 64 x 64 tile of the upper triangle of the
+ *    candidates' suppression matrix: bit j of row i is set when j > i, the classes match
+ *    (or agnostic) and IoU(i, j) > iou_threshold, computed in float32 exactly as the reference.
+ * 4. vdet_nms_scan: one block per image; a greedy sweep over the bitmask, 64 candidates at a
+ *    time (one thread resolves the 64-candidate diagonal tile, the other warps prefetch the next
+ *    row tile and OR the kept rows into the "removed" words), stopping at max_det; writes
+ *    [max_det, 6] float32 rows (x1, y1, x2, y2, score, class; zero after the last kept box),
+ *    the count and optionally the kept anchor indices (-1 after the last).
+ *
+ * Workspace per image: keys (N u64), best_class (N i32), candidates (cand_cap of each: VdetBox,
+ * float score, i32 class, i32 anchor), mask (cand_cap x words u64), plus counts / cand_count
+ * (one u32 each); cand_cap = words * 64 >= top_k. vdet/plugins/ops.py computes the layout.
+ */
+#ifndef VDET_DECODE_NMS_CUH
+#define VDET_DECODE_NMS_CUH
+
+#include "common.cuh"
+
+#define VDET_DECODE_ANCHORS 32 /* blockDim.x of vdet_decode_candidates: one anchor per lane */
+#define VDET_DECODE_GROUPS 8   /* blockDim.y: class rows c = y, y + 8, ... per thread */
+#define VDET_SELECT_THREADS 1024
+#define VDET_MASK_THREADS 64
+#define VDET_SCAN_THREADS 512
+
+/* Dynamic shared memory of vdet_select_topk before the selected keys: 256 histogram bins and
+ * 16 words of scalars. */
+#define VDET_SELECT_SMEM_HEADER (256 * 4 + 16 * 4)
+/* Dynamic shared memory of vdet_nms_scan before its buffers: 64 "removed" words. */
+#define VDET_SCAN_SMEM_HEADER (64 * 8)
+
+struct __align__(16) VdetBox {
+    float x1;
+    float y1;
+    float x2;
+    float y2;
+};
+
+/* Score bits high (a positive float orders like its bits), inverted anchor low: sorting keys
+ * in descending order gives score descending, then anchor ascending. */
+__device__ __forceinline__ vdet_u64 vdet_make_key(float score, int anchor) {
+    return ((vdet_u64)__float_as_uint(score) << 32) |
+           (vdet_u64)(0xFFFFFFFFu - (unsigned int)anchor);
+}
+
+__device__ __forceinline__ int vdet_key_anchor(vdet_u64 key) {
+    return (int)(0xFFFFFFFFu - (unsigned int)(key & 0xFFFFFFFFull));
+}
+
+__device__ __forceinline__ float vdet_key_score(vdet_u64 key) {
+    return __uint_as_float((unsigned int)(key >> 32));
+}
+
+/* Power of two >= n (1 for n <= 1): the padded length of the bitonic sort. */
+__device__ __forceinline__ int vdet_pow2_at_least(int n) {
+    int p = 1;
+    while (p < n) p <<= 1;
+    return p;
+}
+
+/* ---- 1. decode ------------------------------------------------------------------------- */
+
+template <typename In>
+__device__ __forceinline__ void vdet_decode_candidates(
+    const In* __restrict__ raw, int nc, int n_anchors, float conf, int use_filter,
+    const VdetClassMask& filter, unsigned int* __restrict__ counts, vdet_u64* __restrict__ keys,
+    int* __restrict__ best_class) {
+    __shared__ float s_score[VDET_DECODE_GROUPS][VDET_DECODE_ANCHORS];
+    __shared__ int s_class[VDET_DECODE_GROUPS][VDET_DECODE_ANCHORS];
+    __shared__ int s_nan[VDET_DECODE_GROUPS][VDET_DECODE_ANCHORS];
+    const int lane = threadIdx.x;
+    const int group = threadIdx.y;
+    const int b = blockIdx.y;
+    const int anchor = blockIdx.x * VDET_DECODE_ANCHORS + lane;
+    float best = __int_as_float((int)0xff800000); /* -inf */
+    int best_c = -1;
+    int nan = 0;
+    if (anchor < n_anchors) {
+        const In* p = raw + ((long long)b * (4 + nc) + 4) * n_anchors + anchor;
+#pragma unroll 4
+        for (int c = group; c < nc; c += VDET_DECODE_GROUPS) {
+            const float s = vdet_load(p + (long long)c * n_anchors);
+            nan |= (s != s);
+            /* Classes rise within a thread, so a strict > keeps the lowest id of a tie. */
+            if (s > best) {
+                best = s;
+                best_c = c;
+            }
+        }
+    }
+    s_score[group][lane] = best;
+    s_class[group][lane] = best_c;
+    s_nan[group][lane] = nan;
+    __syncthreads();
+    if (group != 0) return;
+
+    best = __int_as_float((int)0xff800000);
+    best_c = -1;
+    nan = 0;
+    for (int g = 0; g < VDET_DECODE_GROUPS; ++g) {
+        const float s = s_score[g][lane];
+        const int c = s_class[g][lane];
+        nan |= s_nan[g][lane];
+        if (c >= 0 && (best_c < 0 || s > best || (s == best && c < best_c))) {
+            best = s;
+            best_c = c;
+        }
+    }
+    bool pass = !nan && best_c >= 0 && best > conf;
+    if (pass && use_filter) {
+        pass = best_c < VDET_MAX_FILTER_CLASSES &&
+               ((filter.words[best_c >> 5] >> (best_c & 31)) & 1u) != 0u;
+    }
+    /* One atomic per warp reserves the warp's slots. */
+    const unsigned int ballot = __ballot_sync(0xffffffffu, pass);
+    unsigned int base = 0;
+    if (lane == 0 && ballot != 0u) base = atomicAdd(&counts[b], (unsigned int)__popc(ballot));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (pass) {
+        const unsigned int pos = base + (unsigned int)__popc(ballot & vdet_lanemask_lt(lane));
+        keys[(long long)b * n_anchors + pos] = vdet_make_key(best, anchor);
+        best_class[(long long)b * n_anchors + anchor] = best_c;
+    }
+}
+
+/* ---- 2. top-k ---------------------------------------------------------------------------- */
+
+template <typename In>
+__device__ __forceinline__ void vdet_select_topk(
+    const In* __restrict__ raw, int nc, int n_anchors, int top_k, int stage_cap,
+    const unsigned int* __restrict__ counts, const vdet_u64* __restrict__ keys,
+    const int* __restrict__ best_class, int cand_cap, unsigned int* __restrict__ cand_count,
+    VdetBox* __restrict__ cand_box, float* __restrict__ cand_score, int* __restrict__ cand_class,
+    int* __restrict__ cand_anchor) {
+    VDET_DYNAMIC_SMEM(smem);
+    unsigned int* hist = reinterpret_cast<unsigned int*>(smem);
+    unsigned int* misc = hist + 256; /* [0] selected, [1] digit, [2] remaining, [3] bucket */
+    const int sel_cap = vdet_pow2_at_least(top_k);
+    vdet_u64* sel = reinterpret_cast<vdet_u64*>(smem + VDET_SELECT_SMEM_HEADER);
+    vdet_u64* stage = sel + sel_cap;
+
+    const int b = blockIdx.x;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int threads = blockDim.x;
+    const int m = (int)counts[b];
+    const int k = vdet_min(m, top_k);
+
+    const vdet_u64* src = keys + (long long)b * n_anchors;
+    if (m <= stage_cap) {
+        for (int i = tid; i < m; i += threads) stage[i] = src[i];
+        src = stage;
+    }
+    if (tid == 0) misc[0] = 0u;
+    __syncthreads();
+
+    /* The k-th largest key, or 0 (every key is > 0) when all m keys are kept. */
+    vdet_u64 threshold = 0;
+    if (m > k) {
+        vdet_u64 prefix = 0;
+        vdet_u64 prefix_mask = 0;
+        unsigned int remaining = (unsigned int)k;
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            for (int i = tid; i < 256; i += threads) hist[i] = 0u;
+            __syncthreads();
+            for (int base = 0; base < m; base += threads) {
+                const int i = base + tid;
+                unsigned int digit = 256u; /* not in this pass's bucket */
+                if (i < m) {
+                    const vdet_u64 key = src[i];
+                    if ((key & prefix_mask) == prefix) digit = (unsigned int)(key >> shift) & 255u;
+                }
+                /* Lanes with the same digit add once: most keys share the top digits. */
+                const unsigned int peers = __match_any_sync(0xffffffffu, digit);
+                if (digit < 256u && lane == __ffs(peers) - 1) {
+                    atomicAdd(&hist[digit], (unsigned int)__popc(peers));
+                }
+            }
+            __syncthreads();
+            if (warp == 0) {
+                /* Lane l owns digits 255 - 8l down to 248 - 8l; scan from the top digit. */
+                unsigned int lane_sum = 0;
+#pragma unroll
+                for (int t = 0; t < 8; ++t) lane_sum += hist[255 - 8 * lane - t];
+                unsigned int inclusive = lane_sum;
+#pragma unroll
+                for (int offset = 1; offset < 32; offset <<= 1) {
+                    const unsigned int before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+                    if (lane >= offset) inclusive += before;
+                }
+                const unsigned int reached = __ballot_sync(0xffffffffu, inclusive >= remaining);
+                if (lane == __ffs(reached) - 1) {
+                    unsigned int above = inclusive - lane_sum;
+                    for (int t = 0; t < 8; ++t) {
+                        const int d = 255 - 8 * lane - t;
+                        const unsigned int h = hist[d];
+                        if (above + h >= remaining) {
+                            misc[1] = (unsigned int)d;
+                            misc[2] = remaining - above;
+                            misc[3] = h;
+                            break;
+                        }
+                        above += h;
+                    }
+                }
+            }
+            __syncthreads();
+            /* misc is rewritten only after two more barriers, so every thread reads it here. */
+            prefix |= (vdet_u64)misc[1] << shift;
+            prefix_mask |= (vdet_u64)255u << shift;
+            remaining = misc[2];
+            /* The whole boundary bucket is kept: every key >= prefix is selected. */
+            if (misc[3] == remaining) break;
+        }
+        threshold = prefix;
+    }
+
+    for (int base = 0; base < m; base += threads) {
+        const int i = base + tid;
+        vdet_u64 key = 0;
+        bool take = false;
+        if (i < m) {
+            key = src[i];
+            take = key >= threshold;
+        }
+        const unsigned int ballot = __ballot_sync(0xffffffffu, take);
+        unsigned int first = 0;
+        if (lane == 0 && ballot != 0u) first = atomicAdd(&misc[0], (unsigned int)__popc(ballot));
+        first = __shfl_sync(0xffffffffu, first, 0);
+        const unsigned int pos = first + (unsigned int)__popc(ballot & vdet_lanemask_lt(lane));
+        if (take && pos < (unsigned int)sel_cap) sel[pos] = key;
+    }
+    __syncthreads();
+
+    /* Bitonic sort, descending; padding keys are 0 and sink to the end. */
+    const int padded = vdet_pow2_at_least(k);
+    for (int i = k + tid; i < padded; i += threads) sel[i] = 0;
+    __syncthreads();
+    for (int size = 2; size <= padded; size <<= 1) {
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int t = tid; t < (padded >> 1); t += threads) {
+                const int lo = 2 * t - (t & (stride - 1));
+                const int hi = lo + stride;
+                const vdet_u64 a = sel[lo];
+                const vdet_u64 c = sel[hi];
+                const bool descending = (lo & size) == 0;
+                if ((a < c) == descending) {
+                    sel[lo] = c;
+                    sel[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    }
+
+    const In* head = raw + (long long)b * (4 + nc) * n_anchors;
+    for (int t = tid; t < k; t += threads) {
+        const vdet_u64 key = sel[t];
+        const int anchor = vdet_key_anchor(key);
+        const float cx = vdet_load(head + anchor);
+        const float cy = vdet_load(head + n_anchors + anchor);
+        const float half_w = __fdiv_rn(vdet_load(head + 2LL * n_anchors + anchor), 2.0f);
+        const float half_h = __fdiv_rn(vdet_load(head + 3LL * n_anchors + anchor), 2.0f);
+        VdetBox box;
+        box.x1 = __fsub_rn(cx, half_w);
+        box.y1 = __fsub_rn(cy, half_h);
+        box.x2 = __fadd_rn(cx, half_w);
+        box.y2 = __fadd_rn(cy, half_h);
+        const long long o = (long long)b * cand_cap + t;
+        cand_box[o] = box;
+        cand_score[o] = vdet_key_score(key);
+        cand_class[o] = best_class[(long long)b * n_anchors + anchor];
+        cand_anchor[o] = anchor;
+    }
+    if (tid == 0) cand_count[b] = (unsigned int)k;
+}
+
+/* ---- 3. suppression bitmask -------------------------------------------------------------- */
+
+/* IoU(a, b) > threshold in float32, in the reference's order of operations. */
+__device__ __forceinline__ bool vdet_iou_above(const VdetBox& a, const VdetBox& b, float threshold) {
+    const float iw = fmaxf(__fsub_rn(fminf(a.x2, b.x2), fmaxf(a.x1, b.x1)), 0.0f);
+    const float ih = fmaxf(__fsub_rn(fminf(a.y2, b.y2), fmaxf(a.y1, b.y1)), 0.0f);
+    const float inter = __fmul_rn(iw, ih);
+    const float area_a = __fmul_rn(__fsub_rn(a.x2, a.x1), __fsub_rn(a.y2, a.y1));
+    const float area_b = __fmul_rn(__fsub_rn(b.x2, b.x1), __fsub_rn(b.y2, b.y1));
+    const float uni = __fsub_rn(__fadd_rn(area_a, area_b), inter);
+    const float iou = uni > 0.0f ? __fdiv_rn(inter, uni) : 0.0f;
+    return iou > threshold;
+}
+
+__device__ __forceinline__ void vdet_nms_mask_tile(
+    const unsigned int* __restrict__ cand_count, const VdetBox* __restrict__ cand_box,
+    const int* __restrict__ cand_class, int cand_cap, int words, float iou_threshold,
+    int agnostic, vdet_u64* __restrict__ mask) {
+    __shared__ VdetBox s_box[64];
+    __shared__ int s_class[64];
+    const int col_block = blockIdx.x;
+    const int row_block = blockIdx.y;
+    const int b = blockIdx.z;
+    const int tid = threadIdx.x;
+    const int n = (int)cand_count[b];
+    /* The sweep reads only tiles on or right of the diagonal, inside the candidates. */
+    if (col_block < row_block || row_block * 64 >= n || col_block * 64 >= n) return;
+    const long long first = (long long)b * cand_cap;
+    const int col = col_block * 64 + tid;
+    if (col < n) {
+        s_box[tid] = cand_box[first + col];
+        s_class[tid] = cand_class[first + col];
+    }
+    __syncthreads();
+    const int row = row_block * 64 + tid;
+    if (row >= n) return;
+    const VdetBox me = cand_box[first + row];
+    const int my_class = cand_class[first + row];
+    const int cols = vdet_min(64, n - col_block * 64);
+    vdet_u64 bits = 0;
+    for (int j = col_block == row_block ? tid + 1 : 0; j < cols; ++j) {
+        if ((agnostic || s_class[j] == my_class) && vdet_iou_above(me, s_box[j], iou_threshold)) {
+            bits |= 1ull << j;
+        }
+    }
+    mask[(first + row) * words + col_block] = bits;
+}
+
+/* ---- 4. greedy sweep ------------------------------------------------------------------- */
+
+/* Rows 64c .. 64c + 63 (zero past the candidates), words c .. used - 1, into dst[row][word]. */
+__device__ __forceinline__ void vdet_load_row_tile(
+    const vdet_u64* __restrict__ mask, int n, int words, int used, int c, vdet_u64* dst,
+    int worker, int workers) {
+    const int span = used - c;
+    const int rows = vdet_min(64, n - c * 64);
+    for (int i = worker; i < 64 * span; i += workers) {
+        const int r = i / span;
+        const int j = c + i % span;
+        dst[r * words + j] = r < rows ? mask[(long long)(c * 64 + r) * words + j] : 0ull;
+    }
+}
+
+__device__ __forceinline__ void vdet_nms_sweep(
+    const unsigned int* __restrict__ cand_count, const VdetBox* __restrict__ cand_box,
+    const float* __restrict__ cand_score, const int* __restrict__ cand_class,
+    const int* __restrict__ cand_anchor, int cand_cap, int words,
+    const vdet_u64* __restrict__ mask, int max_det, int max_keep, float* __restrict__ out,
+    int* __restrict__ out_count, int* __restrict__ out_anchor) {
+    VDET_DYNAMIC_SMEM(smem);
+    vdet_u64* removed = reinterpret_cast<vdet_u64*>(smem);
+    vdet_u64* tiles = reinterpret_cast<vdet_u64*>(smem + VDET_SCAN_SMEM_HEADER);
+    int* keep = reinterpret_cast<int*>(tiles + 2 * 64 * words);
+    __shared__ vdet_u64 s_kept_bits;
+    __shared__ int s_kept;
+
+    const int b = blockIdx.x;
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int warps = blockDim.x >> 5;
+    const int n = (int)cand_count[b];
+    const int used = (n + 63) >> 6;
+    const vdet_u64* m = mask + (long long)b * cand_cap * words;
+
+    for (int j = tid; j < used; j += blockDim.x) removed[j] = 0ull;
+    if (tid == 0) s_kept = 0;
+    vdet_load_row_tile(m, n, words, used, 0, tiles, tid, blockDim.x);
+    __syncthreads();
+
+    for (int c = 0; c < used; ++c) {
+        const vdet_u64* tile = tiles + (c & 1) * 64 * words;
+        if (warp > 0) {
+            /* Prefetch the next row tile while thread 0 resolves this one. */
+            if (c + 1 < used) {
+                vdet_load_row_tile(m, n, words, used, c + 1, tiles + ((c + 1) & 1) * 64 * words,
+                                   tid - 32, blockDim.x - 32);
+            }
+        } else if (lane == 0) {
+            const int rows = vdet_min(64, n - c * 64);
+            const vdet_u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
+            vdet_u64 removed_here = removed[c];
+            vdet_u64 kept_bits = 0;
+            int kept = s_kept;
+            vdet_u64 open = valid & ~removed_here;
+            while (open != 0ull && kept < max_keep) {
+                const int bit = __ffsll((long long)open) - 1;
+                kept_bits |= 1ull << bit;
+                keep[kept++] = c * 64 + bit;
+                removed_here |= tile[bit * words + c];
+                const vdet_u64 done = bit == 63 ? ~0ull : ((2ull << bit) - 1ull);
+                open = valid & ~removed_here & ~done;
+            }
+            s_kept_bits = kept_bits;
+            s_kept = kept;
+        }
+        __syncthreads();
+        if (s_kept >= max_keep) break;
+        /* Kept rows of this tile remove their overlaps in the later words. */
+        const vdet_u64 kept_bits = s_kept_bits;
+        for (int j = c + 1 + warp; j < used; j += warps) {
+            vdet_u64 v = 0ull;
+            if ((kept_bits >> lane) & 1ull) v |= tile[lane * words + j];
+            if ((kept_bits >> (lane + 32)) & 1ull) v |= tile[(lane + 32) * words + j];
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                v |= __shfl_xor_sync(0xffffffffu, v, offset);
+            }
+            if (lane == 0) removed[j] |= v;
+        }
+        __syncthreads();
+    }
+
+    const int kept = s_kept;
+    for (int t = tid; t < max_det; t += blockDim.x) {
+        float* o = out + ((long long)b * max_det + t) * 6;
+        int anchor = -1;
+        if (t < kept) {
+            const long long i = (long long)b * cand_cap + keep[t];
+            const VdetBox box = cand_box[i];
+            o[0] = box.x1;
+            o[1] = box.y1;
+            o[2] = box.x2;
+            o[3] = box.y2;
+            o[4] = cand_score[i];
+            o[5] = (float)cand_class[i];
+            anchor = cand_anchor[i];
+        } else {
+            o[0] = o[1] = o[2] = o[3] = o[4] = o[5] = 0.0f;
+        }
+        if (out_anchor != 0) out_anchor[(long long)b * max_det + t] = anchor;
+    }
+    if (tid == 0) out_count[b] = kept;
+}
+
+#endif /* VDET_DECODE_NMS_CUH */
