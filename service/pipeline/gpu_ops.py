@@ -180,10 +180,11 @@ def nv12_to_rgb_u8(nv12: torch.Tensor, geometry: Nv12Geometry) -> torch.Tensor:
         )
     k = yuv_coefficients(geometry.matrix, geometry.colour_range)
     luma = (nv12[:h].float() - k.y_offset) * k.y_scale
-    uv = nv12[h:].reshape(h // 2, w // 2, 2).float()
-    # Nearest chroma: every 2 x 2 block of luma shares its U, V sample.
-    u = (uv[..., 0] - 128.0).repeat_interleave(2, dim=0).repeat_interleave(2, dim=1)
-    v = (uv[..., 1] - 128.0).repeat_interleave(2, dim=0).repeat_interleave(2, dim=1)
+    uv = nv12[h:].reshape(h // 2, 1, w // 2, 1, 2).float() - 128.0
+    # Nearest chroma: every 2 x 2 block of luma shares its U, V sample. (expand, not
+    # repeat_interleave, whose CUDA kernel may size its output on the host: no capture.)
+    uv = uv.expand(h // 2, 2, w // 2, 2, 2).reshape(h, w, 2)
+    u, v = uv[..., 0], uv[..., 1]
     r = luma + k.r_v * v
     g = (luma - k.g_u * u) - k.g_v * v
     b = luma + k.b_u * u
