@@ -436,8 +436,8 @@ class CudaBackend:
         self._context = check(
             driver.cuDevicePrimaryCtxRetain(self._dev), "cuDevicePrimaryCtxRetain"
         )
-        self.name = bytes(check(driver.cuDeviceGetName(256, self._dev), "cuDeviceGetName"))
-        self.name = self.name.split(b"\0", 1)[0].decode(errors="replace")  # type: ignore[assignment]
+        raw_name = bytes(check(driver.cuDeviceGetName(256, self._dev), "cuDeviceGetName"))
+        self.name = raw_name.split(b"\0", 1)[0].decode(errors="replace")
 
     def _attribute(self, attribute: Any) -> int:
         return int(check(self._driver.cuDeviceGetAttribute(attribute, self._dev), str(attribute)))
