@@ -52,16 +52,16 @@ if ! python3 -c "import pytest_asyncio" 2>/dev/null; then
   # Without the plugin the project's asyncio_* ini keys are unknown: ignore that warning only.
   pytest_args+=(-p no:asyncio -W ignore::pytest.PytestConfigWarning)
 fi
-timeout 170 python3 -m pytest "${pytest_args[@]}" >"$OUT/pytest.log" 2>&1
+timeout 140 python3 -m pytest "${pytest_args[@]}" >"$OUT/pytest.log" 2>&1
 pytest_rc=$?
 tail -n 40 "$OUT/pytest.log"
 
 # ---- 3. benchmarks --------------------------------------------------------------------------
-timeout 110 python3 bench/gpu/kernels.py --out "$OUT/kernels.json" >"$OUT/bench.log" 2>&1
+timeout 100 python3 bench/gpu/kernels.py --out "$OUT/kernels.json" >"$OUT/bench.log" 2>&1
 bench_rc=$?
 
 # ---- 4. sanitizer (best effort) -------------------------------------------------------------
-if (( SECONDS - started < 215 )) && command -v compute-sanitizer >/dev/null; then
+if (( SECONDS - started < 200 )) && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool"
     timeout 30 compute-sanitizer --tool "$tool" python3 bench/gpu/sanitize_check.py 2>&1 | tail -n 6
