@@ -47,6 +47,9 @@ from .postprocess import PostprocessParams, decode_and_nms_image
 log = logging.getLogger(__name__)
 
 Network = Callable[[torch.Tensor], torch.Tensor]
+# One capture at a time in the process: torch.cuda.graph synchronises the device and empties
+# the allocator's cache on entry, which must not land in the middle of another capture.
+CAPTURE_LOCK = threading.Lock()
 KeyT = TypeVar("KeyT", bound=Hashable)
 ValueT = TypeVar("ValueT")
 
@@ -279,7 +282,8 @@ class _RunnerBase:
         errors = []
         for copies in (True, False):
             try:
-                slot.graph = self._capture(self._bound_work(slot, copies), self.stream)
+                with CAPTURE_LOCK:
+                    slot.graph = self._capture(self._bound_work(slot, copies), self.stream)
                 slot.copies_in_graph = copies
                 self.captures += 1
                 return
@@ -330,6 +334,19 @@ class _RunnerBase:
             xyxy, scores, class_ids = rows_to_arrays(slot.host_boxes[index].numpy(), count)
             dets = Detections(xyxy, scores, class_ids)
         return Detections(transform.to_source(dets.xyxy), dets.scores, dets.class_ids)
+
+    def _wait_for(self, nv12: torch.Tensor, ready: torch.cuda.Event | None) -> None:
+        """Order this runner's stream after the frame's producer; keep the frame's memory.
+
+        Without a `ready` event the producer is taken to be the caller's current stream.
+        """
+        if self.stream is None or nv12.device.type != "cuda":
+            return
+        if ready is not None:
+            self.stream.wait_event(ready)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream(nv12.device))
+        nv12.record_stream(self.stream)
 
     @contextmanager
     def _on_stream(self) -> Iterator[None]:
@@ -409,7 +426,8 @@ class CudaGraphRunner(_RunnerBase):
         """Detect in one NV12 frame; blocks until its result is on the host.
 
         `ready` (the decoder's event) is waited on by this source's stream before the frame is
-        read; the frame's memory is marked in use by that stream until the copy is done.
+        read (without one: the caller's current stream); the frame's memory is marked in use
+        by that stream until the copy is done.
         """
         if geometry.input_hw != self.input_hw:
             raise ValueError(f"geometry is for input {geometry.input_hw}, runner {self.input_hw}")
@@ -426,11 +444,7 @@ class CudaGraphRunner(_RunnerBase):
                 slot = self._new_slot(geometry, params, nv12)
             assert slot.nv12 is not None
             with self._on_stream():
-                if self.stream is not None:
-                    if ready is not None:
-                        self.stream.wait_event(ready)
-                    if nv12.device.type == "cuda":
-                        nv12.record_stream(self.stream)
+                self._wait_for(nv12, ready)
                 slot.nv12.copy_(nv12, non_blocking=True)
             if fresh:
                 self._prepare(slot)
@@ -509,11 +523,7 @@ class BatchedGraphRunner(_RunnerBase):
                         raise ValueError(
                             f"geometry is for input {geometry.input_hw}, runner {self.input_hw}"
                         )
-                    if self.stream is not None:
-                        if ready is not None:
-                            self.stream.wait_event(ready)
-                        if nv12.device.type == "cuda":
-                            nv12.record_stream(self.stream)
+                    self._wait_for(nv12, ready)
                     self.preprocess(nv12, geometry, slot.net_in[i], self.stream)
             if fresh:
                 self._prepare(slot)
@@ -535,6 +545,7 @@ def as_numpy_rows(result: RunResult) -> FloatArray:
 
 
 __all__ = [
+    "CAPTURE_LOCK",
     "BatchedGraphRunner",
     "CaptureFn",
     "CudaGraphRunner",

@@ -348,14 +348,20 @@ class TorchBackend(InferenceBackend):
     def _capture(self) -> None:
         import torch
 
+        from ..gpu_runner import CAPTURE_LOCK
+
         assert self._stream is not None
+        self._stream.wait_stream(torch.cuda.current_stream(self._torch_device))
         with torch.cuda.stream(self._stream):
             for _ in range(2):
                 self._output = self._forward()
         self._stream.synchronize()
         try:
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
+            with (
+                CAPTURE_LOCK,
+                torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"),
+            ):
                 self._output = self._forward()
             self._graph = graph
         except Exception as exc:  # capture raises several types
