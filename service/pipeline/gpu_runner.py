@@ -141,12 +141,15 @@ class RunResult:
     """Detections in source pixels for one frame, and how they were computed.
 
     `seconds` is the wall time of the call (copy, replay or eager launches, and the wait);
-    `replayed` is False when the frame ran eagerly (capture failed or graphs are off).
+    `launch_seconds` the host time spent enqueuing the frame's GPU work (one replay, or every
+    kernel launch when eager); `replayed` is False when the frame ran eagerly (capture failed
+    or graphs are off).
     """
 
     detections: Detections
     seconds: float
     replayed: bool
+    launch_seconds: float = 0.0
 
 
 @dataclass
@@ -303,8 +306,12 @@ class _RunnerBase:
                 slot.failure,
             )
 
-    def _execute(self, slot: _Slot) -> bool:
-        """Replay or run the slot's work on the stream, copy results to the host; True: replayed."""
+    def _execute(self, slot: _Slot) -> tuple[bool, float]:
+        """Replay or run the slot's work on the stream, copy results to the host.
+
+        Returns (replayed, host seconds spent enqueuing the work).
+        """
+        started = time.perf_counter()
         with self._on_stream():
             if slot.graph is not None and not slot.eager:
                 slot.graph.replay()
@@ -315,12 +322,13 @@ class _RunnerBase:
                 self._work(slot, copies=True)
                 replayed = False
                 self.eager_runs += 1
+        launch = time.perf_counter() - started
         if not replayed and self._on_eager_fallback is not None and self.use_graphs:
             self._on_eager_fallback()
         if self._done is not None and self.stream is not None:
             self._done.record(self.stream)
             self._done.synchronize()
-        return replayed
+        return replayed, launch
 
     def _detections(self, slot: _Slot, index: int, geometry: Nv12Geometry) -> Detections:
         count = int(slot.host_count[index])
@@ -449,9 +457,9 @@ class CudaGraphRunner(_RunnerBase):
             if fresh:
                 self._prepare(slot)
                 self._slots.put(key, slot)
-            replayed = self._execute(slot)
+            replayed, launch = self._execute(slot)
             detections = self._detections(slot, 0, geometry)
-        return RunResult(detections, time.perf_counter() - started, replayed)
+        return RunResult(detections, time.perf_counter() - started, replayed, launch)
 
     def run_frame(self, frame: Nv12Frame, params: PostprocessParams) -> RunResult:
         """`run` with the geometry and colour a decoded frame carries."""
@@ -528,12 +536,12 @@ class BatchedGraphRunner(_RunnerBase):
             if fresh:
                 self._prepare(slot)
                 self._slots.put(params, slot)
-            replayed = self._execute(slot)
+            replayed, launch = self._execute(slot)
             detections = [
                 self._detections(slot, i, geometry) for i, (_, geometry, _) in enumerate(frames)
             ]
         seconds = time.perf_counter() - started
-        return [RunResult(d, seconds, replayed) for d in detections]
+        return [RunResult(d, seconds, replayed, launch) for d in detections]
 
 
 def as_numpy_rows(result: RunResult) -> FloatArray:
