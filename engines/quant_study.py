@@ -170,15 +170,17 @@ def run_sensitivity(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="vdet-sensitivity-") as tmp:
         work = Path(tmp)
         subset = coco_subset(coco, args.images, work / "subset.json")
-        _log(f"calibrating {args.method} on {len(frames)} frames, every layer quantized")
-        full = quantize_onnx(model, work / "all.onnx", frames, args.method, nodes_to_exclude=[])
+        base: list[str] = list(args.base_exclude or [])
+        groups = [g for g in groups if g.pattern not in base]
+        _log(f"calibrating {args.method} on {len(frames)} frames, excluded: {base or 'none'}")
+        full = quantize_onnx(model, work / "all.onnx", frames, args.method, nodes_to_exclude=base)
         cache = work / "calib.cache"
         cache_scales = activation_scales(onnx.load(str(full.output)))
         write_calibration_cache(cache_scales, cache)
 
         fp32 = score(model, subset, coco.parent).map50_95
         int8 = score(full.output, subset, coco.parent).map50_95
-        _log(f"subset mAP50-95: FP32 {fp32:.4f}, INT8 (all layers) {int8:.4f}")
+        _log(f"subset mAP50-95: FP32 {fp32:.4f}, INT8 (all but excluded) {int8:.4f}")
         rows: list[dict[str, Any]] = []
         all_patterns = [g.pattern for g in groups]
         for group in groups:
@@ -187,9 +189,10 @@ def run_sensitivity(args: argparse.Namespace) -> dict[str, Any]:
                 "pattern": group.pattern,
                 "what": group.what,
             }
-            variants = {"fp32_alone": [group.pattern]}
+            variants = {"fp32_alone": [*base, group.pattern]}
             if args.int8_alone == "all" or group.name.startswith("head."):
                 variants["int8_alone"] = [p for p in all_patterns if p != group.pattern]
+                variants["int8_alone"] += [p for p in base if p not in all_patterns]
             for variant, excluded in variants.items():
                 out = work / f"{group.name}-{variant}.onnx"
                 result = quantize_onnx(
@@ -219,10 +222,12 @@ def run_sensitivity(args: argparse.Namespace) -> dict[str, Any]:
         "eval_set": f"first {args.images} held-out images, seeds {HELDOUT_SEED_BASE}.."
         f"{HELDOUT_SEED_BASE + args.images - 1}",
         "fp32_map50_95": fp32,
+        "base_excluded": base,
         "int8_all_layers_map50_95": int8,
-        "how": "activation scales calibrated once with every eligible layer quantized, then "
-        "reused (TensorRT calibration cache) while one group at a time stays FP32 "
-        "(fp32_alone) or is the only one quantized (int8_alone)",
+        "how": "activation scales calibrated once with every eligible layer quantized (but "
+        "base_excluded), then reused (TensorRT calibration cache) while one group at a time "
+        "also stays FP32 (fp32_alone) or is the only one quantized (int8_alone); "
+        "int8_all_layers_map50_95 is the model with every group but base_excluded quantized",
         "groups": rows,
         "environment": environment(),
     }
@@ -294,6 +299,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", choices=CALIBRATION_METHODS, default="entropy")
     parser.add_argument("--images", type=int, default=100, help="eval subset (sensitivity)")
     parser.add_argument("--int8-alone", choices=["head", "all"], default="head")
+    parser.add_argument(
+        "--base-exclude",
+        action="append",
+        metavar="REGEX",
+        help="(sensitivity) groups already kept in FP32, for a second, greedy pass",
+    )
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/vdet-cache"))
     parser.add_argument("--output", type=Path, required=True, help="JSON report")
     args = parser.parse_args(argv)

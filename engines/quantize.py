@@ -422,13 +422,30 @@ def _run_modelopt(
         raise RuntimeError(f"ModelOpt wrote no model at {output}")
 
 
+class _ModelOptNoise(logging.Filter):
+    """Lets ModelOpt's errors through, except its complaint that a CPU machine has no NVML."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR and "GPU count" not in record.getMessage()
+
+
 @contextlib.contextmanager
 def _quiet_modelopt() -> Iterator[None]:
-    """Keep ModelOpt's and ONNX Runtime's calibration chatter off stdout (ours is JSON)."""
-    for name in ("modelopt", "modelopt.onnx", "modelopt.onnx.autocast"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-    with contextlib.redirect_stdout(sys.stderr):
-        yield
+    """Keep ModelOpt's and ONNX Runtime's calibration chatter off stdout (ours is JSON).
+
+    ModelOpt re-configures its loggers on every call (level and a stdout handler), so a filter
+    on the loggers, not a level, is what sticks.
+    """
+    noise = _ModelOptNoise()
+    loggers = [logging.getLogger(n) for n in ("modelopt.onnx", "modelopt.onnx.autocast")]
+    for logger in loggers:
+        logger.addFilter(noise)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(noise)
 
 
 # --- structure checks -----------------------------------------------------------------------
