@@ -1,4 +1,4 @@
-"""The `vdet` command line: serve, detect, eval, export, quantize, generate, bench.
+"""The `vdet` command line: serve, detect, eval, export, quantize, engine, generate, bench.
 
 Each subcommand parses its arguments and hands over to the module that owns the work; nothing
 here computes anything itself. Errors a user can fix exit with status 2 and one clear line.
@@ -114,6 +114,31 @@ def _build_parser() -> argparse.ArgumentParser:
         help="also write the letterboxed calibration frames as .npy",
     )
     p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser("engine", help="TensorRT engines: build into the cache, inspect a plan")
+    engine = p.add_subparsers(dest="engine_command", required=True)
+    p = engine.add_parser(
+        "build", help="ONNX -> TensorRT plan in the engine cache (reused when still valid)"
+    )
+    p.add_argument("--config", type=Path, default=None, help="YAML settings file (as serve)")
+    p.add_argument("--model", type=Path, default=None, help="ONNX (default: settings' model)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="engine cache folder")
+    p.add_argument("--precision", choices=["auto", "fp32", "fp16", "int8"], default=None)
+    p.add_argument("--min-batch", type=int, default=None)
+    p.add_argument("--opt-batch", type=int, default=None)
+    p.add_argument("--max-batch", type=int, default=None)
+    p.add_argument("--workspace-mib", type=int, default=None, help="builder workspace limit")
+    p.add_argument("--opt-level", type=int, default=None, help="builder optimization level 0-5")
+    p.add_argument("--timing-cache", type=Path, default=None, help="timing cache file")
+    p.add_argument(
+        "--plugin-nms", action="store_true", help="end-to-end engine with the decode + NMS plugin"
+    )
+    p.add_argument("--plugin-library", type=Path, default=None, help="libvdet_plugins.so")
+    p.add_argument("--device", type=int, default=0, help="CUDA device index")
+    p.set_defaults(func=_cmd_engine_build)
+    p = engine.add_parser("inspect", help="a plan's manifest, whether it is intact, its I/O")
+    p.add_argument("plan", type=Path)
+    p.set_defaults(func=_cmd_engine_inspect)
 
     p = sub.add_parser("generate", help="render a synthetic dataset or a clip with truth")
     p.add_argument("kind", choices=["dataset", "clip"])
@@ -396,6 +421,78 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     print(json.dumps(result.to_dict()))
     return 0
+
+
+def _cmd_engine_build(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from vdet.config import ConfigError, EngineSettings, load_settings
+    from vdet.engines.build import BuildError, BuildOptions, build_cached
+    from vdet.plugins.loader import PluginLibraryError
+
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    overrides = {
+        "cache_dir": args.cache_dir,
+        "precision": args.precision,
+        "min_batch": args.min_batch,
+        "opt_batch": args.opt_batch,
+        "max_batch": args.max_batch,
+        "workspace_mib": args.workspace_mib,
+        "optimization_level": args.opt_level,
+        "timing_cache": args.timing_cache,
+        "plugin_library": args.plugin_library,
+        "plugin_nms": True if args.plugin_nms else None,
+    }
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        engine = EngineSettings.model_validate({**settings.engine.model_dump(), **given})
+    except ValidationError as exc:
+        raise UsageError(f"invalid engine options: {exc}") from None
+    model = args.model or settings.model_path
+    if not Path(model).is_file():
+        raise UsageError(f"model not found: {model}")
+    try:
+        options = BuildOptions.from_settings(engine, settings.detection)
+        cached = build_cached(model, options, engine.cache_dir, device=args.device)
+    except PluginLibraryError as exc:
+        raise UsageError(str(exc)) from None
+    except BuildError as exc:
+        print(f"vdet engine build: {exc}", file=sys.stderr)
+        return 1
+    manifest = cached.manifest
+    print(
+        json.dumps(
+            {
+                "plan": str(cached.plan),
+                "built": cached.built,
+                "precision": manifest.key.precision,
+                "profile": manifest.key.profile.label,
+                "gpu": manifest.key.gpu_name,
+                "tensorrt": manifest.key.tensorrt_version,
+                "build_seconds": manifest.build_seconds,
+            }
+        )
+    )
+    return 0
+
+
+def _cmd_engine_inspect(args: argparse.Namespace) -> int:
+    from importlib.util import find_spec
+
+    from vdet.engines.build import BuildError, inspect_plan, tensorrt_io
+
+    if not args.plan.is_file():
+        raise UsageError(f"plan not found: {args.plan}")
+    deserialize = tensorrt_io if find_spec("tensorrt") is not None else None
+    try:
+        report = inspect_plan(args.plan, deserialize=deserialize)
+    except BuildError as exc:
+        report = {**inspect_plan(args.plan), "engine_error": str(exc)}
+    print(json.dumps(report, indent=2, default=str))
+    return 0 if report.get("valid") else 1
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
