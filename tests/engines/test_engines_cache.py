@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.engine_stand_ins import StandInBuilds, make_key
 
 from vdet.config import ConfigError, EngineSettings, load_settings
 from vdet.engines.build import BuildOptions
@@ -41,36 +42,6 @@ from vdet.pipeline.model import file_sha256
 from vdet.types import FloatArray
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
-
-
-def make_key(**changes: object) -> EngineKey:
-    fields: dict[str, object] = {
-        "gpu_name": "NVIDIA A10",
-        "compute_capability": "8.6",
-        "tensorrt_version": "10.8.0.43",
-        "plugin_sha256": None,
-        "onnx_sha256": "ab" * 32,
-        "precision": "fp16",
-        "profile": OptimizationProfile(1, 4, 8),
-    }
-    fields.update(changes)
-    return EngineKey(**fields)  # type: ignore[arg-type]
-
-
-class StandInBuilds:
-    """A stand-in for the TensorRT build (not TensorRT): writes `payload` to the plan path."""
-
-    def __init__(self, payload: bytes = b"stand-in plan bytes") -> None:
-        self.payload = payload
-        self.calls = 0
-        self.lock = threading.Lock()
-
-    def write_stand_in_plan(self, plan: Path) -> dict[str, object]:
-        with self.lock:
-            self.calls += 1
-        time.sleep(0.01)  # long enough for racing threads to overlap
-        plan.write_bytes(self.payload)
-        return {"builder": "stand-in (writes a file; not TensorRT)", "calls": self.calls}
 
 
 # ---- keys and profiles ----------------------------------------------------------------------
