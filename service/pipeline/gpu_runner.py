@@ -253,15 +253,16 @@ class _RunnerBase:
         """Fill slot.net_in from the slot's static inputs (per-runner; none for batched)."""
 
     def _work(self, slot: _Slot, copies: bool) -> None:
-        self._preprocess_into(slot)
-        net_in = slot.net_in
-        if self.channels_last:
-            net_in = net_in.contiguous(memory_format=torch.channels_last)
-        raw = self.network(net_in)
-        slot.raw = raw
-        self.decode_nms(raw, slot.params, slot.boxes, slot.count, self.stream)
-        if copies:
-            self._copy_out(slot)
+        with torch.no_grad():
+            self._preprocess_into(slot)
+            net_in = slot.net_in
+            if self.channels_last:
+                net_in = net_in.contiguous(memory_format=torch.channels_last)
+            raw = self.network(net_in)
+            slot.raw = raw
+            self.decode_nms(raw, slot.params, slot.boxes, slot.count, self.stream)
+            if copies:
+                self._copy_out(slot)
 
     def _bound_work(self, slot: _Slot, copies: bool) -> Callable[[], None]:
         return lambda: self._work(slot, copies)

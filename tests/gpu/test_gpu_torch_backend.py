@@ -8,8 +8,11 @@ OpenCV, so the runner's input and the CPU reference's input are the very same pi
 FP16 tolerances (the network runs in float16 on the GPU, ONNX Runtime in float32):
 raw head boxes within 2 px (coordinates up to 640, float16 spacing 0.5 there, plus
 accumulated rounding), class scores within 0.02; after NMS every reference detection
-scoring >= 0.5 has a detection of the same class with IoU >= 0.9 and a score within 0.03.
-Graph replay against eager execution of the same kernels: within 1e-3.
+scoring >= 0.5 has a "twin": same class, score within 0.03, and IoU >= 0.85 or every corner
+within 4 px (source pixels are up to 3x input pixels, so 1 px of float16 error in a 16 px box
+alone can cost IoU 0.1). Graph replay against eager execution of the same kernels, and
+concurrent against sequential runs: the same rows within 1e-3 (expected bit for bit), or, if
+a borderline box flipped, twins both ways for every detection scoring >= 0.3.
 
 Facts of the GPU machine relied on (shared/device/README.md, 2026-12-02, one H200, torch
 2.11.0+cu130, onnxruntime 1.30 with the CPU provider only, opencv-python-headless 5.0):
@@ -99,15 +102,30 @@ def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def _assert_matches(got: Detections, expected: Detections, min_score: float = 0.5) -> None:
-    """Every confident expected detection has a same-class twin (IoU >= 0.9, score +-0.03)."""
+    """Every confident expected detection has a twin in `got` (module docstring)."""
     strong = expected.scores >= min_score
     assert strong.any(), "the scene should hold confident detections"
-    iou = _iou(expected.xyxy[strong], got.xyxy) if len(got) else np.zeros((strong.sum(), 0))
+    boxes = expected.xyxy[strong]
+    iou = _iou(boxes, got.xyxy) if len(got) else np.zeros((len(boxes), 0))
     for row, (cls, score) in enumerate(
         zip(expected.class_ids[strong], expected.scores[strong], strict=True)
     ):
-        twins = (iou[row] >= 0.9) & (got.class_ids == cls) & (np.abs(got.scores - score) <= 0.03)
-        assert twins.any(), f"no match for class {cls} score {score:.3f}"
+        near = np.abs(got.xyxy - boxes[row]).max(axis=1) <= 4.0 if len(got) else iou[row] > 1
+        twins = (
+            ((iou[row] >= 0.85) | near)
+            & (got.class_ids == cls)
+            & (np.abs(got.scores - score) <= 0.03)
+        )
+        assert twins.any(), f"no match for class {cls} score {score:.3f} box {boxes[row]}"
+
+
+def _assert_same_results(got: RunResult, expected: RunResult) -> None:
+    a, b = as_numpy_rows(got), as_numpy_rows(expected)
+    if a.shape == b.shape:
+        np.testing.assert_allclose(a, b, atol=1e-3)
+        return
+    _assert_matches(got.detections, expected.detections, min_score=0.3)
+    _assert_matches(expected.detections, got.detections, min_score=0.3)
 
 
 def test_backend_is_a_captured_fp16_graph(backend: TorchBackend) -> None:
@@ -167,8 +185,8 @@ def test_graph_replay_equals_eager(backend: TorchBackend) -> None:
     for nv12, geometry in _frames(6):
         replayed, plain = _run(graphed, nv12, geometry), _run(eager, nv12, geometry)
         assert replayed.replayed and not plain.replayed
-        assert len(replayed.detections) == len(plain.detections) > 0
-        np.testing.assert_allclose(as_numpy_rows(replayed), as_numpy_rows(plain), atol=1e-3)
+        assert len(plain.detections) > 0
+        _assert_same_results(replayed, plain)
     assert graphed.captures == 2  # one graph per frame size
     assert graphed.eager_runs == 0 and fallbacks == []
 
@@ -185,13 +203,13 @@ def test_sources_on_their_own_streams_concurrently_equal_sequential(backend: Tor
     sources = 4
     frames = {s: _frames(5, offset=20 + 10 * s) for s in range(sources)}
 
-    def run_all(runner: CudaGraphRunner, source: int, out: dict[int, list[np.ndarray]]) -> None:
-        out[source] = [as_numpy_rows(_run(runner, nv12, g)) for nv12, g in frames[source]]
+    def run_all(runner: CudaGraphRunner, source: int, out: dict[int, list[RunResult]]) -> None:
+        out[source] = [_run(runner, nv12, g) for nv12, g in frames[source]]
 
-    sequential: dict[int, list[np.ndarray]] = {}
+    sequential: dict[int, list[RunResult]] = {}
     for s in range(sources):
         run_all(_runner(backend), s, sequential)
-    concurrent: dict[int, list[np.ndarray]] = {}
+    concurrent: dict[int, list[RunResult]] = {}
     runners = [_runner(backend) for _ in range(sources)]
     threads = [
         threading.Thread(target=run_all, args=(runners[s], s, concurrent)) for s in range(sources)
@@ -203,8 +221,8 @@ def test_sources_on_their_own_streams_concurrently_equal_sequential(backend: Tor
     assert sorted(concurrent) == list(range(sources))
     for s in range(sources):
         for got, expected in zip(concurrent[s], sequential[s], strict=True):
-            assert got.shape == expected.shape
-            np.testing.assert_allclose(got, expected, atol=1e-3)
+            assert got.replayed
+            _assert_same_results(got, expected)
     assert all(r.eager_runs == 0 for r in runners)
 
 
