@@ -352,6 +352,59 @@ class ReferenceDecodeNms:
         out_count.copy_(torch.where(exact, count, torch.full_like(count, -1)))
 
 
+def kernel_ops(device: int = 0) -> tuple[PreprocessFn, DecodeNmsFn]:
+    """The CUDA kernels of vdet.plugins (NVRTC-compiled on first use) as the runner's two ops.
+
+    Raises ImportError / RuntimeError where they cannot run (no cuda-python, no GPU). Each
+    calling stream gets its own decode + NMS workspace, made on the first (eager, warm-up)
+    call, so the captured launches allocate nothing and sources never share scratch memory.
+    """
+    from ..plugins.launch import stream_handle
+    from ..plugins.ops import GpuOps, decode_nms_workspace_bytes
+
+    ops = GpuOps(device=device)
+    workspaces: dict[tuple[int, int, int, int], torch.Tensor] = {}
+    lock = threading.Lock()
+
+    def preprocess(
+        nv12: torch.Tensor,
+        geometry: Nv12Geometry,
+        out: torch.Tensor,
+        stream: torch.cuda.Stream | None,
+    ) -> None:
+        h = geometry.source_wh[1]
+        ops.letterbox_nv12(
+            [nv12[:h]],
+            [nv12[h:]],
+            out[None],
+            matrix=geometry.matrix.value,
+            full_range=geometry.colour_range is ColourRange.FULL,
+            stream=stream,
+        )
+
+    def decode_nms(
+        raw: torch.Tensor,
+        params: PostprocessParams,
+        out_boxes: torch.Tensor,
+        out_count: torch.Tensor,
+        stream: torch.cuda.Stream | None,
+    ) -> None:
+        batch, _, anchors = raw.shape
+        key = (batch, anchors, params.top_k, stream_handle(stream))
+        with lock:
+            workspace = workspaces.get(key)
+            if workspace is None:
+                size = decode_nms_workspace_bytes(batch, anchors, params.top_k)
+                with _OnStream(stream):
+                    workspace = torch.empty(size, dtype=torch.uint8, device=raw.device)
+                workspaces[key] = workspace
+        ops.decode_nms(
+            raw.contiguous(), out_boxes, out_count, params, workspace=workspace, stream=stream
+        )
+
+    return preprocess, decode_nms
+
+
 class _OnStream:
     """`torch.cuda.stream(stream)` when a stream is given, else nothing (CPU, current stream)."""
 
@@ -384,6 +437,7 @@ __all__ = [
     "PreprocessFn",
     "ReferenceDecodeNms",
     "YuvCoefficients",
+    "kernel_ops",
     "nv12_letterbox_reference",
     "nv12_to_rgb_u8",
     "rows_to_arrays",

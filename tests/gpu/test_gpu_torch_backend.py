@@ -40,7 +40,7 @@ from vdet.pipeline.backends import create_backend  # noqa: E402
 from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
 from vdet.pipeline.detector import Detector  # noqa: E402
-from vdet.pipeline.gpu_ops import Nv12Geometry, nv12_to_rgb_u8  # noqa: E402
+from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops, nv12_to_rgb_u8  # noqa: E402
 from vdet.pipeline.gpu_runner import (  # noqa: E402
     BatchedGraphRunner,
     CudaGraphRunner,
@@ -260,3 +260,23 @@ def test_nvdec_frames_through_the_runner(backend: TorchBackend) -> None:
             if i >= 100:
                 break
     assert runner.captures == 1
+
+
+def test_runner_with_the_cuda_kernels(backend: TorchBackend) -> None:
+    """The plugins/ kernels (letterbox, decode + NMS) in the same graph, against the torch ops.
+
+    The kernels are tested on their own in test_gpu_kernels.py; here they only have to fit the
+    runner: captured once per shape, and detections twins of the reference ops' ones.
+    """
+    try:
+        preprocess, decode_nms = kernel_ops()
+    except Exception as exc:  # no cuda-python / NVRTC here: the kernels' own tests say why
+        pytest.skip(f"CUDA kernels unavailable: {exc}")
+    kernels = _runner(backend, preprocess=preprocess, decode_nms=decode_nms)
+    reference = _runner(backend)
+    for nv12, geometry in _frames(4, offset=60):
+        got, expected = _run(kernels, nv12, geometry), _run(reference, nv12, geometry)
+        assert got.replayed
+        _assert_matches(got.detections, expected.detections, min_score=0.3)
+        _assert_matches(expected.detections, got.detections, min_score=0.3)
+    assert kernels.captures == 2 and kernels.eager_runs == 0
