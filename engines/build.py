@@ -24,6 +24,7 @@ plain Python and tested on the CPU.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -414,14 +415,24 @@ def build_cached(
 # ---- the TensorRT build ---------------------------------------------------------------------
 
 
+def tensorrt_installed() -> bool:
+    """Whether TensorRT's Python package is installed, without importing it.
+
+    A namespace package does not count: a folder called tensorrt/ on sys.path (this project's
+    tests/tensorrt/ when tests/ is on the path) would otherwise look like TensorRT.
+    """
+    spec = importlib.util.find_spec("tensorrt")
+    return spec is not None and spec.origin is not None
+
+
 def _tensorrt() -> Any:
-    try:
-        import tensorrt as trt
-    except ImportError as exc:
+    if not tensorrt_installed():
         raise TensorRTUnavailableError(
             "TensorRT's Python package is not installed here: build engines in NVIDIA's "
             "TensorRT container or with `pip install tensorrt-cu12` (docs/tensorrt.md)"
-        ) from exc
+        )
+    import tensorrt as trt
+
     return trt
 
 

@@ -480,13 +480,11 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_inspect(args: argparse.Namespace) -> int:
-    from importlib.util import find_spec
-
-    from vdet.engines.build import BuildError, inspect_plan, tensorrt_io
+    from vdet.engines.build import BuildError, inspect_plan, tensorrt_installed, tensorrt_io
 
     if not args.plan.is_file():
         raise UsageError(f"plan not found: {args.plan}")
-    deserialize = tensorrt_io if find_spec("tensorrt") is not None else None
+    deserialize = tensorrt_io if tensorrt_installed() else None
     try:
         report = inspect_plan(args.plan, deserialize=deserialize)
     except BuildError as exc:

@@ -9,7 +9,6 @@ absent. The TensorRT build itself runs only in tests/tensorrt/.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from vdet.engines.build import (
     onnx_precision,
     plan_precision,
     resolve_profile,
+    tensorrt_installed,
     tensorrt_version_tuple,
 )
 from vdet.engines.cache import EngineCache, OptimizationProfile, manifest_path
@@ -46,7 +46,7 @@ from vdet.plugins.loader import (
 )
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
-HAVE_TENSORRT = importlib.util.find_spec("tensorrt") is not None
+HAVE_TENSORRT = tensorrt_installed()
 A10 = ("NVIDIA A10", "8.6")
 
 

@@ -16,7 +16,6 @@ Runtime and swaps TensorRT in when the engine is ready (`handoff.serve_while_bui
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import threading
@@ -50,8 +49,10 @@ NUM_DETECTIONS = "num_detections"
 
 
 def tensorrt_available() -> bool:
-    """`tensorrt` is importable and the CUDA runtime sees a GPU."""
-    return importlib.util.find_spec("tensorrt") is not None and gpu_count() > 0
+    """TensorRT's Python package is installed and the CUDA runtime sees a GPU."""
+    from ...engines.build import tensorrt_installed
+
+    return tensorrt_installed() and gpu_count() > 0
 
 
 @dataclass
