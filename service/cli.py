@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from importlib.resources import files
@@ -181,8 +182,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vdet.api.app import create_app
-    from vdet.config import ConfigError, StreamSpec, load_settings
+    from vdet.config import CONFIG_ENV_VAR, ConfigError, StreamSpec, load_settings
 
+    if args.config is not None:
+        # Parts that read the settings themselves (the tensorrt backend's engine settings)
+        # must see the same file.
+        os.environ[CONFIG_ENV_VAR] = str(args.config)
     overrides: dict[str, object] = {}
     if args.host:
         overrides["host"] = args.host
