@@ -622,10 +622,9 @@ def tensorrt_io(plan: Path) -> dict[str, Any]:
     logger = _make_logger(trt, verbose=False)
     manifest = read_manifest(plan)
     if manifest.key.plugin_sha256 is not None:
-        from vdet.plugins.loader import load_into_tensorrt
+        from vdet.plugins.loader import load_for_plan
 
-        library = manifest.build.get("plugin_library")
-        load_into_tensorrt(trt, Path(library) if library else None)
+        load_for_plan(trt, manifest.build.get("plugin_library"), manifest.key.plugin_sha256)
     runtime = trt.Runtime(logger)
     engine = runtime.deserialize_cuda_engine(plan.read_bytes())
     if engine is None:

@@ -129,6 +129,25 @@ def load_into_tensorrt(trt: Any, path: str | os.PathLike[str] | None = None) -> 
         return library
 
 
+def load_for_plan(trt: Any, recorded: str | None, expected_sha256: str) -> Path:
+    """Register the plugin library an engine was built with, before deserializing it.
+
+    `recorded` is the library path the engine's manifest names (used when it still exists,
+    else the usual search); a library whose sha256 differs from the one the engine was built
+    with is refused, since the engine's serialized plugin fields follow that build.
+    """
+    explicit = Path(recorded) if recorded and Path(recorded).is_file() else None
+    library = find_plugin_library(explicit)
+    digest = library_sha256(library)
+    if digest != expected_sha256:
+        raise PluginLibraryError(
+            f"{library} is not the plugin library this engine was built with (sha256 "
+            f"{digest[:12]}..., the engine wants {expected_sha256[:12]}...); rebuild the engine "
+            "(vdet engine build) or point engine.plugin_library at the library it was built with"
+        )
+    return load_into_tensorrt(trt, library)
+
+
 def _creator_registered(registry: Any) -> bool:
     try:
         creator = registry.get_creator(PLUGIN_NAME, PLUGIN_VERSION, PLUGIN_NAMESPACE)

@@ -43,6 +43,7 @@ from vdet.plugins.loader import (
     candidate_paths,
     find_plugin_library,
     library_sha256,
+    load_for_plan,
 )
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
@@ -303,6 +304,14 @@ def test_plugin_library_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     if not any(p.is_file() for p in candidate_paths()):
         with pytest.raises(PluginLibraryError, match="Searched:"):
             find_plugin_library()
+
+
+def test_a_plan_refuses_another_plugin_build(tmp_path: Path) -> None:
+    """Checked before TensorRT is touched, so no TensorRT module is needed (None here)."""
+    library = tmp_path / LIBRARY_NAME
+    library.write_bytes(b"stand-in library rebuilt since the engine")
+    with pytest.raises(PluginLibraryError, match="not the plugin library this engine was built"):
+        load_for_plan(None, str(library), expected_sha256="0" * 64)
 
 
 # ---- CLI and backend registry without TensorRT --------------------------------------------------

@@ -85,10 +85,9 @@ class TensorRTBackend(InferenceBackend):
         self._device = device
         cuda_call(runtime().cudaSetDevice(device), "cudaSetDevice")
         if manifest.key.plugin_sha256 is not None:
-            from vdet.plugins.loader import load_into_tensorrt
+            from vdet.plugins.loader import load_for_plan
 
-            library = manifest.build.get("plugin_library")
-            load_into_tensorrt(trt, Path(library) if library else None)
+            load_for_plan(trt, manifest.build.get("plugin_library"), manifest.key.plugin_sha256)
         self._logger = _make_logger(trt, verbose=False)
         self._runtime = trt.Runtime(self._logger)
         self._engine = self._runtime.deserialize_cuda_engine(plan.read_bytes())
