@@ -36,10 +36,11 @@ PAD_VALUE = 114
 # Launch shapes and shared-memory layouts from decode_nms.cuh.
 DECODE_BLOCK = (32, 8, 1)
 SELECT_THREADS = 1024
-MASK_THREADS = 64
+MASK_THREADS = 256  # 4 threads per candidate row (the kernel takes any 64 * L)
 SCAN_THREADS = 512
 SELECT_SMEM_HEADER = 256 * 4 + 16 * 4
 SCAN_SMEM_HEADER = 64 * 8
+SCAN_STATIC_SMEM = 16  # vdet_nms_scan's own __shared__ scalars
 LETTERBOX_BLOCK = (32, 8, 1)
 
 YuvMatrix = Literal["bt601", "bt709"]
@@ -234,6 +235,15 @@ def _pow2_at_least(n: int) -> int:
     while p < n:
         p <<= 1
     return p
+
+
+def scan_shared_bytes(words: int, max_keep: int, max_shared: int) -> int:
+    """vdet_nms_scan's dynamic shared memory: room for the whole mask triangle when the device
+    allows it (one load up front), else two row tiles (loaded one ahead while sweeping)."""
+    triangle = SCAN_SMEM_HEADER + 8 * 64 * words * (words + 1) // 2 + 4 * max_keep
+    if triangle <= max_shared - SCAN_STATIC_SMEM:
+        return triangle
+    return SCAN_SMEM_HEADER + 2 * 64 * 8 * words + 4 * max_keep
 
 
 def class_mask(classes: frozenset[int] | None, num_classes: int) -> tuple[bool, _ClassMask]:
@@ -603,7 +613,7 @@ class GpuOps:
             "vdet_nms_scan",
             (B, 1, 1),
             (SCAN_THREADS, 1, 1),
-            SCAN_SMEM_HEADER + 2 * 64 * 8 * words + 4 * max_keep,
+            scan_shared_bytes(words, max_keep, backend.max_shared_bytes),
             stream,
             [
                 at["cand_count"],

@@ -5,9 +5,12 @@
  *   vdet_decode_candidates_{f32,f16}  grid (ceil(N / 32), B)     block (32, 8)
  *   vdet_select_topk_{f32,f16}        grid (B)                   block (1024)
  *       dynamic smem VDET_SELECT_SMEM_HEADER + 8 * (pow2 >= top_k) + 8 * stage_cap
- *   vdet_nms_mask                     grid (words, words, B)     block (64)
+ *   vdet_nms_mask                     grid (words, words, B)     block (64 * L), L = 1..16
+ *       (L threads per candidate row; VDET_MASK_THREADS = 256 is what vdet uses)
  *   vdet_nms_scan                     grid (B)                   block (512)
- *       dynamic smem VDET_SCAN_SMEM_HEADER + 2 * 64 * 8 * words + 4 * max_keep
+ *       dynamic smem VDET_SCAN_SMEM_HEADER + 8 * 64 * words * (words + 1) / 2 + 4 * max_keep
+ *       (the whole mask triangle, loaded at once: fastest) where the device allows it, else at
+ *       least VDET_SCAN_SMEM_HEADER + 2 * 64 * 8 * words + 4 * max_keep (tile at a time)
  * where words = ceil(top_k / 64), cand_cap = 64 * words, max_keep = min(max_det, cand_cap) and
  * stage_cap (how many keys vdet_select_topk may copy to shared memory; 0 reads them from global
  * memory) is chosen by the host from the shared memory the device allows.

@@ -11,12 +11,14 @@
  *    most significant first, stopping as soon as the boundary bucket is taken whole), bitonic-
  *    sorts them in shared memory, and writes the candidates (box, score, class, anchor) in
  *    order. Keys are unique, so the order is total and deterministic.
- * 3. vdet_nms_mask: one 64-thread block per 64 x 64 tile of the upper triangle of the
+ * 3. vdet_nms_mask: one block (64 * L threads) per 64 x 64 tile of the upper triangle of the
  *    candidates' suppression matrix: bit j of row i is set when j > i, the classes match
  *    (or agnostic) and IoU(i, j) > iou_threshold, computed in float32 exactly as the reference.
  * 4. vdet_nms_scan: one block per image; a greedy sweep over the bitmask, 64 candidates at a
- *    time (one thread resolves the 64-candidate diagonal tile, the other warps prefetch the next
- *    row tile and OR the kept rows into the "removed" words), stopping at max_det; writes
+ *    time: warp 0 resolves the 64-candidate diagonal tile (sequentially only for candidates
+ *    that overlap a later one of the tile), all warps OR the kept rows into the "removed"
+ *    words; the mask comes from shared memory, preloaded whole when the launch gives room for
+ *    it, else a row tile at a time with the next one prefetched. Stops at max_det; writes
  *    [max_det, 6] float32 rows (x1, y1, x2, y2, score, class; zero after the last kept box),
  *    the count and optionally the kept anchor indices (-1 after the last).
  *
@@ -32,7 +34,7 @@
 #define VDET_DECODE_ANCHORS 32 /* blockDim.x of vdet_decode_candidates: one anchor per lane */
 #define VDET_DECODE_GROUPS 8   /* blockDim.y: class rows c = y, y + 8, ... per thread */
 #define VDET_SELECT_THREADS 1024
-#define VDET_MASK_THREADS 64
+#define VDET_MASK_THREADS 256 /* any 64 * L works; see vdet_nms_mask_tile */
 #define VDET_SCAN_THREADS 512
 
 /* Dynamic shared memory of vdet_select_topk before the selected keys: 256 histogram bins and
@@ -160,20 +162,57 @@ __device__ __forceinline__ void vdet_select_topk(
     const int k = vdet_min(m, top_k);
 
     const vdet_u64* src = keys + (long long)b * n_anchors;
+    const bool select = m > k;
+    vdet_u64 any_bits = 0ull;  /* OR of the keys */
+    vdet_u64 all_bits = ~0ull; /* AND of the keys */
     if (m <= stage_cap) {
-        for (int i = tid; i < m; i += threads) stage[i] = src[i];
+        for (int i = tid; i < m; i += threads) {
+            const vdet_u64 key = src[i];
+            stage[i] = key;
+            any_bits |= key;
+            all_bits &= key;
+        }
         src = stage;
+    } else if (select) {
+        for (int i = tid; i < m; i += threads) {
+            const vdet_u64 key = src[i];
+            any_bits |= key;
+            all_bits &= key;
+        }
     }
     if (tid == 0) misc[0] = 0u;
-    __syncthreads();
 
     /* The k-th largest key, or 0 (every key is > 0) when all m keys are kept. */
     vdet_u64 threshold = 0;
-    if (m > k) {
-        vdet_u64 prefix = 0;
-        vdet_u64 prefix_mask = 0;
+    if (select) {
+        /* Bits that every key shares need no radix pass: OR / AND over the block, reduced in
+         * the histogram's memory (unused until the first pass clears it). */
+        vdet_u64* reduce = reinterpret_cast<vdet_u64*>(hist);
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            any_bits |= __shfl_xor_sync(0xffffffffu, any_bits, offset);
+            all_bits &= __shfl_xor_sync(0xffffffffu, all_bits, offset);
+        }
+        if (lane == 0) {
+            reduce[warp] = any_bits;
+            reduce[32 + warp] = all_bits;
+        }
+        __syncthreads();
+        any_bits = 0ull;
+        all_bits = ~0ull;
+        for (int w = 0; w < (threads >> 5); ++w) {
+            any_bits |= reduce[w];
+            all_bits &= reduce[32 + w];
+        }
+        __syncthreads();
+        const vdet_u64 differ = any_bits ^ all_bits;
+        const int top = differ != 0ull ? 63 - __clzll((long long)differ) : 0;
+        vdet_u64 prefix_mask = top == 63 ? 0ull : (~0ull << (top + 1));
+        vdet_u64 prefix = all_bits & prefix_mask;
         unsigned int remaining = (unsigned int)k;
-        for (int shift = 56; shift >= 0; shift -= 8) {
+        /* 8-bit digits from the highest differing bit down; the last one may overlap bits
+         * already fixed, which every key in the bucket shares anyway. */
+        for (int shift = top - 7;; shift -= 8) {
+            if (shift < 0) shift = 0;
             for (int i = tid; i < 256; i += threads) hist[i] = 0u;
             __syncthreads();
             for (int base = 0; base < m; base += threads) {
@@ -223,9 +262,11 @@ __device__ __forceinline__ void vdet_select_topk(
             prefix_mask |= (vdet_u64)255u << shift;
             remaining = misc[2];
             /* The whole boundary bucket is kept: every key >= prefix is selected. */
-            if (misc[3] == remaining) break;
+            if (misc[3] == remaining || shift == 0) break;
         }
         threshold = prefix;
+    } else {
+        __syncthreads();
     }
 
     for (int base = 0; base < m; base += threads) {
@@ -302,6 +343,9 @@ __device__ __forceinline__ bool vdet_iou_above(const VdetBox& a, const VdetBox& 
     return iou > threshold;
 }
 
+/* blockDim.x = 64 * L threads, L in {1, 2, 4, 8, 16}: L consecutive threads share a row,
+ * thread q of a row taking columns q, q + L, ... (64 threads work; 256 keep more of the SM busy,
+ * each thread computing 16 IoUs instead of 64). */
 __device__ __forceinline__ void vdet_nms_mask_tile(
     const unsigned int* __restrict__ cand_count, const VdetBox* __restrict__ cand_box,
     const int* __restrict__ cand_class, int cand_cap, int words, float iou_threshold,
@@ -312,45 +356,124 @@ __device__ __forceinline__ void vdet_nms_mask_tile(
     const int row_block = blockIdx.y;
     const int b = blockIdx.z;
     const int tid = threadIdx.x;
+    const int per_row = blockDim.x >> 6;
+    const int r = tid / per_row;
+    const int q = tid - r * per_row;
     const int n = (int)cand_count[b];
     /* The sweep reads only tiles on or right of the diagonal, inside the candidates. */
     if (col_block < row_block || row_block * 64 >= n || col_block * 64 >= n) return;
     const long long first = (long long)b * cand_cap;
     const int col = col_block * 64 + tid;
-    if (col < n) {
+    if (tid < 64 && col < n) {
         s_box[tid] = cand_box[first + col];
         s_class[tid] = cand_class[first + col];
     }
     __syncthreads();
-    const int row = row_block * 64 + tid;
-    if (row >= n) return;
-    const VdetBox me = cand_box[first + row];
-    const int my_class = cand_class[first + row];
-    const int cols = vdet_min(64, n - col_block * 64);
+    const int row = row_block * 64 + r;
     vdet_u64 bits = 0;
-    for (int j = col_block == row_block ? tid + 1 : 0; j < cols; ++j) {
-        if ((agnostic || s_class[j] == my_class) && vdet_iou_above(me, s_box[j], iou_threshold)) {
-            bits |= 1ull << j;
+    if (row < n) {
+        const VdetBox me = cand_box[first + row];
+        const int my_class = cand_class[first + row];
+        const int cols = vdet_min(64, n - col_block * 64);
+        const int skip = col_block == row_block ? r : -1; /* only columns j > r on the diagonal */
+        for (int j = q; j < cols; j += per_row) {
+            if (j > skip && (agnostic || s_class[j] == my_class) &&
+                vdet_iou_above(me, s_box[j], iou_threshold)) {
+                bits |= 1ull << j;
+            }
         }
     }
-    mask[(first + row) * words + col_block] = bits;
+    /* The threads of a row are consecutive lanes of one warp: OR their columns together. */
+    for (int offset = 1; offset < per_row; offset <<= 1) {
+        bits |= __shfl_xor_sync(0xffffffffu, bits, offset);
+    }
+    if (row < n && q == 0) mask[(first + row) * words + col_block] = bits;
 }
 
 /* ---- 4. greedy sweep ------------------------------------------------------------------- */
 
-/* Rows 64c .. 64c + 63 (zero past the candidates), words c .. used - 1, into dst[row][word]. */
+/* Dynamic shared memory this block was launched with. */
+__device__ __forceinline__ unsigned int vdet_dynamic_smem_bytes() {
+#ifdef VDET_EMULATION
+    return emu::dynamic_smem_bytes();
+#else
+    unsigned int bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+    return bytes;
+#endif
+}
+
+/* Mask words of the upper triangle of row tiles 0 .. words - 1 (64 rows, words c .. words - 1
+ * for tile c): what vdet_nms_scan keeps in shared memory when it is given room for it. */
+__device__ __forceinline__ long long vdet_triangle_words(int words) {
+    return 64LL * words * (words + 1) / 2;
+}
+
+/* Where row tile c starts in the preloaded triangle of `used` tiles. */
+__device__ __forceinline__ long long vdet_triangle_offset(int c, int used) {
+    return 64LL * ((long long)c * used - (long long)c * (c - 1) / 2);
+}
+
+/* Rows 64c .. 64c + 63 (zero past the candidates), words c .. used - 1, into
+ * dst[r * row_stride + (j - col_base)]. */
 __device__ __forceinline__ void vdet_load_row_tile(
     const vdet_u64* __restrict__ mask, int n, int words, int used, int c, vdet_u64* dst,
-    int worker, int workers) {
+    int row_stride, int col_base, int worker, int workers) {
     const int span = used - c;
     const int rows = vdet_min(64, n - c * 64);
     for (int i = worker; i < 64 * span; i += workers) {
         const int r = i / span;
         const int j = c + i % span;
-        dst[r * words + j] = r < rows ? mask[(long long)(c * 64 + r) * words + j] : 0ull;
+        dst[r * row_stride + (j - col_base)] =
+            r < rows ? mask[(long long)(c * 64 + r) * words + j] : 0ull;
     }
 }
 
+/* Warp 0 decides row tile c: which of its open candidates greedy NMS keeps, appended to
+ * keep[] in order (up to max_keep). Only candidates that overlap a later one of the tile
+ * (a non-zero diagonal word) need the sequential step; the others are kept iff still open. */
+__device__ __forceinline__ void vdet_resolve_tile(
+    const vdet_u64* tile, int stride, int base, int c, int n, const vdet_u64* removed,
+    int* keep, int max_keep, int* s_kept, vdet_u64* s_kept_bits, int lane) {
+    const int rows = vdet_min(64, n - c * 64);
+    const vdet_u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
+    const int diagonal = c - base;
+    const vdet_u64 d0 = tile[lane * stride + diagonal];
+    const vdet_u64 d1 = tile[(lane + 32) * stride + diagonal];
+    const vdet_u64 overlapping = (vdet_u64)__ballot_sync(0xffffffffu, d0 != 0ull) |
+                                 ((vdet_u64)__ballot_sync(0xffffffffu, d1 != 0ull) << 32);
+    vdet_u64 open = 0ull;
+    int before = 0;
+    if (lane == 0) {
+        before = *s_kept;
+        open = valid & ~removed[c];
+        vdet_u64 work = open & overlapping;
+        while (work != 0ull) {
+            const int bit = __ffsll((long long)work) - 1;
+            open &= ~tile[bit * stride + diagonal]; /* only bits above `bit` */
+            work = bit == 63 ? 0ull : (open & overlapping & (~0ull << (bit + 1)));
+        }
+    }
+    open = __shfl_sync(0xffffffffu, open, 0);
+    before = __shfl_sync(0xffffffffu, before, 0);
+    const int at0 = before + __popcll(open & ((1ull << lane) - 1ull));
+    const int at1 = before + __popcll(open & ((1ull << (lane + 32)) - 1ull));
+    const bool take0 = ((open >> lane) & 1ull) != 0ull && at0 < max_keep;
+    const bool take1 = ((open >> (lane + 32)) & 1ull) != 0ull && at1 < max_keep;
+    if (take0) keep[at0] = c * 64 + lane;
+    if (take1) keep[at1] = c * 64 + lane + 32;
+    const vdet_u64 taken = (vdet_u64)__ballot_sync(0xffffffffu, take0) |
+                           ((vdet_u64)__ballot_sync(0xffffffffu, take1) << 32);
+    if (lane == 0) {
+        *s_kept_bits = taken;
+        *s_kept = before + __popcll(taken);
+    }
+}
+
+/* With dynamic shared memory of at least VDET_SCAN_SMEM_HEADER + 8 * vdet_triangle_words(words)
+ * + 4 * max_keep bytes, the whole mask triangle is loaded at once; otherwise (at least
+ * VDET_SCAN_SMEM_HEADER + 2 * 64 * 8 * words + 4 * max_keep) one row tile at a time, the next
+ * prefetched by warps 1.. while warp 0 resolves the current one. */
 __device__ __forceinline__ void vdet_nms_sweep(
     const unsigned int* __restrict__ cand_count, const VdetBox* __restrict__ cand_box,
     const float* __restrict__ cand_score, const int* __restrict__ cand_class,
@@ -360,7 +483,10 @@ __device__ __forceinline__ void vdet_nms_sweep(
     VDET_DYNAMIC_SMEM(smem);
     vdet_u64* removed = reinterpret_cast<vdet_u64*>(smem);
     vdet_u64* tiles = reinterpret_cast<vdet_u64*>(smem + VDET_SCAN_SMEM_HEADER);
-    int* keep = reinterpret_cast<int*>(tiles + 2 * 64 * words);
+    const long long triangle = vdet_triangle_words(words);
+    const bool preload = (long long)vdet_dynamic_smem_bytes() >=
+                         VDET_SCAN_SMEM_HEADER + 8 * triangle + 4LL * max_keep;
+    int* keep = reinterpret_cast<int*>(tiles + (preload ? triangle : 2LL * 64 * words));
     __shared__ vdet_u64 s_kept_bits;
     __shared__ int s_kept;
 
@@ -375,34 +501,31 @@ __device__ __forceinline__ void vdet_nms_sweep(
 
     for (int j = tid; j < used; j += blockDim.x) removed[j] = 0ull;
     if (tid == 0) s_kept = 0;
-    vdet_load_row_tile(m, n, words, used, 0, tiles, tid, blockDim.x);
+    if (preload) {
+        for (int c = 0; c < used; ++c) {
+            vdet_load_row_tile(m, n, words, used, c, tiles + vdet_triangle_offset(c, used),
+                               used - c, c, tid, blockDim.x);
+        }
+    } else {
+        vdet_load_row_tile(m, n, words, used, 0, tiles, words, 0, tid, blockDim.x);
+    }
     __syncthreads();
 
     for (int c = 0; c < used; ++c) {
-        const vdet_u64* tile = tiles + (c & 1) * 64 * words;
+        const vdet_u64* tile = preload ? tiles + vdet_triangle_offset(c, used)
+                                       : tiles + (c & 1) * 64 * words;
+        const int stride = preload ? used - c : words;
+        const int base = preload ? c : 0;
         if (warp > 0) {
-            /* Prefetch the next row tile while thread 0 resolves this one. */
-            if (c + 1 < used) {
-                vdet_load_row_tile(m, n, words, used, c + 1, tiles + ((c + 1) & 1) * 64 * words,
-                                   tid - 32, blockDim.x - 32);
+            /* Prefetch the next row tile while warp 0 resolves this one. */
+            if (!preload && c + 1 < used) {
+                vdet_load_row_tile(m, n, words, used, c + 1,
+                                   tiles + ((c + 1) & 1) * 64 * words, words, 0, tid - 32,
+                                   blockDim.x - 32);
             }
-        } else if (lane == 0) {
-            const int rows = vdet_min(64, n - c * 64);
-            const vdet_u64 valid = rows == 64 ? ~0ull : ((1ull << rows) - 1ull);
-            vdet_u64 removed_here = removed[c];
-            vdet_u64 kept_bits = 0;
-            int kept = s_kept;
-            vdet_u64 open = valid & ~removed_here;
-            while (open != 0ull && kept < max_keep) {
-                const int bit = __ffsll((long long)open) - 1;
-                kept_bits |= 1ull << bit;
-                keep[kept++] = c * 64 + bit;
-                removed_here |= tile[bit * words + c];
-                const vdet_u64 done = bit == 63 ? ~0ull : ((2ull << bit) - 1ull);
-                open = valid & ~removed_here & ~done;
-            }
-            s_kept_bits = kept_bits;
-            s_kept = kept;
+        } else {
+            vdet_resolve_tile(tile, stride, base, c, n, removed, keep, max_keep, &s_kept,
+                              &s_kept_bits, lane);
         }
         __syncthreads();
         if (s_kept >= max_keep) break;
@@ -410,8 +533,8 @@ __device__ __forceinline__ void vdet_nms_sweep(
         const vdet_u64 kept_bits = s_kept_bits;
         for (int j = c + 1 + warp; j < used; j += warps) {
             vdet_u64 v = 0ull;
-            if ((kept_bits >> lane) & 1ull) v |= tile[lane * words + j];
-            if ((kept_bits >> (lane + 32)) & 1ull) v |= tile[(lane + 32) * words + j];
+            if ((kept_bits >> lane) & 1ull) v |= tile[lane * stride + (j - base)];
+            if ((kept_bits >> (lane + 32)) & 1ull) v |= tile[(lane + 32) * stride + (j - base)];
             for (int offset = 16; offset > 0; offset >>= 1) {
                 v |= __shfl_xor_sync(0xffffffffu, v, offset);
             }

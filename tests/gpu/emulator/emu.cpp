@@ -91,6 +91,7 @@ extern "C" int emu_launch(const char* name, unsigned int gx, unsigned int gy, un
         block.generation = 0;
         // Garbage, not zeros, in shared memory: a read before a write shows up.
         block.dynamic_smem.assign(shared_bytes + 16, (unsigned char)0xA5);
+        block.dynamic_smem_bytes = shared_bytes;
         emu::g_block = &block;
         if (!emu::run_block(block, rng, seed != 0)) return report(error, error_bytes, emu::g_error);
     }

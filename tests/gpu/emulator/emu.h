@@ -65,6 +65,7 @@ struct Block {
     int arrived;
     unsigned long generation;
     std::vector<unsigned char> dynamic_smem;
+    unsigned int dynamic_smem_bytes;  // as launched (%dynamic_smem_size)
 };
 
 inline Thread* g_thread = nullptr;
@@ -98,6 +99,8 @@ inline void sync_block() {
     }
     while (b.generation == mine) yield();
 }
+
+inline unsigned int dynamic_smem_bytes() { return g_block->dynamic_smem_bytes; }
 
 inline Warp& my_warp() { return g_block->warps[g_thread->linear >> 5]; }
 inline int lane() { return g_thread->linear & 31; }
@@ -295,6 +298,7 @@ inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
 inline int __ffs(unsigned int v) { return __builtin_ffs((int)v); }
 inline int __ffsll(long long v) { return __builtin_ffsll(v); }
+inline int __clzll(long long v) { return v == 0 ? 64 : __builtin_clzll((unsigned long long)v); }
 
 inline unsigned int __float_as_uint(float f) { return emu::from_bits<unsigned int>(emu::to_bits(f)); }
 inline float __uint_as_float(unsigned int u) { return emu::from_bits<float>(emu::to_bits(u)); }
