@@ -402,12 +402,21 @@ def test_decode_nms_launch_sequence(recorder: tuple[GpuOps, RecordingBackend]) -
     assert shapes == [
         ("vdet_decode_candidates_f32", (263, 3, 1), (32, 8, 1)),
         ("vdet_select_topk_f32", (3, 1, 1), (1024, 1, 1)),
-        ("vdet_nms_mask", (16, 16, 3), (64, 1, 1)),
+        ("vdet_nms_mask", (16, 16, 3), (256, 1, 1)),
         ("vdet_nms_scan", (3, 1, 1), (512, 1, 1)),
     ]
     select_smem = backend.launches[1][3]
     assert select_smem == ops.SELECT_SMEM_HEADER + 8 * 1024 + 8 * 8400
+    # The whole 16-word mask triangle fits on an H200: the sweep preloads it.
+    assert backend.launches[3][3] == ops.SCAN_SMEM_HEADER + 8 * 64 * 136 + 4 * 300
     assert all(stream == 5 for *_, stream, _ in backend.launches)
+
+
+def test_scan_shared_bytes_preloads_only_what_fits() -> None:
+    assert ops.scan_shared_bytes(16, 300, 232448) == 512 + 8 * 64 * 136 + 1200
+    # top_k 4096: a 64-word triangle (1 MiB) cannot fit, two row tiles do.
+    assert ops.scan_shared_bytes(64, 300, 232448) == 512 + 2 * 64 * 8 * 64 + 1200
+    assert ops.scan_shared_bytes(16, 300, 48 * 1024) == 512 + 2 * 64 * 8 * 16 + 1200
 
 
 def test_decode_nms_thresholds_are_rounded_to_float32(

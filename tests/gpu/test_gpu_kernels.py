@@ -18,6 +18,7 @@ from conftest import DEMO_MODEL, SAMPLE_CLIP, Harness
 
 from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
 from vdet.pipeline.preprocess import letterbox
+from vdet.plugins import ops as ops_module
 from vdet.plugins.ops import (
     MAX_FRAMES,
     YuvMatrix,
@@ -265,11 +266,15 @@ def test_letterbox_sample_clip_nv12(harness: Harness) -> None:
 
 def random_head(
     rng: np.random.Generator, batch: int, nc: int, n: int, *, dense: bool = False,
-    score_step: float | None = None, grid_boxes: bool = False,
+    score_step: float | None = None, grid_boxes: bool = False, crowd: bool = False,
 ) -> np.ndarray:  # fmt: skip
-    """[B, 4 + nc, N] float32: boxes in a 640 x 640 input, sigmoid-like scores."""
+    """[B, 4 + nc, N] float32: boxes in a 640 x 640 input, sigmoid-like scores. `crowd` puts
+    every box in one 120 px square (long suppression chains)."""
     head = np.empty((batch, 4 + nc, n), np.float32)
-    if grid_boxes:  # integer boxes on a coarse grid: many exactly equal IoUs
+    if crowd:
+        head[:, 0:2] = rng.uniform(0, 120, (batch, 2, n))
+        head[:, 2:4] = rng.uniform(10, 60, (batch, 2, n))
+    elif grid_boxes:  # integer boxes on a coarse grid: many exactly equal IoUs
         head[:, 0:2] = rng.integers(2, 40, (batch, 2, n)) * 16
         head[:, 2:4] = rng.integers(1, 8, (batch, 2, n)) * 32
     else:
@@ -344,6 +349,8 @@ NMS_CASES = [
                  id="dense-topk-100"),
     pytest.param(dict(batch=1, nc=80, n=8400, dense=True), dict(top_k=4096),
                  id="dense-topk-4096"),
+    pytest.param(dict(batch=2, nc=1, n=3000, dense=True, crowd=True), dict(top_k=2000),
+                 id="crowded-one-class"),
     pytest.param(dict(batch=1, nc=7, n=500), dict(iou_threshold=0.0), id="iou-0"),
     pytest.param(dict(batch=1, nc=7, n=500), dict(iou_threshold=1.0, conf_threshold=0.05),
                  id="iou-1"),
@@ -374,6 +381,27 @@ def test_decode_nms_fp16_head(harness: Harness, workspace: bool) -> None:
     raw = random_head(rng, 2, 80, 8400).astype(np.float16)
     params = PostprocessParams(conf_threshold=0.05)
     assert_same_detections(*run_decode_nms(harness, raw, params, workspace=workspace), raw, params)
+
+
+@pytest.mark.parametrize("mask_threads", [64, 1024])
+def test_decode_nms_other_launch_shapes(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, mask_threads: int
+) -> None:
+    """The other launch shapes the kernels document (what the TensorRT plugin's launcher uses):
+    mask tiles of 64 * L threads, and a sweep given room for two row tiles only (tile-at-a-time
+    with prefetch) instead of the whole mask. Same results, exactly."""
+    monkeypatch.setattr(ops_module, "MASK_THREADS", mask_threads)
+    monkeypatch.setattr(
+        ops_module,
+        "scan_shared_bytes",
+        lambda words, keep, _: ops_module.SCAN_SMEM_HEADER + 2 * 64 * 8 * words + 4 * keep,
+    )
+    rng = np.random.default_rng(mask_threads)
+    for raw, params in [
+        (random_head(rng, 2, 80, 8400, dense=True), PostprocessParams()),
+        (random_head(rng, 1, 1, 3000, dense=True, crowd=True), PostprocessParams(top_k=2000)),
+    ]:
+        assert_same_detections(*run_decode_nms(harness, raw, params), raw, params)
 
 
 def test_decode_nms_nan_scores(harness: Harness) -> None:
