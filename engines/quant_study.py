@@ -133,6 +133,18 @@ def _metrics(report: EvalReport) -> dict[str, Any]:
     }
 
 
+def _tool_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    versions = {}
+    for name in ("nvidia-modelopt", "onnx", "onnxruntime", "faster-coco-eval"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
 def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -249,6 +261,7 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
         "default_exclusions": list(DEFAULT_NODES_TO_EXCLUDE),
         "target": "INT8 mAP50-95 drop <= 0.5 points vs FP32",
         "environment": environment(),
+        "tools": _tool_versions(),
     }
 
     def record(row: dict[str, Any]) -> None:
@@ -301,10 +314,44 @@ def run_accuracy(args: argparse.Namespace) -> dict[str, Any]:
     return {**header, "results": results}
 
 
+def accuracy_markdown(report: dict[str, Any]) -> str:
+    """The accuracy report as the table committed beside its JSON."""
+    env = report["environment"]
+    versions = {**env["packages"], **report.get("tools", {})}
+    packages = ", ".join(f"{k} {v}" for k, v in versions.items())
+    lines = [
+        f"# INT8 accuracy on the CPU, {env['date'][:10]}",
+        "",
+        f"{report['study']}. Eval set: {report['eval_set']}. Calibration: "
+        f"{report['calibration']['frames']} frames, {report['calibration']['seeds']}. "
+        "Every model run by ONNX Runtime's CPU provider through `vdet eval`'s pipeline "
+        "(letterbox, score threshold 0.001, NMS IoU 0.7, max 300 detections).",
+        "",
+        f"Machine: {env['host_cpu']}, {env['cpu_count']} cores, Python {env['python']}, "
+        f"{env['platform']}; {packages}. Target: {report['target']}.",
+        "",
+        "| precision | calibration | kept in FP32 | mAP50-95 | drop (points) | mAP50 | mAP75 "
+        "| mAP S / M / L |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for row in report["results"]:
+        kept = ", ".join(f"`{c}`" for c in row.get("float_convs", [])) or "-"
+        if row["precision"] != "INT8":
+            kept = "(all)" if row["precision"] == "FP32" else "-"
+        lines.append(
+            f"| {row['precision']} | {row.get('method', '-')} | {kept} | "
+            f"{row['map50_95']:.4f} | {row['drop_vs_fp32_points']:.2f} | {row['map50']:.4f} | "
+            f"{row['map75']:.4f} | {row['map_small']:.3f} / {row['map_medium']:.3f} / "
+            f"{row['map_large']:.3f} |"
+        )
+    lines += ["", f"Source: the JSON beside this file ({report['model_sha256'][:12]}... model)."]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("study", choices=["sensitivity", "accuracy"])
-    parser.add_argument("--calib", type=Path, required=True, help="calibration images folder")
+    parser.add_argument("study", choices=["sensitivity", "accuracy", "markdown"])
+    parser.add_argument("--calib", type=Path, default=None, help="calibration images folder")
     parser.add_argument("--model", type=Path, default=DEMO_MODEL)
     parser.add_argument("--frames", type=int, default=500)
     parser.add_argument("--method", choices=CALIBRATION_METHODS, default="entropy")
@@ -319,6 +366,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/vdet-cache"))
     parser.add_argument("--output", type=Path, required=True, help="JSON report")
     args = parser.parse_args(argv)
+    if args.study == "markdown":  # --output names an accuracy JSON; its .md goes beside it
+        text = accuracy_markdown(json.loads(args.output.read_text()))
+        args.output.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
+    if args.calib is None:
+        parser.error("--calib is required for sensitivity and accuracy")
     report = run_sensitivity(args) if args.study == "sensitivity" else run_accuracy(args)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
