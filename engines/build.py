@@ -418,8 +418,8 @@ def build_cached(
 def tensorrt_installed() -> bool:
     """Whether TensorRT's Python package is installed, without importing it.
 
-    A namespace package does not count: a folder called tensorrt/ on sys.path (this project's
-    tests/tensorrt/ when tests/ is on the path) would otherwise look like TensorRT.
+    A namespace package does not count: any folder called tensorrt/ on sys.path (a test folder
+    of that name, with tests/ on the path) would otherwise pass for TensorRT.
     """
     spec = importlib.util.find_spec("tensorrt")
     return spec is not None and spec.origin is not None

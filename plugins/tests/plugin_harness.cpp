@@ -11,7 +11,8 @@
  *   - enqueue on a hand-made raw head with a hand-computed answer (class-aware and agnostic,
  *     float32 and float16 input, an image without detections);
  *   - with --raw, enqueue on a raw head from a file, writing the outputs for a comparison with
- *     the CPU reference (tests/engines/test_engines_plugin_emulated.py, tests/tensorrt/).
+ *     the CPU reference (tests/engines/test_engines_plugin_emulated.py,
+ *     tests/tensorrt_engine/).
  * What it does not: getOutputShapes (its IExprBuilder is a TensorRT runtime object), anything of
  * TensorRT's parser, builder or runtime.
  *

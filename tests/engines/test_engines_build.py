@@ -4,7 +4,7 @@ What is tested here is vdet's own logic around TensorRT: which precision/typing 
 10.x and 11.x, the optimization profile, the engine key of a request (computed from a given
 TensorRT version and GPU name, which needs neither), how parser errors are reported, where the
 plugin library is looked for, and what the CLI and the backend registry do when TensorRT is
-absent. The TensorRT build itself runs only in tests/tensorrt/.
+absent. The TensorRT build itself runs only in tests/tensorrt_engine/.
 """
 
 from __future__ import annotations

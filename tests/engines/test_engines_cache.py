@@ -3,7 +3,7 @@
 No TensorRT here. Where a test needs "a build", it uses `write_stand_in_plan`: a real function
 that writes bytes to the plan path the cache hands it, so the cache's own logic (locking, temp
 files, manifests, sha256 checks) runs for real. It is not TensorRT and nothing here claims to
-test TensorRT; tests/tensorrt/ does that where TensorRT exists.
+test TensorRT; tests/tensorrt_engine/ does that where TensorRT exists.
 """
 
 from __future__ import annotations
@@ -375,15 +375,15 @@ def test_streams_keep_their_backend_until_the_engine_is_ready(demo: Path, tmp_pa
 
     worker = threading.Thread(target=stream)
     worker.start()
-    deadline = time.monotonic() + 30
-    while not built and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    # The plan exists and the stream has run frames, but the backend is not ready yet.
+    while (not built or len(seen) < 2) and time.monotonic() < deadline and not errors:
         time.sleep(0.01)
-    assert built and built[0].is_file()  # the plan exists; the backend is not ready yet
-    time.sleep(0.2)
+    assert built and built[0].is_file() and not errors
     assert builder.state == "building"
     assert swappable.current is fallback and all(b is fallback for b in seen)
     frames_before = len(seen)
-    assert frames_before > 0
+    assert frames_before >= 2
 
     gate.set()
     assert builder.wait(30) and builder.state == "ready"

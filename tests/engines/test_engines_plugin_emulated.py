@@ -9,8 +9,8 @@ launches run in the emulator. The outputs are compared with the CPU reference
 (`decode_and_nms_image`).
 
 What this does not cover: TensorRT's parser, builder and runtime, `getOutputShapes` (its
-IExprBuilder is a TensorRT object), and the real GPU. tests/tensorrt/ covers those where
-TensorRT and a GPU exist.
+IExprBuilder is a TensorRT object), and the real GPU. tests/tensorrt_engine/ covers those
+where TensorRT and a GPU exist.
 
 Needs g++, TensorRT headers ($TensorRT_ROOT/include, or /usr/include/x86_64-linux-gnu as in
 NGC's containers) and CUDA headers; skipped otherwise.

@@ -1,5 +1,9 @@
 """TensorRT itself: engines built by engines/build.py, run by the tensorrt backend.
 
+(This folder is not called tests/tensorrt/: with tests/ on sys.path, as this project's
+conftest puts it, that folder would be importable as a namespace package `tensorrt` and
+libraries probing for TensorRT, ModelOpt among them, would take it for the real one.)
+
 Marked `tensorrt` and skipped where `tensorrt` does not import or no GPU is visible (this
 project's development machine has neither; docs/tensorrt.md says what has and has not run).
 Nothing here imitates TensorRT: every test builds and runs real engines.
@@ -34,7 +38,7 @@ from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms, decode_
 
 pytestmark = pytest.mark.tensorrt
 
-if not tensorrt_installed():  # tests/tensorrt/ itself must not pass for TensorRT
+if not tensorrt_installed():  # a namespace package called tensorrt is not TensorRT
     pytest.skip("TensorRT's Python package is not installed", allow_module_level=True)
 trt = pytest.importorskip("tensorrt")
 if gpu_count() == 0:
