@@ -232,7 +232,7 @@ def _frames_from_video(
 ) -> CalibrationFrames:
     import av
 
-    from vdet.ingest.reader import DecodeError, SourceReader
+    from vdet.ingest.reader import DecodeError, SourceError, SourceReader
     from vdet.ingest.urls import is_network_url, validate_source_url
 
     try:
@@ -243,7 +243,7 @@ def _frames_from_video(
     available = None if live else _video_frame_count(url)
     step = every or (max(1, available // count) if available else 1)
     H, W = input_hw
-    slots: list[FloatArray] = []
+    batch = np.empty((count, 3, H, W), np.float32)
     picked: list[int] = []
     decoded = 0
     with SourceReader(url, source_id="calibration") as reader:
@@ -254,19 +254,20 @@ def _frames_from_video(
                     continue
                 decoded += 1
                 if item.index % step == 0:
-                    slots.append(letterbox(item.image_bgr, (H, W))[0])
+                    letterbox(item.image_bgr, (H, W), out=batch[len(picked)])
                     picked.append(item.index)
-                    if len(slots) == count:
+                    if len(picked) == count:
                         break
-        except QuantizeError:
-            raise
-        except (av.FFmpegError, OSError, RuntimeError) as exc:
-            if not slots:
+        except (av.FFmpegError, OSError, RuntimeError, SourceError) as exc:
+            if not picked:
                 raise QuantizeError(f"cannot read video from {url}: {exc}") from None
             # A stream that drops mid-way still gave usable frames; the count check decides.
             log.warning("calibration source %s stopped after %d frames: %s", url, decoded, exc)
-    batch = np.stack(slots) if slots else np.empty((0, 3, H, W), np.float32)
-    return CalibrationFrames(batch, url, tuple(picked), available if not live else None)
+    n = len(picked)
+    # A short source copies out what it gave rather than keep the whole allocation alive.
+    return CalibrationFrames(
+        batch if n == count else batch[:n].copy(), url, tuple(picked), available
+    )
 
 
 def _video_frame_count(path: str) -> int | None:
