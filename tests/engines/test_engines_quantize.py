@@ -169,6 +169,14 @@ def test_video_frames_sampled_evenly(h264_clip: Path) -> None:
     assert every.picked == (0, 7, 14)
 
 
+def test_rtsp_camera_every_kth_frame(rtsp_server_factory: Any, h264_clip: Path) -> None:
+    """A live stream has no known length: every k-th frame from the start until enough."""
+    server = rtsp_server_factory(h264_clip)
+    frames = q.collect_calibration_frames(server.url, TINY_HW, 5, every=3)
+    assert frames.picked == (0, 3, 6, 9, 12) and frames.available is None
+    assert frames.batch.shape == (5, 3, *TINY_HW) and frames.source == server.url
+
+
 def test_video_with_fewer_frames_than_asked(h264_clip: Path) -> None:
     with pytest.raises(q.QuantizeError, match=r"only 120 calibration frames available, 200 asked"):
         q.collect_calibration_frames(h264_clip, TINY_HW, 200)
