@@ -6,8 +6,10 @@
  *   memset counts[0:B] = 0
  *   decode_candidates  grid (ceil(N / 32), B)  block (32, 8)
  *   select_topk        grid (B)                block (1024)  smem 1088 + 8 * pow2(top_k) + 8 * stage
- *   nms_mask           grid (words, words, B)  block (64)
- *   nms_scan           grid (B)                block (512)   smem 512 + 1024 * words + 4 * keep
+ *   nms_mask           grid (words, words, B)  block (256)
+ *   nms_scan           grid (B)                block (512)   smem: the whole mask triangle
+ *       (512 + 256 * words * (words + 1) + 4 * keep) when the device allows it, else two row
+ *       tiles (512 + 1024 * words + 4 * keep); the kernel picks its mode from the size.
  */
 #include "decode_nms_launch.h"
 
@@ -30,10 +32,11 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr int kSelectThreads = 1024;
-constexpr int kMaskThreads = 64;
+constexpr int kMaskThreads = 256;  // VDET_MASK_THREADS of decode_nms.cuh (any 64 * L works)
 constexpr int kScanThreads = 512;
 constexpr int kSelectSmemHeader = 256 * 4 + 16 * 4;
 constexpr int kScanSmemHeader = 64 * 8;
+constexpr int kScanStaticSmem = 16;  // vdet_nms_scan's own __shared__ scalars
 constexpr int kDefaultSharedBytes = 48 * 1024;  // what every block gets without opting in
 constexpr int kMaxGridY = 65535;
 
@@ -218,10 +221,13 @@ extern "C" int vdet_decode_nms_launch(const void* raw, int raw_is_half, int batc
     }
     {
         int max_keep = max_det < cap ? max_det : cap;
-        const size_t smem =
-            (size_t)kScanSmemHeader + 2 * 64 * 8 * (size_t)words + 4 * (size_t)max_keep;
         const int shared = max_shared_bytes > 0 ? max_shared_bytes : kDefaultSharedBytes;
-        if (smem > (size_t)shared) return kErrSharedMemory;
+        const size_t keep_bytes = 4 * (size_t)max_keep;
+        const size_t triangle = (size_t)kScanSmemHeader +
+                                8 * 64 * (size_t)words * ((size_t)words + 1) / 2 + keep_bytes;
+        const size_t tiles = (size_t)kScanSmemHeader + 2 * 64 * 8 * (size_t)words + keep_bytes;
+        const size_t smem = triangle + kScanStaticSmem <= (size_t)shared ? triangle : tiles;
+        if (smem + kScanStaticSmem > (size_t)shared) return kErrSharedMemory;
         status = allow_shared(VDET_KERNEL_NMS_SCAN, smem);
         if (status != 0) return status;
         void* args[] = {&cand_count, &cand_box, &cand_score, &cand_class, &cand_anchor,
