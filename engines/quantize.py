@@ -658,7 +658,11 @@ def _smoke_run(model: onnx.ModelProto, input_name: str, batch: FloatArray, info:
     """One inference in ONNX Runtime on the CPU: the model loads and gives a sane head."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # not its notes on initializers ModelOpt left unused
+    session = ort.InferenceSession(
+        model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+    )
     feed = batch
     if info.batch is not None and len(feed) != info.batch:
         feed = np.repeat(feed, info.batch, axis=0)
