@@ -1,7 +1,8 @@
 """CUDA kernels (vdet.plugins.ops) against the CPU references, on the GPU and on the emulator.
 
 Every test takes `harness`: `[cuda]` runs on the GPU (marked gpu; skipped without one) and
-`[emu]` runs the same kernels on the CPU emulator (tests/gpu/emulator). Tolerances are those of
+`[emu]` runs the same kernels on the CPU emulator (tests/gpu/emulator). Only the sample-clip
+tests need PyAV (skipped without it). Tolerances are those of
 docs/conventions.md and are restated in each test's docstring.
 """
 
@@ -11,7 +12,6 @@ from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-import av
 import numpy as np
 import pytest
 from conftest import DEMO_MODEL, SAMPLE_CLIP, Harness
@@ -210,7 +210,12 @@ def test_letterbox_nv12_fp16_and_2d_uv(harness: Harness) -> None:
 @cache
 def sample_frames() -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """Frames 0, 15, ..., 60 of the sample clip as (BGR, NV12 surface) with PyAV on the CPU,
-    and the clip's colour space (1 = BT.709)."""
+    and the clip's colour space (1 = BT.709).
+
+    PyAV is imported here, not at module level: the GPU machine has no PyAV (too big to carry
+    with PyNvVideoCodec), and every other test in this module must still collect and run there.
+    """
+    av = pytest.importorskip("av")
     bgr, nv12 = [], []
     with av.open(str(SAMPLE_CLIP)) as container:
         stream = container.streams.video[0]
