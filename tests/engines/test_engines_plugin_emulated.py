@@ -18,7 +18,10 @@ NGC's containers) and CUDA headers; skipped otherwise.
 
 from __future__ import annotations
 
+import ctypes
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +31,7 @@ import numpy as np
 import pytest
 
 from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
+from vdet.plugins import ops
 
 pytestmark = pytest.mark.slow
 
@@ -156,3 +160,62 @@ def test_enqueue_matches_the_cpu_reference(
         np.testing.assert_array_equal(dets[b, :n, 5], expected.class_ids.astype(np.float32))
         assert not dets[b, n:].any()  # zero after the last detection
     assert total > batch  # the case exercised NMS, not an empty output
+
+
+# ---- the C launcher and vdet.plugins.ops agree (no TensorRT headers needed) ---------------------
+
+
+def test_launcher_constants_mirror_ops() -> None:
+    """The launch shapes of decode_nms_launch.cpp are the Python launcher's (and the kernels')."""
+    source = (PLUGINS / "decode_nms_launch.cpp").read_text()
+
+    def constant(name: str) -> int:
+        match = re.search(rf"constexpr (?:int|size_t) {name} = ([0-9 *+]+);", source)
+        assert match, name
+        # A sum of products of literals, e.g. "256 * 4 + 16 * 4".
+        return sum(math.prod(int(f) for f in term.split("*")) for term in match.group(1).split("+"))
+
+    assert constant("kAlign") == 256
+    assert constant("kSelectThreads") == ops.SELECT_THREADS
+    assert constant("kMaskThreads") == ops.MASK_THREADS
+    assert constant("kScanThreads") == ops.SCAN_THREADS
+    assert constant("kSelectSmemHeader") == ops.SELECT_SMEM_HEADER
+    assert constant("kScanSmemHeader") == ops.SCAN_SMEM_HEADER
+    assert constant("kScanStaticSmem") == ops.SCAN_STATIC_SMEM
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("needs g++")
+    try:
+        from gpu.gpu_emulator import build_emulator
+    except ImportError:
+        pytest.skip("the kernel emulator (tests/gpu/gpu_emulator.py) is not present")
+    work = tmp_path_factory.mktemp("launcher")
+    emulator = build_emulator(work / "emu")
+    library = work / "liblauncher.so"
+    command = [
+        cxx, "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
+        "-DVDET_LAUNCH_EMULATION", f"-I{PLUGINS}", str(PLUGINS / "decode_nms_launch.cpp"),
+        str(emulator), f"-Wl,-rpath,{emulator.parent}", "-o", str(library),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    lib = ctypes.CDLL(str(library))
+    lib.vdet_decode_nms_workspace_bytes.restype = ctypes.c_size_t
+    lib.vdet_decode_nms_workspace_bytes.argtypes = [ctypes.c_int] * 3
+    return lib
+
+
+@pytest.mark.parametrize(
+    ("batch", "anchors", "top_k"),
+    [(1, 8400, 1000), (32, 8400, 1000), (3, 300, 64), (1, 1, 1), (7, 2100, 4096), (0, 10, 5)],
+)
+def test_workspace_layout_matches_ops(
+    launcher: ctypes.CDLL, batch: int, anchors: int, top_k: int
+) -> None:
+    assert launcher.vdet_decode_nms_workspace_bytes(batch, anchors, top_k) == (
+        ops.decode_nms_workspace_bytes(batch, anchors, top_k)
+    )
