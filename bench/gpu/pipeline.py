@@ -15,6 +15,15 @@ vdet.pipeline.gpu_ops, inside the graph):
   source (frames/s), and whether a zero-copy frame's pixels change when the decoder decodes the
   next packets (the reason frames are copied out; see vdet.ingest.nvdec).
 JSON out; a short table is printed last.
+
+Each (model, section) runs in a child process of its own (`--section NAME --model PATH`): a CUDA
+fault poisons the whole context, and an exception caught in-process would free its frames' CUDA
+objects (pinned buffers, events) in destructors that then abort the process (`terminate called
+... c10::AcceleratorError`), hiding the Python traceback. So one section's failure is recorded
+(traceback, exit code) and the others still run; progress is printed (flushed) and the JSON is
+rewritten after every section, so a crash shows where it happened. `--debug` runs the children
+with CUDA_LAUNCH_BLOCKING=1 (and C++ stacks), so a fault is reported by the launch that made it.
+    python3 bench/gpu/pipeline.py --section nvdec --debug --out nvdec.json   # one, in-process
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -178,33 +188,41 @@ def _nvdec(network: Any) -> dict[str, Any]:
     out["decode_detect_replayed"] = runner.eager_runs == 0
 
     # Does the decoder reuse a returned frame's buffer for later frames? (zero copy)
+    # `first` is a view of the decoder's own frame pool: it is read (compared) while the session
+    # is alive, and dropped before `close()` frees that pool. (Reading it after close() was a
+    # use after free: an illegal memory access that poisoned the context.)
     nvc = load_pynvvideocodec()
     demuxer = nvc.CreateDemuxer(filename=str(SAMPLE))
     decoder = NvdecDecoder("h264", copy_frames=False)
+    assert decoder.stream is not None
     first = None
     snapshot = None
-    for i, packet in enumerate(demuxer):
-        data = packet_bytes(packet)
-        if not data:
-            continue
-        decoded = decoder.decode(data, int(packet.pts), bool(packet.key))
-        if first is None and decoded:
-            first = decoded[0].nv12
-            torch.cuda.current_stream().wait_stream(decoder.stream)
-            snapshot = first.clone()
-        if i >= 10:
-            break
-    decoder.close()
-    torch.cuda.synchronize()
-    if first is not None and snapshot is not None:
-        out["zero_copy_frame_overwritten_by_later_decodes"] = not torch.equal(first, snapshot)
+    try:
+        for i, packet in enumerate(demuxer):
+            data = packet_bytes(packet)
+            if not data:
+                continue
+            decoded = decoder.decode(data, int(packet.pts), bool(packet.key))
+            if first is None and decoded:
+                first = decoded[0].nv12
+                torch.cuda.current_stream().wait_stream(decoder.stream)
+                snapshot = first.clone()
+            if i >= 10:
+                break
+        torch.cuda.current_stream().wait_stream(decoder.stream)
+        if first is not None and snapshot is not None:
+            out["zero_copy_frame_overwritten_by_later_decodes"] = not torch.equal(first, snapshot)
+        torch.cuda.synchronize()
+    finally:
+        first = snapshot = None
+        decoder.close()
     return out
 
 
 def _yolov8s_onnx(folder: Path) -> Path | None:
     try:
         os.environ.setdefault("YOLO_OFFLINE", "1")
-        from ultralytics import YOLO
+        from ultralytics import YOLO  # type: ignore[attr-defined]
     except ImportError:
         return None
     previous = Path.cwd()
@@ -216,24 +234,132 @@ def _yolov8s_onnx(folder: Path) -> Path | None:
     return Path(folder, exported).resolve()
 
 
-def _model(
-    path: Path, frames: list[torch.Tensor], iterations: int, seconds: float
-) -> dict[str, Any]:
-    result: dict[str, Any] = {"model": path.name}
+SECTIONS = ("graph", "eager", "memory", "streams", "nvdec")
+STREAM_SOURCES = (1, 4, 8, 16)
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _section(name: str, path: Path, iterations: int, seconds: float) -> dict[str, Any]:
+    """Run one section on one model, in this process."""
+    _progress(f"{path.name} {name}: making 1080p NV12 frames")
+    frames = _nv12_frames(8)
     started = time.perf_counter()
     network = load_onnx_network(path, batch=1, input_hw=INPUT_HW)
-    result["load_seconds"] = time.perf_counter() - started
-    result["graph"] = _latency(network, frames, True, iterations)
-    result["eager"] = _latency(network, frames, False, iterations)
-    result["memory"] = _memory_per_source(network, frames)
-    result["streams"] = [_streams(network, frames, k, seconds) for k in (1, 4, 8, 16)]
-    try:
-        import PyNvVideoCodec  # noqa: F401
-
-        result["nvdec"] = _nvdec(network)
-    except ImportError as exc:
-        result["nvdec"] = {"skipped": str(exc)}
+    result: dict[str, Any] = {"load_seconds": time.perf_counter() - started}
+    _progress(f"{path.name} {name}: network loaded in {result['load_seconds']:.1f} s")
+    if name == "graph":
+        result.update(_latency(network, frames, True, iterations))
+    elif name == "eager":
+        result.update(_latency(network, frames, False, iterations))
+    elif name == "memory":
+        result.update(_memory_per_source(network, frames))
+    elif name == "streams":
+        runs = []
+        for k in STREAM_SOURCES:
+            runs.append(_streams(network, frames, k, seconds))
+            _progress(f"{path.name} streams: {k} sources, {runs[-1]['frames_per_s']:.0f} frames/s")
+        result["runs"] = runs
+    elif name == "nvdec":
+        try:
+            import PyNvVideoCodec  # noqa: F401
+        except ImportError as exc:
+            return {"skipped": str(exc)}
+        result.update(_nvdec(network))
+    else:
+        raise ValueError(f"unknown section {name!r}; one of {SECTIONS}")
+    torch.cuda.synchronize()  # a fault of this section is reported here, not later
     return result
+
+
+def _run_child(args: argparse.Namespace, name: str, path: Path, out: Path) -> dict[str, Any]:
+    """`_section` in a child process (see the module docstring); its result or its failure."""
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--section",
+        name,
+        "--model",
+        str(path),
+        "--out",
+        str(out),
+        "--iterations",
+        str(args.iterations),
+        "--stream-seconds",
+        str(args.stream_seconds),
+    ]
+    if args.debug:
+        command.append("--debug")
+    started = time.perf_counter()
+    try:
+        rc = subprocess.run(command, timeout=args.section_timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+    wall = time.perf_counter() - started
+    result: dict[str, Any] = {}
+    if out.exists():
+        try:
+            result = json.loads(out.read_text())
+        except json.JSONDecodeError:
+            result = {}
+    if rc != 0:
+        result.setdefault(
+            "error",
+            f"timed out after {args.section_timeout} s"
+            if rc is None
+            else f"exit code {rc} (a negative code is a signal: -6 is abort, as after "
+            "'terminate called'); see the log above this section's FAILED line",
+        )
+    result["section_wall_seconds"] = wall
+    return result
+
+
+def _child_main(args: argparse.Namespace) -> int:
+    """--section: run one section in this process and write its JSON to --out."""
+    path = args.model or DEMO
+    try:
+        result = _section(args.section, path, args.iterations, args.stream_seconds)
+        rc = 0
+    except Exception:
+        result = {"error": traceback.format_exc()}
+        print(result["error"], file=sys.stderr, flush=True)
+        rc = 1
+    args.out.write_text(json.dumps(result, indent=1))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # After a CUDA fault, destructors run at exit (pinned buffers, events) would abort the
+    # process and bury the traceback above; the result is written, so leave without them.
+    os._exit(rc)
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    print(f"\n{'model':<14}{'mode':<7}{'p50 ms':>9}{'p99 ms':>9}{'launch us':>11}")
+    for model in report["models"]:
+        for mode in ("graph", "eager"):
+            m = model.get(mode, {})
+            if "latency" not in m:
+                print(f"{model['model']:<14}{mode:<7}error (see JSON)")
+                continue
+            print(
+                f"{model['model']:<14}{mode:<7}{m['latency']['p50_ms']:>9.3f}"
+                f"{m['latency']['p99_ms']:>9.3f}{m['host_launch']['p50_ms'] * 1e3:>11.1f}"
+            )
+        mem = model.get("memory", {})
+        if "allocated_mib_per_source" in mem:
+            print(f"  memory per source: {mem['allocated_mib_per_source']:.1f} MiB allocated")
+        runs = model.get("streams", {}).get("runs")
+        if runs:
+            print(
+                "  sources -> frames/s: "
+                + ", ".join(f"{s['sources']}: {s['frames_per_s']:.0f}" for s in runs)
+            )
+        nvdec = {k: v for k, v in model.get("nvdec", {}).items() if k != "error"}
+        print(f"  nvdec: {json.dumps(nvdec)}")
+        failed = [name for name in SECTIONS if "error" in model.get(name, {})]
+        if failed:
+            print(f"  FAILED sections: {', '.join(failed)} (errors in the JSON)")
 
 
 def main() -> int:
@@ -241,15 +367,39 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("gpu_pipeline.json"))
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--stream-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--section", choices=SECTIONS, help="run only this section, in this process"
+    )
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
+    parser.add_argument("--model", type=Path, help="with --section: the ONNX file (demo)")
+    parser.add_argument("--no-yolov8s", action="store_true", help="the demo model only")
+    parser.add_argument(
+        "--section-timeout", type=float, default=150.0, help="seconds per child process"
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="CUDA_LAUNCH_BLOCKING=1 and C++ stacks: a fault is reported by its own launch",
+    )
     args = parser.parse_args()
+    if args.debug:  # before CUDA is initialised (torch initialises it lazily)
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+        os.environ["TORCH_SHOW_CPP_STACKTRACES"] = "1"
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.section is not None:
+        return _child_main(args)
+    sections = [name for name in args.sections.split(",") if name]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {SECTIONS}")
     report: dict[str, Any] = {
         "host": platform.node(),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "python": sys.version.split()[0],
+        "debug": args.debug,
         "params": {
             "conf": PARAMS.conf_threshold,
             "iou": PARAMS.iou_threshold,
@@ -257,45 +407,36 @@ def main() -> int:
         },
         "models": [],
     }
-    frames = _nv12_frames(8)
     paths = [DEMO]
     with tempfile.TemporaryDirectory() as folder:
-        try:
-            extra = _yolov8s_onnx(Path(folder))
-        except Exception:
-            extra = None
-            report["yolov8s_error"] = traceback.format_exc()
-        if extra is not None:
-            paths.append(extra)
+        if args.no_yolov8s:
+            report["yolov8s_error"] = "--no-yolov8s"
         else:
-            report.setdefault("yolov8s_error", "ultralytics is not importable here")
-        for path in paths:
             try:
-                report["models"].append(_model(path, frames, args.iterations, args.stream_seconds))
+                extra = _yolov8s_onnx(Path(folder))
             except Exception:
-                report["models"].append({"model": path.name, "error": traceback.format_exc()})
-            args.out.write_text(json.dumps(report, indent=1))
+                extra = None
+                report["yolov8s_error"] = traceback.format_exc()
+            if extra is not None:
+                paths.append(extra)
+            else:
+                report.setdefault("yolov8s_error", "ultralytics is not importable here")
+        for path in paths:
+            model: dict[str, Any] = {"model": path.name}
+            report["models"].append(model)
+            for name in sections:
+                _progress(f"{path.name} {name}: start")
+                child_out = Path(folder, f"{path.stem}-{name}.json")
+                model[name] = _run_child(args, name, path, child_out)
+                status = "FAILED" if "error" in model[name] else "done"
+                _progress(
+                    f"{path.name} {name}: {status} in {model[name]['section_wall_seconds']:.1f} s"
+                )
+                args.out.write_text(json.dumps(report, indent=1))
     args.out.write_text(json.dumps(report, indent=1))
-
-    print(f"\n{'model':<14}{'mode':<7}{'p50 ms':>9}{'p99 ms':>9}{'launch us':>11}")
-    for model in report["models"]:
-        if "error" in model:
-            print(f"{model['model']:<14}error (see JSON)")
-            continue
-        for mode in ("graph", "eager"):
-            m = model[mode]
-            print(
-                f"{model['model']:<14}{mode:<7}{m['latency']['p50_ms']:>9.3f}"
-                f"{m['latency']['p99_ms']:>9.3f}{m['host_launch']['p50_ms'] * 1e3:>11.1f}"
-            )
-        mem = model["memory"]
-        print(f"  memory per source: {mem['allocated_mib_per_source']:.1f} MiB allocated")
-        print(
-            "  sources -> frames/s: "
-            + ", ".join(f"{s['sources']}: {s['frames_per_s']:.0f}" for s in model["streams"])
-        )
-        print(f"  nvdec: {json.dumps(model['nvdec'])}")
-    return 0
+    _print_table(report)
+    failed = any("error" in m.get(name, {}) for m in report["models"] for name in sections)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
