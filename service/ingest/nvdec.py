@@ -357,6 +357,8 @@ class NvdecDecoder:
         return frames
 
     def close(self) -> None:
+        """End the session. Its frame pool is freed with it: zero-copy frames
+        (`copy_frames=False`) must not be read after this (an illegal memory access)."""
         self._session = None
 
     def _feed(self, payload: bytes, pts: int | None) -> list[DecodedNv12]:
