@@ -32,7 +32,7 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr int kSelectThreads = 1024;
-constexpr int kMaskThreads = 256;  // VDET_MASK_THREADS of decode_nms.cuh (any 64 * L works)
+constexpr int kMaskThreads = 256;  // VDET_MASK_THREADS of decode_nms.cuh (its launch bound)
 constexpr int kScanThreads = 512;
 constexpr int kSelectSmemHeader = 256 * 4 + 16 * 4;
 constexpr int kScanSmemHeader = 64 * 8;

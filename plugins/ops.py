@@ -36,7 +36,7 @@ PAD_VALUE = 114
 # Launch shapes and shared-memory layouts from decode_nms.cuh.
 DECODE_BLOCK = (32, 8, 1)
 SELECT_THREADS = 1024
-MASK_THREADS = 256  # 4 threads per candidate row (the kernel takes any 64 * L)
+MASK_THREADS = 256  # 4 threads per candidate row (any 64 * L up to the kernel launch bound)
 SCAN_THREADS = 512
 SELECT_SMEM_HEADER = 256 * 4 + 16 * 4
 SCAN_SMEM_HEADER = 64 * 8

@@ -34,7 +34,7 @@
 #define VDET_DECODE_ANCHORS 32 /* blockDim.x of vdet_decode_candidates: one anchor per lane */
 #define VDET_DECODE_GROUPS 8   /* blockDim.y: class rows c = y, y + 8, ... per thread */
 #define VDET_SELECT_THREADS 1024
-#define VDET_MASK_THREADS 256 /* any 64 * L works; see vdet_nms_mask_tile */
+#define VDET_MASK_THREADS 256 /* any 64 * L up to this launch bound works; see vdet_nms_mask_tile */
 #define VDET_SCAN_THREADS 512
 
 /* Dynamic shared memory of vdet_select_topk before the selected keys: 256 histogram bins and
