@@ -183,7 +183,7 @@ def run_sensitivity(args: argparse.Namespace) -> dict[str, Any]:
         work = Path(tmp)
         subset = coco_subset(coco, args.images, work / "subset.json")
         base: list[str] = list(args.base_exclude or [])
-        groups = [g for g in groups if g.pattern not in base]
+        groups = [g for g in groups if g.pattern not in base and re.match(args.groups, g.name)]
         _log(f"calibrating {args.method} on {len(frames)} frames, excluded: {base or 'none'}")
         full = quantize_onnx(model, work / "all.onnx", frames, args.method, nodes_to_exclude=base)
         cache = work / "calib.cache"
@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--method", choices=CALIBRATION_METHODS, default="entropy")
     parser.add_argument("--images", type=int, default=100, help="eval subset (sensitivity)")
     parser.add_argument("--int8-alone", choices=["head", "all"], default="head")
+    parser.add_argument("--groups", default="", help="(sensitivity) only groups matching this")
     parser.add_argument(
         "--base-exclude",
         action="append",
