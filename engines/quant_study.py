@@ -183,7 +183,8 @@ def run_sensitivity(args: argparse.Namespace) -> dict[str, Any]:
         work = Path(tmp)
         subset = coco_subset(coco, args.images, work / "subset.json")
         base: list[str] = list(args.base_exclude or [])
-        groups = [g for g in groups if g.pattern not in base and re.match(args.groups, g.name)]
+        groups = [g for g in groups if g.pattern not in base]
+        all_patterns = [g.pattern for g in groups]  # int8_alone keeps every other group FP32
         _log(f"calibrating {args.method} on {len(frames)} frames, excluded: {base or 'none'}")
         full = quantize_onnx(model, work / "all.onnx", frames, args.method, nodes_to_exclude=base)
         cache = work / "calib.cache"
@@ -194,8 +195,7 @@ def run_sensitivity(args: argparse.Namespace) -> dict[str, Any]:
         int8 = score(full.output, subset, coco.parent).map50_95
         _log(f"subset mAP50-95: FP32 {fp32:.4f}, INT8 (all but excluded) {int8:.4f}")
         rows: list[dict[str, Any]] = []
-        all_patterns = [g.pattern for g in groups]
-        for group in groups:
+        for group in [g for g in groups if re.match(args.groups, g.name)]:
             row: dict[str, Any] = {
                 "group": group.name,
                 "pattern": group.pattern,
