@@ -209,6 +209,18 @@ def pick_arch(major: int, minor: int, supported: Sequence[int]) -> str:
     return f"compute_{max(older)}"
 
 
+def _out_buffer(size: int) -> bytes:
+    """A fresh, writable-by-NVRTC bytes object of at least `size` bytes.
+
+    cuda-python's NVRTC getters write into the bytes object they are given. The idiom
+    `b" " * size` returns the interned constant `b" "` itself when size is 1 (an empty log is
+    one NUL byte), and NVRTC then overwrites that shared object: every `b" "` in the process
+    becomes `b"\\x00"` (urllib's unquote("%20") started returning NUL). `bytes(n)` for n >= 1
+    always allocates a new object; one spare byte keeps n >= 2.
+    """
+    return bytes(size + 1)
+
+
 def compile_module(
     module: str,
     arch: str,
@@ -238,7 +250,7 @@ def compile_module(
         encoded = [o.encode() for o in options]
         status = nvrtc.nvrtcCompileProgram(prog, len(encoded), encoded)
         size = check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-        buffer = b" " * int(size)
+        buffer = _out_buffer(int(size))
         check(nvrtc.nvrtcGetProgramLog(prog, buffer), "nvrtcGetProgramLog")
         log = buffer.rstrip(b"\0 ").decode(errors="replace")
         if int(status[0]) != 0:
@@ -247,12 +259,14 @@ def compile_module(
             )
         if suffix == "cubin":
             size = check(nvrtc.nvrtcGetCUBINSize(prog), "nvrtcGetCUBINSize")
-            image = b" " * int(size)
+            image = _out_buffer(int(size))
             check(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN")
+            image = image[: int(size)]
         else:
             size = check(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-            image = b" " * int(size)
+            image = _out_buffer(int(size))
             check(nvrtc.nvrtcGetPTX(prog, image), "nvrtcGetPTX")
+            image = image[: int(size)]
     finally:
         check(nvrtc.nvrtcDestroyProgram(prog), "nvrtcDestroyProgram")
     # A read-only cache costs a compile per process, nothing else.

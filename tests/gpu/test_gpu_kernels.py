@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import DEMO_MODEL, SAMPLE_CLIP, Harness
+from gpu_harness import DEMO_MODEL, SAMPLE_CLIP, Harness
 
 from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
 from vdet.pipeline.preprocess import letterbox
