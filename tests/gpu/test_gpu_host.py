@@ -114,7 +114,7 @@ def test_compile_module_caches_cubins(tmp_path: Path) -> None:
     with pytest.raises(KernelError, match="unknown kernel module"):
         launch.compile_module("nope", "sm_90", cache_dir=tmp_path)
     # NVRTC writes into the buffers it is given: the interned b" " must come out untouched.
-    assert b" " == bytes([32])
+    assert bytes([32]) == b" "
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
