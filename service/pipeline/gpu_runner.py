@@ -182,6 +182,7 @@ class _RunnerBase:
         batch: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        preprocess: PreprocessFn | None,
         decode_nms: DecodeNmsFn | None,
         channels_last: bool,
         use_graphs: bool,
@@ -197,6 +198,9 @@ class _RunnerBase:
         self.device = torch.device(device)
         self.channels_last = channels_last
         self.name = name
+        self.preprocess: PreprocessFn = (
+            preprocess if preprocess is not None else nv12_letterbox_reference
+        )
         self._reference_nms = ReferenceDecodeNms()
         self.decode_nms: DecodeNmsFn = decode_nms if decode_nms is not None else self._reference_nms
         self._cuda = self.device.type == "cuda"
@@ -409,6 +413,7 @@ class CudaGraphRunner(_RunnerBase):
             batch=1,
             dtype=dtype,
             device=device,
+            preprocess=preprocess,
             decode_nms=decode_nms,
             channels_last=channels_last,
             use_graphs=use_graphs,
@@ -416,9 +421,6 @@ class CudaGraphRunner(_RunnerBase):
             on_eager_fallback=on_eager_fallback,
             capture=capture,
             name=name,
-        )
-        self.preprocess: PreprocessFn = (
-            preprocess if preprocess is not None else nv12_letterbox_reference
         )
 
     def _preprocess_into(self, slot: _Slot) -> None:
@@ -500,6 +502,7 @@ class BatchedGraphRunner(_RunnerBase):
             batch=batch,
             dtype=dtype,
             device=device,
+            preprocess=preprocess,
             decode_nms=decode_nms,
             channels_last=channels_last,
             use_graphs=use_graphs,
@@ -507,9 +510,6 @@ class BatchedGraphRunner(_RunnerBase):
             on_eager_fallback=on_eager_fallback,
             capture=capture,
             name=name,
-        )
-        self.preprocess: PreprocessFn = (
-            preprocess if preprocess is not None else nv12_letterbox_reference
         )
 
     def run_batch(
