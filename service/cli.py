@@ -151,7 +151,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_generate)
 
     p = sub.add_parser("bench", help="benchmarks; results as JSON")
-    p.add_argument("scenario", choices=["pipeline"], help="what to measure")
+    p.add_argument("scenario", choices=["pipeline", "report"], help="what to measure, or report")
+    p.add_argument("inputs", nargs="*", type=Path, help="report: result JSON files")
+    p.add_argument("--out-dir", type=Path, default=None, help="report: where to write them")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--backend", default="auto")
     p.add_argument("--source", default=None, help="video (default: the sample clip)")
@@ -511,6 +513,10 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.scenario == "report":
+        from vdet.bench_report import run_cli
+
+        return run_cli(args.inputs, args.out_dir)
     from vdet.bench import run_pipeline_bench
 
     source = args.source or str(asset_path("sample.mp4"))

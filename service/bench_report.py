@@ -1,0 +1,824 @@
+"""`vdet bench report`: markdown tables and PNG plots from benchmark result JSON files.
+
+One markdown file per input (`<stem>.md`) and, for the streams benchmark, PNG plots named
+`<stem>-latency_cdf.png`, `<stem>-streams_scaling.png` and `<stem>-stability.png`, all in one
+output folder. The markdown links the plots by file name, so it reads correctly from that folder.
+
+The streams schema (``"benchmark": "streams"``) is the main one; the older result files in
+bench/results/ (CPU pipeline, GPU pipeline, CUDA kernels, model eval, INT8 studies) get a table
+of their headline figures. A file of none of these shapes is skipped with a note.
+
+Output is deterministic: no dates of its own, fixed figure size and dpi, matplotlib's default
+style whatever the user's matplotlibrc says, and no Software/date metadata in the PNGs. A
+missing or null field is shown as "—" and never stops the report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DASH = "—"
+FIGSIZE = (10.0, 6.0)
+DPI = 100
+# No "Software" (matplotlib's version) nor any date: the same input gives the same bytes.
+PNG_METADATA: dict[str, str | None] = {"Software": None}
+
+LATENCY_CDF = "latency_cdf"
+STREAMS_SCALING = "streams_scaling"
+STABILITY = "stability"
+
+
+class ReportError(Exception):
+    """An input that cannot be read as JSON at all."""
+
+
+@dataclass
+class Report:
+    """What `write_report` wrote and what it skipped (with why)."""
+
+    written: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- value helpers
+
+
+def _get(obj: Any, *keys: str) -> Any:
+    """obj[k1][k2]... or None where any level is missing or not a mapping."""
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _number(value: Any) -> float | None:
+    """A finite int/float as float; None for anything else (bools, strings, NaN, null)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    as_float = float(value)
+    return as_float if math.isfinite(as_float) else None
+
+
+def _fixed(value: Any, digits: int) -> str:
+    number = _number(value)
+    if number is None:
+        return DASH if value is None or isinstance(value, float) else _text(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return f"{number:.{digits}f}"
+
+
+def _auto(value: Any) -> str:
+    """A number with precision that suits its size; other values as text."""
+    number = _number(value)
+    if number is None:
+        return DASH if value is None or isinstance(value, float) else _text(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    size = abs(number)
+    digits = 0 if size >= 10_000 else 1 if size >= 100 else 2 if size >= 1 else 3
+    return f"{number:.{digits}f}"
+
+
+def _yes_no(value: Any) -> str:
+    if value is True:
+        return "yes"
+    if value is False:
+        return "no"
+    return DASH if value is None else _text(value)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return DASH
+    if isinstance(value, bool):
+        return _yes_no(value)
+    if isinstance(value, str):
+        return value or DASH
+    if isinstance(value, Mapping | list):
+        return json.dumps(value, sort_keys=False, separators=(", ", ": "))
+    return str(value)
+
+
+def _cell(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").strip() or DASH
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
+    """A GitHub markdown table; `align` has one letter per column, l or r (default l)."""
+    marks = ["---:" if align[i : i + 1] == "r" else "---" for i in range(len(headers))]
+    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |", "| " + " | ".join(marks) + " |"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _bullets(pairs: Sequence[tuple[str, Any]]) -> list[str]:
+    lines = [f"- {label}: {_text(value)}" for label, value in pairs if value is not None]
+    return [*lines, ""] if lines else []
+
+
+def _mapping_list(value: Any) -> list[Mapping[str, Any]]:
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, Mapping)]
+
+
+# --------------------------------------------------------------------------- recognising files
+
+
+def result_kind(data: Any) -> str | None:
+    """Which schema a result file follows; None when it is not one this module knows.
+
+    One of "streams", "pipeline", "gpu_pipeline", "cuda_kernels", "model_eval",
+    "int8_accuracy", "int8_sensitivity".
+    """
+    if not isinstance(data, Mapping):
+        return None
+    runs = _mapping_list(data.get("runs"))
+    if data.get("benchmark") == "streams" or (runs and "system" in runs[0]):
+        return "streams"
+    if data.get("scenario") == "pipeline" and isinstance(data.get("latency_ms"), Mapping):
+        return "pipeline"
+    models = _mapping_list(data.get("models"))
+    if models and any(k in models[0] for k in ("graph", "eager", "streams", "nvdec", "memory")):
+        return "gpu_pipeline"
+    if isinstance(data.get("preprocess"), Mapping) or isinstance(data.get("decode_nms"), Mapping):
+        return "cuda_kernels"
+    results = _mapping_list(data.get("results"))
+    if results and "precision" in results[0]:
+        return "int8_accuracy"
+    groups = _mapping_list(data.get("groups"))
+    if groups and "group" in groups[0]:
+        return "int8_sensitivity"
+    if "map50_95" in data:
+        return "model_eval"
+    return None
+
+
+def load_result(path: Path) -> Any:
+    """The parsed JSON of one result file; ReportError when it is missing or not JSON."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ReportError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReportError(f"{path}: not JSON: {exc}") from None
+
+
+# --------------------------------------------------------------------------- streams markdown
+
+
+def _paced_word(run: Mapping[str, Any]) -> str:
+    paced = run.get("paced")
+    return "paced" if paced is True else "unpaced" if paced is False else ""
+
+
+def _run_label(run: Mapping[str, Any]) -> str:
+    name = run.get("name")
+    if isinstance(name, str) and name:
+        return name
+    parts = [_text(run.get("system")), _paced_word(run), _text(run.get("sources"))]
+    return " ".join(p for p in parts if p and p != DASH) or "run"
+
+
+def _drops(run: Mapping[str, Any]) -> str:
+    dropped, rate = run.get("dropped"), _number(run.get("drop_rate"))
+    if dropped is None and rate is None:
+        return DASH
+    text = _fixed(dropped, 0) if dropped is not None else DASH
+    return f"{text} ({rate * 100:.2f}%)" if rate is not None else text
+
+
+def _streams_markdown(data: Mapping[str, Any], stem: str, plots: Mapping[str, str]) -> list[str]:
+    lines = [f"# Streams benchmark: {stem}", ""]
+    env = data.get("environment")
+    lines += _bullets(
+        [
+            ("Date", data.get("date")),
+            ("Model", data.get("model")),
+            ("Clip", data.get("clip")),
+        ]
+    )
+    if isinstance(env, Mapping) and env:
+        lines += ["Environment:", ""]
+        lines += _bullets([(str(k), v) for k, v in env.items()])
+
+    runs = _mapping_list(data.get("runs"))
+    lines += ["## Runs", ""]
+    if runs:
+        headers = [
+            "Run",
+            "System",
+            "Sources",
+            "Paced",
+            "Batch",
+            "FPS aggregate",
+            "FPS / source",
+            "Dropped",
+            "p50 ms",
+            "p95 ms",
+            "p99 ms",
+            "GPU MiB",
+            "CPU %",
+            "RSS MiB",
+        ]
+        rows = []
+        for run in runs:
+            latency = run.get("latency_ms")
+            rows.append(
+                [
+                    _run_label(run),
+                    _text(run.get("system")),
+                    _fixed(run.get("sources"), 0),
+                    _yes_no(run.get("paced")),
+                    _fixed(run.get("batch"), 0),
+                    _fixed(run.get("fps_aggregate"), 1),
+                    _fixed(run.get("fps_per_source"), 1),
+                    _drops(run),
+                    _fixed(_get(latency, "p50"), 2),
+                    _fixed(_get(latency, "p95"), 2),
+                    _fixed(_get(latency, "p99"), 2),
+                    _fixed(run.get("gpu_memory_mib"), 0),
+                    _fixed(run.get("cpu_percent"), 0),
+                    _fixed(run.get("rss_mib"), 0),
+                ]
+            )
+        lines += _table(headers, rows, align="llrlrrrrrrrrrr")
+        noted = [(_run_label(r), r.get("notes")) for r in runs if r.get("notes")]
+        if noted:
+            lines += ["Run notes:", "", *_bullets(noted)]
+    else:
+        lines += ["No runs in this file.", ""]
+
+    ceiling = data.get("ceiling")
+    if isinstance(ceiling, Mapping):
+        ratio = _number(ceiling.get("ratio"))
+        lines += ["## Ceiling", ""]
+        lines += _table(
+            ["Decode-only FPS", "vdet unpaced FPS", "Ratio"],
+            [
+                [
+                    _fixed(ceiling.get("decode_only_fps"), 1),
+                    _fixed(ceiling.get("vdet_unpaced_fps"), 1),
+                    f"{ratio:.2f} ({ratio * 100:.0f}% of decode)" if ratio is not None else DASH,
+                ]
+            ],
+            align="rrr",
+        )
+
+    targets = _mapping_list(data.get("targets"))
+    if targets:
+        lines += ["## Targets", ""]
+        rows = [
+            [_text(t.get("what")), _text(t.get("value")), _yes_no(t.get("met"))] for t in targets
+        ]
+        lines += _table(["Target", "Value", "Met"], rows)
+
+    stability = data.get("stability")
+    if isinstance(stability, Mapping):
+        lines += ["## Stability", ""]
+        lines += _table(
+            ["Sources", "Duration s", "RSS growth %", "GPU memory growth %", "Samples"],
+            [
+                [
+                    _fixed(stability.get("sources"), 0),
+                    _fixed(stability.get("duration_s"), 0),
+                    _fixed(stability.get("rss_growth_pct"), 2),
+                    _fixed(stability.get("gpu_memory_growth_pct"), 2),
+                    str(len(_mapping_list(stability.get("samples")))),
+                ]
+            ],
+            align="rrrrr",
+        )
+
+    bottlenecks = data.get("bottlenecks")
+    if isinstance(bottlenecks, list) and bottlenecks:
+        lines += ["## Bottlenecks", ""]
+        lines += [f"- {_text(b)}" for b in bottlenecks] + [""]
+
+    if plots:
+        titles = {
+            LATENCY_CDF: "Latency CDF",
+            STREAMS_SCALING: "Scaling with sources",
+            STABILITY: "Stability",
+        }
+        lines += ["## Plots", ""]
+        for key, name in plots.items():
+            lines += [f"![{titles.get(key, key)}]({name})", ""]
+    return lines
+
+
+# --------------------------------------------------------------------------- legacy markdown
+
+
+def _latency_row(label: str, stats: Any, keys: Sequence[str]) -> list[str]:
+    return [label, *(_auto(_get(stats, k)) for k in keys)]
+
+
+def _pipeline_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
+    lines = [f"# Pipeline benchmark: {stem}", ""]
+    env = data.get("environment")
+    lines += _bullets(
+        [
+            ("Date", _get(env, "date")),
+            ("CPU", _get(env, "host_cpu")),
+            ("CPU count", _get(env, "cpu_count")),
+            ("Load average (1 min)", _get(env, "load_average_1m")),
+            ("Backend", data.get("backend")),
+            ("Device", data.get("device")),
+            ("Model sha256", _get(data, "model", "sha256")),
+            ("Frames", data.get("frames")),
+            ("Throughput FPS", _auto(data.get("throughput_fps"))),
+            ("Real-time ratio vs source FPS", _auto(data.get("realtime_ratio_vs_source_fps"))),
+        ]
+    )
+    stages = data.get("latency_ms")
+    if isinstance(stages, Mapping):
+        keys = ("p50", "p95", "p99", "mean", "n")
+        rows = [_latency_row(str(name), stats, keys) for name, stats in stages.items()]
+        lines += ["## Latency per stage (ms)", ""]
+        lines += _table(["Stage", "p50", "p95", "p99", "mean", "n"], rows, align="lrrrrr")
+    return lines
+
+
+def _gpu_pipeline_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
+    lines = [f"# GPU pipeline benchmark: {stem}", ""]
+    lines += _bullets(
+        [
+            ("Date", data.get("date")),
+            ("GPU", data.get("gpu")),
+            ("Driver", data.get("driver")),
+            ("torch", data.get("torch")),
+            ("Python", data.get("python")),
+        ]
+    )
+    keys = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "n")
+    for model in _mapping_list(data.get("models")):
+        lines += [f"## {_text(model.get('model'))}", ""]
+        rows = []
+        for mode in ("graph", "eager"):
+            section = model.get(mode)
+            if isinstance(section, Mapping):
+                row = _latency_row(mode, section.get("latency"), keys)
+                row.append(_auto(_get(section, "host_launch", "p50_ms")))
+                rows.append(row)
+        if rows:
+            lines += ["Latency per frame (ms):", ""]
+            headers = ["Mode", "p50", "p90", "p99", "mean", "n", "host launch p50"]
+            lines += _table(headers, rows, align="lrrrrrr")
+        memory = model.get("memory")
+        if isinstance(memory, Mapping):
+            lines += _bullets(
+                [
+                    ("Allocated MiB per source", _auto(memory.get("allocated_mib_per_source"))),
+                    ("Reserved MiB per source", _auto(memory.get("reserved_mib_per_source"))),
+                ]
+            )
+        runs = _mapping_list(_get(model, "streams", "runs"))
+        if runs:
+            lines += ["Streams (unpaced):", ""]
+            rows = [
+                [
+                    _auto(r.get("sources")),
+                    _auto(r.get("frames")),
+                    _auto(r.get("seconds")),
+                    _auto(r.get("frames_per_s")),
+                ]
+                for r in runs
+            ]
+            lines += _table(["Sources", "Frames", "Seconds", "FPS"], rows, align="rrrr")
+        nvdec = model.get("nvdec")
+        if isinstance(nvdec, Mapping):
+            lines += _bullets(
+                [
+                    ("NVDEC decode-only FPS", _auto(nvdec.get("decode_only_fps"))),
+                    ("NVDEC decode + detect FPS", _auto(nvdec.get("decode_detect_fps"))),
+                ]
+            )
+    for key in ("notes", "yolov8s_error"):
+        if data.get(key):
+            lines += [f"{key.capitalize()}: {_text(data[key])}", ""]
+    return lines
+
+
+def _cuda_kernels_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
+    lines = [f"# CUDA kernels benchmark: {stem}", ""]
+    env = data.get("environment")
+    lines += _bullets(
+        [
+            ("Date", data.get("date")),
+            ("GPU", _get(env, "gpu")),
+            ("Driver", _get(env, "driver")),
+            ("Kernel arch", _get(env, "kernel_arch")),
+            ("torch", _get(env, "torch")),
+        ]
+    )
+    if data.get("what"):
+        lines += [_text(data["what"]), ""]
+    for section in ("preprocess", "decode_nms"):
+        cases = data.get(section)
+        if not isinstance(cases, Mapping):
+            continue
+        lines += [f"## {section} (µs)", ""]
+        rows, extras = [], []
+        for name, value in cases.items():
+            if isinstance(value, Mapping) and "median_us" in value:
+                rows.append(
+                    [
+                        str(name),
+                        _auto(value.get("median_us")),
+                        _auto(value.get("p10_us")),
+                        _auto(value.get("p90_us")),
+                        _auto(value.get("per_item_median_us")),
+                        _auto(value.get("iterations")),
+                    ]
+                )
+            elif isinstance(value, Mapping):
+                parts = ", ".join(f"{k} {_auto(v)}" for k, v in value.items())
+                extras.append((f"`{name}`", parts or DASH))
+            else:
+                extras.append((f"`{name}`", _auto(value)))
+        if rows:
+            headers = ["Case", "median", "p10", "p90", "per item median", "iterations"]
+            lines += _table(headers, rows, align="lrrrrr")
+        lines += _bullets(extras)
+    sanitizer = data.get("sanitizer")
+    if isinstance(sanitizer, Mapping):
+        lines += ["## Sanitizer", "", *_bullets([(str(k), v) for k, v in sanitizer.items()])]
+    return lines
+
+
+_MAP_KEYS = ("map50_95", "map50", "map75", "map_small", "map_medium", "map_large")
+
+
+def _model_eval_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
+    lines = [f"# Model evaluation: {stem}", ""]
+    lines += _bullets(
+        [
+            ("Date", _get(data, "environment", "date")),
+            ("Model", data.get("model")),
+            ("Backend", data.get("backend")),
+            ("Device", data.get("device")),
+            ("Dataset", data.get("dataset")),
+            ("Images", data.get("images")),
+            ("Objects", data.get("objects")),
+            ("Seconds", _auto(data.get("seconds"))),
+        ]
+    )
+    lines += _table(
+        ["Metric", "Value"], [[k, _auto(data.get(k))] for k in _MAP_KEYS if k in data], "lr"
+    )
+    per_class = data.get("per_class_map50_95")
+    if isinstance(per_class, Mapping) and per_class:
+        lines += ["mAP50-95 per class:", ""]
+        rows = [[str(k), _auto(v)] for k, v in per_class.items()]
+        lines += _table(["Class", "mAP50-95"], rows, align="lr")
+    return lines
+
+
+def _int8_accuracy_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
+    lines = [f"# INT8 accuracy: {stem}", ""]
+    lines += _bullets(
+        [
+            ("Date", _get(data, "environment", "date")),
+            ("Study", data.get("study")),
+            ("Model", data.get("model")),
+            ("Eval set", data.get("eval_set")),
+            ("Target", data.get("target")),
+        ]
+    )
+    rows = [
+        [
+            _text(r.get("precision")),
+            _auto(r.get("map50_95")),
+            _auto(r.get("map50")),
+            _auto(r.get("map75")),
+            _auto(r.get("drop_vs_fp32_points")),
+            _auto(r.get("eval_seconds")),
+        ]
+        for r in _mapping_list(data.get("results"))
+    ]
+    headers = ["Precision", "mAP50-95", "mAP50", "mAP75", "drop vs FP32 (points)", "eval s"]
+    lines += _table(headers, rows, align="lrrrrr")
+    return lines
+
+
+def _int8_sensitivity_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
+    lines = [f"# INT8 layer sensitivity: {stem}", ""]
+    lines += _bullets(
+        [
+            ("Date", _get(data, "environment", "date")),
+            ("Study", data.get("study")),
+            ("Model", data.get("model")),
+            ("Eval images", data.get("eval_images")),
+            ("FP32 mAP50-95", _auto(data.get("fp32_map50_95"))),
+            ("INT8 all layers mAP50-95", _auto(data.get("int8_all_layers_map50_95"))),
+            ("Note", data.get("note")),
+        ]
+    )
+    groups = _mapping_list(data.get("groups"))
+    columns = [
+        ("group", "Group"),
+        ("what", "What"),
+        ("convs_in_group", "Convs"),
+        ("fp32_alone_map50_95", "FP32 alone mAP50-95"),
+        ("gain_vs_all_int8_points", "gain vs all INT8 (points)"),
+        ("int8_alone_map50_95", "INT8 alone mAP50-95"),
+        ("loss_vs_fp32_points", "loss vs FP32 (points)"),
+    ]
+    present = [(k, h) for k, h in columns if any(k in g for g in groups)]
+    rows = [[_auto(g.get(k)) for k, _ in present] for g in groups]
+    align = "".join("l" if k in ("group", "what") else "r" for k, _ in present)
+    lines += _table([h for _, h in present], rows, align=align)
+    return lines
+
+
+_LEGACY: dict[str, Callable[[Mapping[str, Any], str], list[str]]] = {
+    "pipeline": _pipeline_markdown,
+    "gpu_pipeline": _gpu_pipeline_markdown,
+    "cuda_kernels": _cuda_kernels_markdown,
+    "model_eval": _model_eval_markdown,
+    "int8_accuracy": _int8_accuracy_markdown,
+    "int8_sensitivity": _int8_sensitivity_markdown,
+}
+
+
+def render_markdown(
+    data: Mapping[str, Any], stem: str, plots: Mapping[str, str] | None = None
+) -> str | None:
+    """The markdown report of one result; None when its schema is not recognised.
+
+    `plots` maps a plot key (LATENCY_CDF, STREAMS_SCALING, STABILITY) to the PNG's file name,
+    linked from the markdown (streams files only).
+    """
+    kind = result_kind(data)
+    if kind is None:
+        return None
+    if kind == "streams":
+        lines = _streams_markdown(data, stem, plots or {})
+    else:
+        lines = _LEGACY[kind](data, stem)
+    while lines and not lines[-1]:
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+
+_LINESTYLES = ("-", "--", ":", "-.")
+
+
+def _style(index: int) -> dict[str, Any]:
+    from matplotlib import colormaps
+
+    # tab10 has 10 colours; past those the line style changes.
+    color = colormaps["tab10"](index % 10)
+    return {"color": color, "linestyle": _LINESTYLES[(index // 10) % 4]}
+
+
+def _save(fig: Any, path: Path) -> None:
+    fig.savefig(path, format="png", dpi=DPI, metadata=PNG_METADATA)
+
+
+def _new_figure(rows: int = 1, cols: int = 1, **kwargs: Any) -> tuple[Any, Any]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False, **kwargs)
+    return fig, axes
+
+
+def _finite(values: Any) -> list[float]:
+    if not isinstance(values, list):
+        return []
+    return [v for v in (_number(x) for x in values) if v is not None]
+
+
+def plot_latency_cdf(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
+    """One empirical CDF per run with latency samples; False (no file) when none has any."""
+    series = [(_run_label(r), sorted(_finite(r.get("latency_samples_ms")))) for r in runs]
+    series = [(label, values) for label, values in series if values]
+    if not series:
+        return False
+    positive = [v for _, values in series for v in values if v > 0]
+    log_x = bool(positive) and max(positive) > 100 * min(positive)
+    fig, axes = _new_figure()
+    ax = axes[0][0]
+    for i, (label, values) in enumerate(series):
+        if log_x:
+            values = [v for v in values if v > 0]
+        n = len(values)
+        ax.step(values, [(k + 1) / n for k in range(n)], where="post", label=label, **_style(i))
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel("latency (ms)" + (", log scale" if log_x else ""))
+    ax.set_ylabel("fraction of frames")
+    ax.set_ylim(0.0, 1.02)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title("Latency CDF")
+    ax.legend(fontsize=7, loc="lower right", ncol=1 + (len(series) - 1) // 12)
+    _save(fig, path)
+    return True
+
+
+def _scaling_groups(
+    runs: Sequence[Mapping[str, Any]],
+) -> list[tuple[str, list[Mapping[str, Any]]]]:
+    """Runs with a source count, grouped by (system, paced), ordered by sources.
+
+    A group where one source count occurs more than once (batch sizes compared) is split by
+    batch, so that each line is one configuration.
+    """
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for run in runs:
+        if _number(run.get("sources")) is None:
+            continue
+        groups.setdefault((_text(run.get("system")), _paced_word(run)), []).append(run)
+    out: list[tuple[str, list[Mapping[str, Any]]]] = []
+    for (system, paced), members in groups.items():
+        label = f"{system} {paced}".strip()
+        sources = [m["sources"] for m in members]
+        if len(set(sources)) == len(sources):
+            out.append((label, sorted(members, key=lambda m: float(m["sources"]))))
+            continue
+        by_batch: dict[str, list[Mapping[str, Any]]] = {}
+        for m in members:
+            by_batch.setdefault(_text(m.get("batch")), []).append(m)
+        for batch, sub in by_batch.items():
+            out.append((f"{label} batch {batch}", sorted(sub, key=lambda m: float(m["sources"]))))
+    return out
+
+
+def plot_streams_scaling(runs: Sequence[Mapping[str, Any]], ceiling: Any, path: Path) -> bool:
+    """Aggregate FPS and p99 latency against sources; False (no file) when nothing to plot."""
+    groups = _scaling_groups(runs)
+    points = [(label, [(float(m["sources"]), m) for m in members]) for label, members in groups]
+    if not any(_number(m.get("fps_aggregate")) is not None for _, ms in points for _, m in ms):
+        return False
+    fig, axes = _new_figure(1, 2)
+    fps_ax, p99_ax = axes[0]
+    all_sources: set[float] = set()
+    fps_lines = p99_lines = 0
+    for i, (label, members) in enumerate(points):
+        fps = [(s, _number(m.get("fps_aggregate"))) for s, m in members]
+        p99 = [(s, _number(_get(m.get("latency_ms"), "p99"))) for s, m in members]
+        fps_xy = [(s, v) for s, v in fps if v is not None]
+        p99_xy = [(s, v) for s, v in p99 if v is not None]
+        style = _style(i)
+        if fps_xy:
+            fps_ax.plot(*zip(*fps_xy, strict=True), marker="o", label=label, **style)
+            fps_lines += 1
+        if p99_xy:
+            p99_ax.plot(*zip(*p99_xy, strict=True), marker="o", label=label, **style)
+            p99_lines += 1
+        all_sources.update(s for s, _ in fps_xy + p99_xy)
+    decode_only = _number(_get(ceiling, "decode_only_fps"))
+    if decode_only is not None:
+        fps_ax.axhline(
+            decode_only, color="black", linestyle="--", linewidth=1, label="decode-only ceiling"
+        )
+        fps_lines += 1
+    positive = sorted(s for s in all_sources if s > 0)
+    for ax in (fps_ax, p99_ax):
+        if positive and positive[-1] >= 8 * positive[0]:
+            from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(positive))
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("sources")
+        ax.grid(True, alpha=0.3)
+    fps_ax.set_ylabel("frames/s (all sources)")
+    fps_ax.set_title("Aggregate throughput")
+    fps_ax.set_ylim(bottom=0)
+    p99_ax.set_ylabel("p99 latency (ms)")
+    p99_ax.set_title("p99 latency")
+    if fps_lines:
+        fps_ax.legend(fontsize=7)
+    if p99_lines:
+        p99_ax.legend(fontsize=7)
+        p99_ax.set_ylim(bottom=0)
+    else:
+        p99_ax.text(0.5, 0.5, "no latency figures", ha="center", transform=p99_ax.transAxes)
+    _save(fig, path)
+    return True
+
+
+def plot_stability(stability: Any, path: Path) -> bool:
+    """RSS and GPU memory over time; False (no file) when there are no samples to plot."""
+    samples = _mapping_list(_get(stability, "samples"))
+    panels = [
+        ("rss_mib", "RSS (MiB)", "rss_growth_pct"),
+        ("gpu_memory_mib", "GPU memory (MiB)", "gpu_memory_growth_pct"),
+    ]
+    series = []
+    for key, ylabel, growth_key in panels:
+        xy = [
+            (t, v)
+            for t, v in ((_number(s.get("t_s")), _number(s.get(key))) for s in samples)
+            if t is not None and v is not None
+        ]
+        series.append((xy, ylabel, _number(_get(stability, growth_key))))
+    if not any(xy for xy, _, _ in series):
+        return False
+    fig, axes = _new_figure(2, 1, sharex=True)
+    for i, (xy, ylabel, growth) in enumerate(series):
+        ax = axes[i][0]
+        if xy:
+            ax.plot(*zip(*xy, strict=True), marker=".", **_style(i))
+        else:
+            ax.text(0.5, 0.5, "no samples", ha="center", transform=ax.transAxes)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        title = ylabel.split(" (")[0]
+        ax.set_title(f"{title}: growth {growth:+.2f}%" if growth is not None else title)
+    axes[1][0].set_xlabel("time (s)")
+    sources = _get(stability, "sources")
+    if sources is not None:
+        fig.suptitle(f"Stability, {_text(sources)} sources")
+    _save(fig, path)
+    return True
+
+
+def write_plots(data: Mapping[str, Any], out_dir: Path, stem: str) -> dict[str, str]:
+    """The plots of one streams result into out_dir; plot key -> file name of those written."""
+    import matplotlib.style
+
+    runs = _mapping_list(data.get("runs"))
+    written: dict[str, str] = {}
+    jobs: list[tuple[str, Callable[[Path], bool]]] = [
+        (LATENCY_CDF, lambda p: plot_latency_cdf(runs, p)),
+        (STREAMS_SCALING, lambda p: plot_streams_scaling(runs, data.get("ceiling"), p)),
+        (STABILITY, lambda p: plot_stability(data.get("stability"), p)),
+    ]
+    # The default style, whatever a matplotlibrc on this machine says: same input, same PNG.
+    with matplotlib.style.context("default"):
+        for key, plot in jobs:
+            name = f"{stem}-{key}.png"
+            if plot(out_dir / name):
+                written[key] = name
+    return written
+
+
+# --------------------------------------------------------------------------- files and CLI
+
+
+def write_report(inputs: Sequence[Path], out_dir: Path) -> Report:
+    """Markdown (`<stem>.md`) and, for streams results, PNG plots of each input into out_dir.
+
+    Unrecognised files are skipped with a note in the returned Report; an unreadable or
+    non-JSON file raises ReportError before anything is written.
+    """
+    loaded = [(Path(p), load_result(Path(p))) for p in inputs]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = Report()
+    stems = [p.stem for p, _ in loaded]
+    for path, data in loaded:
+        stem = path.stem
+        if stems.count(stem) > 1:
+            report.notes.append(f"{path}: another input has the same name {stem!r}; overwritten")
+        kind = result_kind(data)
+        if kind is None:
+            report.notes.append(f"{path}: not a benchmark result this report knows; skipped")
+            continue
+        plots: dict[str, str] = {}
+        if kind == "streams":
+            try:
+                plots = write_plots(data, out_dir, stem)
+            except ModuleNotFoundError as exc:  # matplotlib is in the dev extra only
+                report.notes.append(f"{path}: no plots ({exc}); markdown only")
+        markdown = render_markdown(data, stem, plots)
+        assert markdown is not None  # the kind was recognised above
+        md_path = out_dir / f"{stem}.md"
+        md_path.write_text(markdown, encoding="utf-8")
+        report.written += [md_path, *(out_dir / name for name in plots.values())]
+    return report
+
+
+def run_cli(inputs: Sequence[Path], out_dir: Path | None) -> int:
+    """`vdet bench report IN.json ... --out-dir DIR`: writes, prints what it wrote as JSON."""
+    if not inputs:
+        print("vdet bench report: no result files given", file=sys.stderr)
+        return 2
+    if out_dir is None:
+        print("vdet bench report: --out-dir is required", file=sys.stderr)
+        return 2
+    try:
+        report = write_report(inputs, out_dir)
+    except ReportError as exc:
+        print(f"vdet bench report: {exc}", file=sys.stderr)
+        return 2
+    for note in report.notes:
+        print(f"vdet bench report: {note}", file=sys.stderr)
+    print(json.dumps({"written": [str(p) for p in report.written], "notes": report.notes}))
+    return 0
