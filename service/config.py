@@ -114,6 +114,13 @@ class StreamSpec(_Strict):
     max_det: MaxDet | None = Field(
         default=None, description="Most detections per frame; null: default."
     )
+    gpu: int | None = Field(
+        default=None,
+        ge=0,
+        le=255,
+        description="Run this stream on this GPU index (of `gpu.devices`); null: placed by "
+        "the least-loaded policy. Ignored on the CPU.",
+    )
 
 
 class DetectionDefaults(_Strict):
@@ -179,6 +186,61 @@ class HubSettings(_Strict):
         description="Results a WebSocket client may fall behind before it is disconnected as "
         "lagging (it can resume from the replay buffer).",
     )
+
+
+class GpuSettings(_Strict):
+    """The GPU data path: NVDEC decode, per-GPU workers, CUDA graphs, batching across sources.
+
+    Used only when the inference backend runs on a GPU (torch); with ONNX Runtime on the CPU
+    every stream decodes on the CPU and these settings are ignored. See docs/gpu-data-path.md.
+    """
+
+    decoder: Literal["auto", "nvdec", "cpu"] = Field(
+        default="auto",
+        description="auto: NVDEC where PyNvVideoCodec and the GPU can decode the stream, else "
+        "the CPU; nvdec: NVDEC or fail; cpu: always decode on the CPU.",
+    )
+    devices: list[int] | None = Field(
+        default=None,
+        max_length=64,
+        description="GPU indices to run workers on (one worker per GPU); null: every GPU.",
+    )
+    max_streams_per_gpu: int | None = Field(
+        default=None, ge=1, le=1024, description="Most streams one GPU worker takes; null: no cap."
+    )
+    batch: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="1: each stream replays its own CUDA graph on its own CUDA stream (lowest "
+        "latency). K > 1: a GPU's ready frames, from any streams, are gathered into one "
+        "batch-K graph (more frames per second per GPU with many streams).",
+    )
+    batch_wait_ms: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=100.0,
+        description="With batch > 1: how long a batch waits for more frames once it has one.",
+    )
+    cuda_graphs: bool = Field(
+        default=True, description="Capture each frame's work in a CUDA graph (else eager)."
+    )
+    kernels: Literal["auto", "cuda", "torch"] = Field(
+        default="auto",
+        description="Preprocess and decode+NMS ops: cuda (vdet's CUDA kernels, compiled by "
+        "NVRTC), torch (reference torch ops), auto (cuda when cuda-python and NVRTC import).",
+    )
+
+    @field_validator("devices")
+    @classmethod
+    def _distinct_devices(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("devices must name at least one GPU, or be null for all")
+        if any(i < 0 for i in value) or len(set(value)) != len(value):
+            raise ValueError(f"devices must be distinct GPU indices >= 0, got {value}")
+        return value
 
 
 ENGINE_DIR_ENV = "ENGINE_DIR"
@@ -306,6 +368,10 @@ class Settings(BaseSettings):
     engine: EngineSettings = Field(
         default_factory=EngineSettings,
         description="TensorRT engines (the tensorrt backend and `vdet engine build`).",
+    )
+    gpu: GpuSettings = Field(
+        default_factory=GpuSettings,
+        description="NVDEC decode, per-GPU workers, CUDA graphs and batching (GPU backends).",
     )
     sources: list[StreamSpec] = Field(
         default_factory=list,

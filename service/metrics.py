@@ -53,6 +53,7 @@ class _SourceTotals:
     decoded: int = 0
     dropped: int = 0
     reconnects: int = 0
+    gpu: str = "cpu"
 
 
 class Metrics:
@@ -120,7 +121,23 @@ class Metrics:
         self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
         self.gpu_memory_used = Gauge(
             "vdet_gpu_memory_used_bytes",
-            "GPU memory used by this process, per GPU (set by GPU backends).",
+            "GPU memory this process holds in torch's caching allocator, per GPU worker "
+            "(networks, graphs, frames; NVDEC's own surfaces are not included).",
+            ["gpu"],
+            registry=r,
+        )
+        self.source_gpu = Gauge(
+            "vdet_source_gpu",
+            "1 for the GPU worker a source runs on ('cpu' without one); join on `source`.",
+            ["source", "gpu"],
+            registry=r,
+        )
+        self.gpu_streams = Gauge(
+            "vdet_gpu_streams", "Streams placed on each GPU worker now.", ["gpu"], registry=r
+        )
+        self.gpu_frames_processed = Counter(
+            "vdet_gpu_frames_processed_total",
+            "Frames published by the streams of each GPU worker ('cpu' without one).",
             ["gpu"],
             registry=r,
         )
@@ -134,8 +151,10 @@ class Metrics:
         source = result.source_id
         t = result.timings
         with self._lock:
-            if source not in self._totals:
+            totals = self._totals.get(source)
+            if totals is None:
                 return
+            self.gpu_frames_processed.labels(totals.gpu).inc()
             for stage, seconds in zip(
                 STAGES, (t.decode, t.preprocess, t.inference, t.postprocess), strict=True
             ):
@@ -148,10 +167,15 @@ class Metrics:
     # Per-source updates check, under the lock, that the source is still registered: a worker
     # thread reporting late must not recreate the series of a deleted stream.
 
-    def add_source(self, source_id: str, state: SourceState) -> None:
-        """Create a new source's series at zero so dashboards see it before its first frame."""
+    def add_source(self, source_id: str, state: SourceState, gpu: str = "cpu") -> None:
+        """Create a new source's series at zero so dashboards see it before its first frame.
+
+        `gpu` labels the worker running it: a GPU index, or "cpu".
+        """
         with self._lock:
-            self._totals[source_id] = _SourceTotals()
+            self._totals[source_id] = _SourceTotals(gpu=gpu)
+            self.source_gpu.labels(source_id, gpu).set(1.0)
+            self.gpu_frames_processed.labels(gpu)
             for counter in (
                 self.frames_decoded,
                 self.frames_processed,
@@ -212,8 +236,16 @@ class Metrics:
                 self.source_reconnects,
                 self.source_state,
                 self.source_last_frame_age,
+                self.source_gpu,
             ):
                 metric.remove_by_labels({"source": source_id})
+
+    # --- GPU workers ------------------------------------------------------------------------
+
+    def set_gpu_usage(self, gpu: str, *, streams: int, memory_bytes: int) -> None:
+        """One GPU worker's stream count and allocator memory (refreshed before a scrape)."""
+        self.gpu_streams.labels(gpu).set(streams)
+        self.gpu_memory_used.labels(gpu).set(memory_bytes)
 
     # --- service ---------------------------------------------------------------------------
 

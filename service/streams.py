@@ -2,10 +2,14 @@
 
 A stream is a `FrameMailbox` fed by a supervised `SourceWorker` (ingest) and drained by one
 pipeline thread here, which runs the shared `Detector` with the stream's own thresholds,
-publishes each result to the `ResultsHub` and reports to `Metrics`. This module owns adding,
-changing and removing streams and their threads' lifetimes; it does not decode, run models,
-or speak HTTP. Every method may block briefly (locks, thread joins): call it from a thread,
-never from the event loop.
+publishes each result to the `ResultsHub` and reports to `Metrics`. With a GPU side (`GpuSide`,
+vdet.gpu_workers.GpuPool), each new stream is placed on one GPU worker: its reader comes from
+that worker (NVDEC on that GPU), and its frames in GPU memory go to that worker's CUDA graphs;
+frames in host memory (a codec NVDEC cannot decode) still go to the `Detector`.
+
+This module owns adding, changing and removing streams and their threads' lifetimes; it does
+not decode, run models, or speak HTTP. Every method may block briefly (locks, thread joins):
+call it from a thread, never from the event loop.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from typing import Any, Protocol
 from vdet.config import DetectionDefaults, IngestSettings, StreamSpec
 from vdet.hub import ResultsHub
 from vdet.ingest.mailbox import FrameMailbox
+from vdet.ingest.reader import SourceReader
 from vdet.ingest.urls import validate_source_url
 from vdet.ingest.worker import SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import (
+    DecodedFrame,
     DetectionResult,
     Detections,
     ImageArray,
@@ -48,6 +54,44 @@ class DetectorLike(Protocol):
     def detect(
         self, images_bgr: Sequence[ImageArray], params: PostprocessParams | None = None
     ) -> list[tuple[Detections, StageTimings]]: ...
+
+
+class GpuWorkerLike(Protocol):
+    """What the manager needs of one GPU worker (vdet.gpu_workers.GpuWorker)."""
+
+    label: str
+
+    def open_reader(
+        self,
+        url: str,
+        *,
+        source_id: str,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        loop: bool,
+        realtime: bool,
+    ) -> SourceReader: ...
+
+    def detect(
+        self, source_id: str, frame: Any, params: PostprocessParams
+    ) -> tuple[Detections, StageTimings]: ...
+
+    def to_bgr(self, frame: Any) -> ImageArray: ...
+
+    def memory_bytes(self) -> int: ...
+
+
+class GpuSide(Protocol):
+    """What the manager needs of the GPU workers (vdet.gpu_workers.GpuPool)."""
+
+    @property
+    def workers(self) -> Sequence[GpuWorkerLike]: ...
+
+    def place(self, source_id: str, pinned_gpu: int | None = None) -> GpuWorkerLike: ...
+
+    def release(self, source_id: str) -> None: ...
+
+    def streams_by_gpu(self) -> dict[str, int]: ...
 
 
 class StreamError(Exception):
@@ -133,7 +177,7 @@ class StreamView:
 class Snapshot:
     """The last frame that went through detection, with its result."""
 
-    frame: VideoFrame
+    frame: DecodedFrame
     result: DetectionResult
 
 
@@ -146,6 +190,7 @@ class _Stream:
         self.mailbox = FrameMailbox()
         self.stop = threading.Event()
         self.worker: SourceWorker | None = None
+        self.gpu_worker: GpuWorkerLike | None = None
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
         self.params = params
@@ -172,9 +217,11 @@ class StreamManager:
         max_streams: int,
         defaults: DetectionDefaults | None = None,
         ingest: IngestSettings | None = None,
+        gpu: GpuSide | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._detector = detector
+        self._gpu = gpu
         self._names = tuple(class_names)
         self._hub = hub
         self._metrics = metrics
@@ -228,13 +275,20 @@ class StreamManager:
 
     def _start(self, stream: _Stream) -> None:
         source_id = stream.spec.id
-        self._metrics.add_source(source_id, SourceState.CONNECTING)
+        gpu_worker = None
+        if self._gpu is not None:  # a PlacementError (ValueError) says why it cannot run
+            gpu_worker = self._gpu.place(source_id, stream.spec.gpu)
+        with stream.lock:
+            stream.gpu_worker = gpu_worker
+        label = gpu_worker.label if gpu_worker is not None else "cpu"
+        self._metrics.add_source(source_id, SourceState.CONNECTING, gpu=label)
         worker = SourceWorker(
             source_id,
             stream.url,
             stream.mailbox,
             self._ingest.options(loop_files=stream.spec.loop, realtime=stream.spec.realtime),
             on_state_change=self._on_state_change,
+            reader_factory=gpu_worker.open_reader if gpu_worker is not None else SourceReader,
         )
         thread = threading.Thread(
             target=self._run_pipeline, args=(stream,), name=f"vdet-pipeline-{source_id}"
@@ -278,6 +332,8 @@ class StreamManager:
                 log.warning("pipeline thread of %s did not stop in %.1fs", stream.spec.id, timeout)
         self._hub.remove_source(stream.spec.id)
         self._metrics.remove_source(stream.spec.id)
+        if self._gpu is not None:
+            self._gpu.release(stream.spec.id)
 
     def close(self) -> None:
         """Stop every stream; later adds fail. Idempotent."""
@@ -317,6 +373,19 @@ class StreamManager:
         with stream.lock:
             return stream.snapshot
 
+    def snapshot_image(self, stream_id: str) -> tuple[ImageArray, DetectionResult] | None:
+        """The last processed frame as a BGR host image, with its result; None before one."""
+        stream = self._stream(stream_id)
+        with stream.lock:
+            snap, gpu_worker = stream.snapshot, stream.gpu_worker
+        if snap is None:
+            return None
+        if isinstance(snap.frame, VideoFrame):
+            return snap.frame.image_bgr, snap.result
+        if gpu_worker is None:
+            raise RuntimeError(f"stream {stream_id!r} has a GPU frame but no GPU worker")
+        return gpu_worker.to_bgr(snap.frame), snap.result
+
     def update_params(self, stream_id: str, **changes: Any) -> StreamView:
         """Change a running stream's conf_threshold / iou_threshold / max_det / classes.
 
@@ -341,6 +410,14 @@ class StreamManager:
             streams = list(self._streams.values())
         for stream in streams:
             self._sync_stream_metrics(stream)
+        if self._gpu is not None:
+            counts = self._gpu.streams_by_gpu()
+            for gpu_worker in self._gpu.workers:
+                self._metrics.set_gpu_usage(
+                    gpu_worker.label,
+                    streams=counts.get(gpu_worker.label, 0),
+                    memory_bytes=gpu_worker.memory_bytes(),
+                )
 
     # --- internals -------------------------------------------------------------------------
 
@@ -404,9 +481,14 @@ class StreamManager:
                     break
                 continue
             with stream.lock:
-                params = stream.params
+                params, gpu_worker = stream.params, stream.gpu_worker
             try:
-                ((detections, timings),) = self._detector.detect([frame.image_bgr], params)
+                if isinstance(frame, VideoFrame):
+                    ((detections, timings),) = self._detector.detect([frame.image_bgr], params)
+                elif gpu_worker is not None:
+                    detections, timings = gpu_worker.detect(source_id, frame, params)
+                else:
+                    raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU worker")
             except Exception as exc:  # keep serving: one bad frame must not end the stream
                 error = f"{type(exc).__name__}: {exc}"
                 with stream.lock:

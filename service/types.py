@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -88,6 +89,29 @@ class VideoFrame:
     @property
     def size_wh(self) -> tuple[int, int]:
         return int(self.image_bgr.shape[1]), int(self.image_bgr.shape[0])
+
+
+class DecodedFrame(Protocol):
+    """What ingest hands to the pipeline: a `VideoFrame` (BGR in host memory) or, from NVDEC,
+    a vdet.ingest.nvdec.GpuVideoFrame (NV12 in GPU memory). Times as in `VideoFrame`."""
+
+    @property
+    def source_id(self) -> str: ...
+
+    @property
+    def index(self) -> int: ...
+
+    @property
+    def pts_seconds(self) -> float | None: ...
+
+    @property
+    def arrival_time(self) -> float: ...
+
+    @property
+    def decode_seconds(self) -> float: ...
+
+    @property
+    def size_wh(self) -> tuple[int, int]: ...
 
 
 @dataclass(frozen=True)

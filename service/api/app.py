@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -27,6 +27,9 @@ from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.streams import DuplicateStreamError, LimitError, StreamManager, UnknownStreamError
+
+if TYPE_CHECKING:  # imports torch: only where a GPU backend runs
+    from vdet.gpu_workers import GpuPool
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,7 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
             # Not every backend states its precision yet; ONNX Runtime on CPU runs fp32.
             precision=str(getattr(backend, "precision", "fp32")),
         )
+        rt.gpu = await run_in_threadpool(_gpu_pool, settings, backend, rt.metrics)
         rt.manager = manager = StreamManager(
             detector,
             info.names,
@@ -132,6 +136,7 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
             max_streams=settings.max_streams,
             defaults=settings.detection,
             ingest=settings.ingest,
+            gpu=rt.gpu,
         )
         for spec in settings.sources:
             try:
@@ -143,16 +148,36 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
         await _stop(rt)
         raise
     rt.ready = True
-    log.info("vdet ready: model %s on %s, %d source(s)", info.path, backend.device, len(manager))
+    gpu = f"; GPU workers: {rt.gpu.describe()}" if rt.gpu is not None else ""
+    log.info(
+        "vdet ready: model %s on %s, %d source(s)%s", info.path, backend.device, len(manager), gpu
+    )
+
+
+def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | None:
+    """GPU workers (NVDEC + CUDA graphs) when the backend runs torch on CUDA; else None.
+
+    Other backends (ONNX Runtime, TensorRT's host-buffer `infer`) decode on the CPU and run
+    every frame through the `Detector`.
+    """
+    if getattr(backend, "name", None) != "torch" or not str(backend.device).startswith("cuda"):
+        return None
+    from vdet.gpu_workers import build_gpu_pool
+
+    return build_gpu_pool(
+        settings.gpu, backend, on_eager_fallback=metrics.inference_eager_fallbacks.inc
+    )
 
 
 async def _stop(rt: Runtime) -> None:
     rt.ready = False
     rt.hub.close()  # WebSocket feeds say goodbye first
-    manager, detector = rt.manager, rt.detector
-    rt.manager = rt.detector = None
+    manager, detector, gpu = rt.manager, rt.detector, rt.gpu
+    rt.manager = rt.detector = rt.gpu = None
     if manager is not None:
         await run_in_threadpool(manager.close)
+    if gpu is not None:
+        await run_in_threadpool(gpu.close)
     if detector is not None:
         await run_in_threadpool(detector.close)
 

@@ -1,14 +1,15 @@
 """What routes share: the per-app `Runtime` and the dependencies that hand its parts out.
 
 The runtime is built by `create_app` (settings, metrics, hub) and completed by the lifespan
-(detector, stream manager). Routes reach it through the dependencies below, which answer 503
-while the service is starting or stopping, so no route sees a half-built runtime.
+(detector, GPU workers, stream manager). Routes reach it through the dependencies below,
+which answer 503 while the service is starting or stopping, so no route sees a half-built
+runtime.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from starlette.requests import HTTPConnection
@@ -20,6 +21,9 @@ from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
 from vdet.streams import StreamManager
 
+if TYPE_CHECKING:  # imports torch: only where a GPU backend runs
+    from vdet.gpu_workers import GpuPool
+
 
 @dataclass
 class Runtime:
@@ -30,6 +34,7 @@ class Runtime:
     hub: ResultsHub
     detector: Detector | None = None
     manager: StreamManager | None = None
+    gpu: GpuPool | None = None
     class_names: tuple[str, ...] = ()
     sources_started: int = 0
     ready: bool = False

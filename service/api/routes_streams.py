@@ -173,12 +173,13 @@ def latest_detections(stream_id: str, manager: ManagerDep) -> DetectionResultOut
     },
 )
 def snapshot(stream_id: str, manager: ManagerDep) -> Response:
-    snap = manager.snapshot(stream_id)
+    snap = manager.snapshot_image(stream_id)
     if snap is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    image = draw_detections(snap.frame.image_bgr, snap.result.detections, manager.class_names)
+    frame_bgr, result = snap
+    image = draw_detections(frame_bgr, result.detections, manager.class_names)
     return Response(
         content=encode_jpeg(image),
         media_type="image/jpeg",
-        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(snap.result.seq)},
+        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(result.seq)},
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
-from vdet.types import VideoFrame
+from vdet.types import DecodedFrame
 
 
 class FrameMailbox:
@@ -22,13 +22,13 @@ class FrameMailbox:
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
-        self._frame: VideoFrame | None = None
+        self._frame: DecodedFrame | None = None
         self._closed = False
         self._put = 0
         self._dropped = 0
         self._delivered = 0
 
-    def put(self, frame: VideoFrame) -> bool:
+    def put(self, frame: DecodedFrame) -> bool:
         """Offer `frame` without blocking; False (and nothing stored) once the box is closed.
 
         A frame still waiting is replaced and counted in `dropped`.
@@ -43,7 +43,7 @@ class FrameMailbox:
             self._cond.notify()
             return True
 
-    def get(self, timeout: float | None = None) -> VideoFrame | None:
+    def get(self, timeout: float | None = None) -> DecodedFrame | None:
         """Take the newest frame, waiting up to `timeout` seconds (None: until one or close).
 
         Returns None on timeout, or at once when the box is closed and empty. A frame put

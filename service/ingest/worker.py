@@ -46,6 +46,22 @@ log = logging.getLogger(__name__)
 StateCallback = Callable[[str, SourceState, SourceState], None]
 
 
+class ReaderFactory(Protocol):
+    """Makes the reader of one connection attempt: `SourceReader` itself (CPU decode), or
+    a GPU worker's choice between it and the NVDEC reader (vdet.ingest.nvdec_reader)."""
+
+    def __call__(
+        self,
+        url: str,
+        *,
+        source_id: str,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        loop: bool,
+        realtime: bool,
+    ) -> SourceReader: ...
+
+
 class Clock(Protocol):
     """What the worker reads the time from; the `time` module is one."""
 
@@ -163,6 +179,7 @@ class SourceWorker:
         on_state_change: StateCallback | None = None,
         rng: random.Random | None = None,
         history_size: int = 32,
+        reader_factory: ReaderFactory = SourceReader,
     ) -> None:
         self.source_id = source_id
         self.url = url
@@ -172,6 +189,7 @@ class SourceWorker:
         self._clock = clock
         self._on_state_change = on_state_change
         self._rng = rng or random.Random()
+        self._reader_factory = reader_factory
 
         self._lock = threading.Lock()
         self._status = SourceStatus()
@@ -283,7 +301,7 @@ class SourceWorker:
 
     def _attempt(self) -> bool:
         """One connection, streamed until it ends; True when a file ended for good."""
-        reader = SourceReader(
+        reader = self._reader_factory(
             self._open_url,
             source_id=self.source_id,
             connect_timeout_s=self.options.connect_timeout_s,

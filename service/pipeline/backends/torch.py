@@ -370,6 +370,11 @@ class TorchBackend(InferenceBackend):
             self._stream.synchronize()
 
     @property
+    def torch_device(self) -> Any:
+        """The torch.device the network runs on."""
+        return self._torch_device
+
+    @property
     def device(self) -> str:
         import torch
 

@@ -1,0 +1,484 @@
+"""The GPU side of the service: one worker per GPU, and which GPU runs which stream.
+
+A `GpuWorker` owns everything one GPU does for its streams: the readers it hands out decode
+with NVDEC on that GPU (vdet.ingest.nvdec_reader; a stream NVDEC cannot decode falls back to
+the CPU reader and then goes through the CPU `Detector`), and each NV12 frame becomes
+detections through a CUDA graph (vdet.pipeline.gpu_runner): per stream, a `CudaGraphRunner`
+on the stream's own CUDA stream (batch 1, lowest latency), or, with `gpu.batch` K > 1, one
+`BatchedGraphRunner` that a batcher thread feeds with up to K ready frames of any of the GPU's
+streams. `GpuPool` holds the workers and places each new stream with vdet.placement (pinned,
+sticky, least loaded), so a frame's whole life stays on one GPU.
+
+Isolation: each worker has its own CUDA streams, runners and network replica; an exception on
+one GPU fails that frame only (the stream manager records it on the stream), and a GPU whose
+CUDA context is lost keeps failing its own streams while the other GPUs go on.
+
+Timings: preprocess, network and decode + NMS run as one graph on the GPU, so their time is
+reported as the `inference` stage; `postprocess` is the host's share (rows to boxes in source
+pixels). This module never decides whether to use the GPU (the app does) and speaks no HTTP.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vdet.config import GpuSettings
+from vdet.ingest.nvdec import GpuVideoFrame
+from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
+from vdet.ingest.reader import SourceReader
+from vdet.pipeline.gpu_ops import (
+    DecodeNmsFn,
+    Nv12Geometry,
+    PreprocessFn,
+    kernel_ops,
+    nv12_to_rgb_u8,
+)
+from vdet.pipeline.gpu_runner import (
+    BatchedGraphRunner,
+    CudaGraphRunner,
+    Network,
+    RunResult,
+)
+from vdet.pipeline.postprocess import PostprocessParams
+from vdet.placement import PlacementError, SourceDemand, assign
+from vdet.types import Detections, ImageArray, StageTimings
+
+log = logging.getLogger(__name__)
+
+# network_factory(batch) -> a network for (batch, 3, H, W) inputs on the worker's device.
+NetworkFactory = Callable[[int], Network]
+# A batched request not answered within this long means the batcher is wedged.
+_BATCH_REPLY_TIMEOUT_S = 30.0
+
+
+def choose_ops(
+    kernels: str, device: torch.device
+) -> tuple[PreprocessFn | None, DecodeNmsFn | None, str]:
+    """The preprocess and decode + NMS ops for `gpu.kernels`, and a name for logs and metrics.
+
+    None, None means the torch reference ops (vdet.pipeline.gpu_ops), which run anywhere.
+    """
+    if kernels == "torch" or device.type != "cuda":
+        return None, None, "torch"
+    try:
+        preprocess, decode_nms = kernel_ops(device.index or 0)
+    except (ImportError, RuntimeError, OSError) as exc:
+        if kernels == "cuda":
+            raise RuntimeError(
+                f"gpu.kernels is 'cuda' but vdet's CUDA kernels cannot run on {device}: {exc} "
+                "(install the gpu extra: cuda-bindings and nvidia-cuda-nvrtc), or set "
+                "gpu.kernels to 'auto' or 'torch'"
+            ) from exc
+        log.warning("vdet CUDA kernels unavailable on %s (%s); using torch ops", device, exc)
+        return None, None, "torch"
+    return preprocess, decode_nms, "cuda"
+
+
+def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
+    """The frame as an 8-bit BGR host image (snapshots), converted on its device."""
+    geometry = Nv12Geometry.of(frame.size_wh, (2, 2), frame.matrix, frame.colour_range)
+    if frame.ready is not None:
+        frame.ready.synchronize()
+    with torch.no_grad():
+        rgb = nv12_to_rgb_u8(frame.nv12, geometry)  # (3, h, w) float32 0..255
+        bgr = rgb.flip(0).permute(1, 2, 0).to(torch.uint8).contiguous()
+    return np.ascontiguousarray(bgr.cpu().numpy())
+
+
+@dataclass
+class _Request:
+    """One frame waiting for the batcher, and where its answer goes."""
+
+    frame: GpuVideoFrame
+    params: PostprocessParams
+    done: threading.Event = field(default_factory=threading.Event)
+    result: RunResult | None = None
+    error: BaseException | None = None
+
+
+class _Batcher:
+    """Gathers up to `runner.batch` frames (waiting at most `wait_s` after the first) and runs
+    them as one batch per distinct params; callers block in `submit` until theirs is done."""
+
+    def __init__(self, runner: BatchedGraphRunner, wait_s: float, name: str) -> None:
+        self.runner = runner
+        self.wait_s = wait_s
+        self.batches = 0
+        self.frames = 0
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, frame: GpuVideoFrame, params: PostprocessParams) -> RunResult:
+        if self._closed.is_set():
+            raise RuntimeError("the GPU worker is closed")
+        request = _Request(frame, params)
+        self._queue.put(request)
+        if not request.done.wait(_BATCH_REPLY_TIMEOUT_S):
+            raise TimeoutError(f"no batched result within {_BATCH_REPLY_TIMEOUT_S:g} s")
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    def close(self) -> None:
+        self._closed.set()
+        self._queue.put(None)
+        self._thread.join(5.0)
+        while True:  # whoever is still waiting gets an answer
+            try:
+                request = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if request is not None:
+                request.error = RuntimeError("the GPU worker is closed")
+                request.done.set()
+
+    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
+        batch, deadline = [first], time.monotonic() + self.wait_s
+        while len(batch) < self.runner.batch:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=remaining) if remaining > 0 else None
+            except queue.Empty:
+                item = None
+            if item is None:
+                if remaining > 0 and self._closed.is_set():
+                    return batch, True
+                try:  # whatever is already queued still joins this batch
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    return batch, True
+            batch.append(item)
+        return batch, False
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch, stopping = self._gather(first)
+            by_params: dict[PostprocessParams, list[_Request]] = {}
+            for request in batch:
+                by_params.setdefault(request.params, []).append(request)
+            for params, requests in by_params.items():
+                self._run_group(params, requests)
+
+    def _run_group(self, params: PostprocessParams, requests: list[_Request]) -> None:
+        input_hw = self.runner.input_hw
+        try:
+            frames = [
+                (
+                    r.frame.nv12,
+                    Nv12Geometry.of(
+                        r.frame.size_wh, input_hw, r.frame.matrix, r.frame.colour_range
+                    ),
+                    r.frame.ready,
+                )
+                for r in requests
+            ]
+            results = self.runner.run_batch(frames, params)
+        except Exception as exc:  # every waiting stream gets the error, the batcher goes on
+            for request in requests:
+                request.error = exc
+                request.done.set()
+            return
+        self.batches += 1
+        self.frames += len(requests)
+        for request, result in zip(requests, results, strict=True):
+            request.result = result
+            request.done.set()
+
+
+class GpuWorker:
+    """Everything one GPU does for the streams placed on it (module docstring).
+
+    `device` is a torch device (cuda:N; "cpu" runs the same code without CUDA, for tests);
+    `network_factory(batch)` gives the network for a batch size on that device; `nvc` replaces
+    the PyNvVideoCodec module in the readers, and `index` gives a CPU worker a GPU index to
+    stand for (both for tests on the CPU).
+    Thread-safe.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        network_factory: NetworkFactory,
+        *,
+        input_hw: tuple[int, int],
+        dtype: torch.dtype,
+        settings: GpuSettings,
+        on_eager_fallback: Callable[[], None] | None = None,
+        nvc: Any = None,
+        index: int | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        cuda = self.device.type == "cuda"
+        # The CUDA device index (-1 on the CPU); also the NVDEC GPU and the metrics label.
+        if index is None:
+            index = (self.device.index or 0) if cuda else -1
+        self.index = index
+        self.label = str(index) if index >= 0 else "cpu"
+        self.settings = settings
+        self.input_hw = input_hw
+        self.dtype = dtype
+        self._network_factory = network_factory
+        self._on_eager_fallback = on_eager_fallback
+        self._nvc = nvc
+        self.preprocess, self.decode_nms, self.ops_name = choose_ops(settings.kernels, self.device)
+        self._lock = threading.Lock()
+        self._runners: dict[str, CudaGraphRunner] = {}
+        self._batcher: _Batcher | None = None
+        self._closed = False
+        if settings.batch > 1:
+            runner = BatchedGraphRunner(
+                network_factory(settings.batch),
+                **self._runner_options(f"gpu {self.label} batched runner"),
+                batch=settings.batch,
+            )
+            self._batcher = _Batcher(
+                runner, settings.batch_wait_ms / 1000.0, f"vdet-batcher-gpu{self.label}"
+            )
+
+    def _runner_options(self, name: str) -> dict[str, Any]:
+        return {
+            "input_hw": self.input_hw,
+            "dtype": self.dtype,
+            "device": self.device,
+            "preprocess": self.preprocess,
+            "decode_nms": self.decode_nms,
+            "use_graphs": self.settings.cuda_graphs,
+            "on_eager_fallback": self._on_eager_fallback,
+            "name": name,
+        }
+
+    # --- ingest -----------------------------------------------------------------------------
+
+    def open_reader(
+        self,
+        url: str,
+        *,
+        source_id: str,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        loop: bool,
+        realtime: bool,
+    ) -> SourceReader:
+        """A reader decoding on this GPU per `gpu.decoder` (a `ReaderFactory` for the worker)."""
+        options: dict[str, Any] = {
+            "source_id": source_id,
+            "connect_timeout_s": connect_timeout_s,
+            "read_timeout_s": read_timeout_s,
+            "loop": loop,
+            "realtime": realtime,
+        }
+        if self._nvc is not None and self.settings.decoder != "cpu":
+            return NvdecSourceReader(
+                url,
+                gpu=max(self.index, 0),
+                strict=self.settings.decoder == "nvdec",
+                nvc=self._nvc,
+                device=str(self.device),
+                **options,
+            )
+        if self.device.type != "cuda":
+            return SourceReader(url, **options)
+        return select_reader(url, decoder=self.settings.decoder, gpu=self.index, **options)
+
+    # --- detection --------------------------------------------------------------------------
+
+    def detect(
+        self, source_id: str, frame: GpuVideoFrame, params: PostprocessParams
+    ) -> tuple[Detections, StageTimings]:
+        """Detections of one decoded frame, in source pixels, and where the time went."""
+        if self._batcher is not None:
+            result = self._batcher.submit(frame, params)
+        else:
+            result = self._runner(source_id).run_frame(frame, params)
+        return result.detections, StageTimings(inference=result.seconds)
+
+    def to_bgr(self, frame: GpuVideoFrame) -> ImageArray:
+        """A decoded frame as a BGR host image (snapshots)."""
+        return frame_to_bgr(frame)
+
+    def _runner(self, source_id: str) -> CudaGraphRunner:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"GPU worker {self.label} is closed")
+            runner = self._runners.get(source_id)
+            if runner is None:
+                runner = CudaGraphRunner(
+                    self._network_factory(1),
+                    **self._runner_options(f"gpu {self.label} runner of {source_id}"),
+                )
+                self._runners[source_id] = runner
+            return runner
+
+    def release(self, source_id: str) -> None:
+        """Free a removed stream's runner (its graphs, static buffers and CUDA stream)."""
+        with self._lock:
+            runner = self._runners.pop(source_id, None)
+        if runner is not None:
+            runner.close()
+
+    # --- state ------------------------------------------------------------------------------
+
+    def memory_bytes(self) -> int:
+        """Bytes this process holds in the GPU's caching allocator (networks, graphs, frames).
+
+        NVDEC's own decode surfaces live outside it and are not included.
+        """
+        if self.device.type != "cuda":
+            return 0
+        return int(torch.cuda.memory_reserved(self.device))
+
+    def describe(self) -> str:
+        mode = f"batch {self.settings.batch}" if self._batcher is not None else "per-stream"
+        graphs = "cuda graphs" if self.settings.cuda_graphs else "eager"
+        return f"{self.device} ({mode}, {graphs}, {self.ops_name} ops)"
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            runners, self._runners = list(self._runners.values()), {}
+        if self._batcher is not None:
+            self._batcher.close()
+            self._batcher.runner.close()
+        for runner in runners:
+            runner.close()
+
+
+class GpuPool:
+    """The node's GPU workers and the placement of streams on them (module docstring)."""
+
+    def __init__(
+        self, workers: Sequence[GpuWorker], *, max_streams_per_gpu: int | None = None
+    ) -> None:
+        if not workers:
+            raise ValueError("a GpuPool needs at least one worker")
+        self.workers = tuple(workers)
+        self._max_per_gpu = max_streams_per_gpu
+        self._lock = threading.Lock()
+        self._placed: dict[str, int] = {}  # stream id -> position in self.workers
+        self._position = {w.index: i for i, w in enumerate(self.workers)}
+        if len(self._position) != len(self.workers):
+            raise ValueError("one worker per GPU: two workers have the same GPU index")
+
+    def place(self, source_id: str, pinned_gpu: int | None = None) -> GpuWorker:
+        """Choose the worker of a new stream; PlacementError (a ValueError) if it cannot."""
+        with self._lock:
+            demands = [SourceDemand(sid) for sid in self._placed if sid != source_id]
+            previous = dict(self._placed)
+            pinned = None
+            if pinned_gpu is not None:
+                pinned = self._position.get(pinned_gpu)
+                if pinned is None:
+                    raise PlacementError(
+                        f"stream {source_id!r} asks for gpu {pinned_gpu}, but this server runs "
+                        f"on GPU(s) {sorted(self._position)}"
+                    )
+            demands.append(SourceDemand(source_id, pinned))
+            # Sticky placement keeps every running stream where it is; only the new one moves.
+            placed = assign(
+                demands,
+                len(self.workers),
+                previous=previous,
+                max_streams_per_gpu=self._max_per_gpu,
+            )
+            self._placed[source_id] = placed[source_id]
+            return self.workers[placed[source_id]]
+
+    def worker_of(self, source_id: str) -> GpuWorker:
+        with self._lock:
+            return self.workers[self._placed[source_id]]
+
+    def release(self, source_id: str) -> None:
+        with self._lock:
+            position = self._placed.pop(source_id, None)
+        if position is not None:
+            self.workers[position].release(source_id)
+
+    def streams_by_gpu(self) -> dict[str, int]:
+        """Streams placed on each worker, by GPU label."""
+        with self._lock:
+            counts = dict.fromkeys((w.label for w in self.workers), 0)
+            for position in self._placed.values():
+                counts[self.workers[position].label] += 1
+            return counts
+
+    def describe(self) -> str:
+        return "; ".join(w.describe() for w in self.workers)
+
+    def close(self) -> None:
+        for worker in self.workers:
+            worker.close()
+
+
+def build_gpu_pool(
+    settings: GpuSettings,
+    backend: Any,
+    *,
+    on_eager_fallback: Callable[[], None] | None = None,
+) -> GpuPool:
+    """One worker per GPU of `settings.devices` (None: every visible GPU) for a torch backend.
+
+    The backend's own device reuses its converted network; other GPUs get a replica of the
+    same ONNX model (vdet.pipeline.backends.torch.TorchBackend without its own graph).
+    """
+    from vdet.pipeline.backends.torch import TorchBackend
+
+    if not isinstance(backend, TorchBackend):
+        raise TypeError(f"the GPU data path runs torch networks, not {type(backend).__name__}")
+    count = torch.cuda.device_count()
+    devices = settings.devices if settings.devices is not None else list(range(count))
+    if missing := [d for d in devices if not 0 <= d < count]:
+        raise ValueError(f"gpu.devices {missing} do not exist; this node has {count} GPU(s)")
+    own = torch.device(backend.torch_device)
+    if own.type == "cuda" and own.index is None:
+        own = torch.device("cuda", torch.cuda.current_device())
+    workers = []
+    for index in devices:
+        device = torch.device("cuda", index)
+        source = backend
+        if device != own:
+            source = TorchBackend(
+                backend.info.path,
+                device=str(device),
+                fp16=backend.fp16,
+                channels_last=backend.channels_last,
+                cuda_graph=False,
+            )
+        workers.append(
+            GpuWorker(
+                device,
+                source.network_for_batch,
+                input_hw=backend.info.input_hw,
+                dtype=backend.dtype,
+                settings=settings,
+                on_eager_fallback=on_eager_fallback,
+            )
+        )
+    return GpuPool(workers, max_streams_per_gpu=settings.max_streams_per_gpu)
+
+
+__all__ = [
+    "GpuPool",
+    "GpuWorker",
+    "NetworkFactory",
+    "build_gpu_pool",
+    "choose_ops",
+    "frame_to_bgr",
+]
