@@ -61,6 +61,9 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_streams": "gauge",
         "vdet_backend_info": "gauge",
         "vdet_gpu_memory_used_bytes": "gauge",
+        "vdet_source_gpu": "gauge",
+        "vdet_gpu_streams": "gauge",
+        "vdet_gpu_frames_processed": "counter",
     }
     info = samples(metrics)
     key = (
@@ -151,3 +154,15 @@ def test_remove_source_drops_its_series_and_ignores_late_reports() -> None:
     sources = {dict(labels).get("source") for (_, labels) in samples(metrics)}
     assert "cam" not in sources
     assert "other" in sources
+
+
+def test_sources_carry_the_gpu_worker_that_runs_them() -> None:
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.CONNECTING, gpu="1")
+    metrics.set_gpu_usage("1", streams=1, memory_bytes=123)
+    info = samples(metrics)
+    assert info[("vdet_source_gpu", (("gpu", "1"), ("source", "cam")))] == 1.0
+    assert info[("vdet_gpu_streams", (("gpu", "1"),))] == 1.0
+    assert info[("vdet_gpu_memory_used_bytes", (("gpu", "1"),))] == 123.0
+    metrics.remove_source("cam")
+    assert ("vdet_source_gpu", (("gpu", "1"), ("source", "cam"))) not in samples(metrics)

@@ -4,8 +4,10 @@ Run on the GPU machine (bench/gpu/run_pipeline_device.sh does):
     python3 bench/gpu/pipeline.py --out $OUT/gpu_pipeline.json
 
 Per model (the demo YOLOv8n, and a yolov8s.yaml-built ONNX when ultralytics is importable),
-FP16, batch 1, 1080p frames letterboxed to 640 (torch reference preprocess and decode + NMS,
-vdet.pipeline.gpu_ops, inside the graph):
+FP16, batch 1, 1080p frames letterboxed to 640; sections `graph`/`eager` put the torch reference
+ops (vdet.pipeline.gpu_ops) around the network, `graph_cuda`/`eager_cuda` (and memory, streams,
+nvdec) vdet's CUDA kernels, as the service does; `ultralytics` is Ultralytics `predict` (FP16)
+on the same frames as host BGR images, the way a user would call it:
 - latency p50/p99 of `CudaGraphRunner.run` (copy in, preprocess, network, decode + NMS, copy
   out, wait, boxes to source pixels), graph replay against the same work launched eagerly;
 - host cost of enqueuing one frame (RunResult.launch_seconds): one replay against every launch;
@@ -89,10 +91,22 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def _kernel_ops() -> dict[str, Any]:
+    """vdet's CUDA kernels (NVRTC) as the runner's preprocess and decode + NMS."""
+    from vdet.pipeline.gpu_ops import kernel_ops
+
+    preprocess, decode_nms = kernel_ops(torch.cuda.current_device())
+    return {"preprocess": preprocess, "decode_nms": decode_nms}
+
+
 def _latency(
-    network: Any, frames: list[torch.Tensor], use_graphs: bool, iterations: int
+    network: Any,
+    frames: list[torch.Tensor],
+    use_graphs: bool,
+    iterations: int,
+    ops: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    runner = CudaGraphRunner(network, input_hw=INPUT_HW, use_graphs=use_graphs)
+    runner = CudaGraphRunner(network, input_hw=INPUT_HW, use_graphs=use_graphs, **(ops or {}))
     geometry = Nv12Geometry.of((1920, 1080), INPUT_HW, ColourMatrix.BT601, ColourRange.LIMITED)
     for frame in frames[:5]:
         runner.run(frame, geometry, PARAMS)  # capture and warm up
@@ -104,6 +118,7 @@ def _latency(
         detections += len(result.detections)
     return {
         "graph": use_graphs,
+        "ops": "vdet CUDA kernels" if ops else "torch reference ops",
         "replayed": runner.captures > 0 and runner.eager_runs == 0,
         "latency": _percentiles(wall),
         "host_launch": _percentiles(launch),
@@ -116,8 +131,9 @@ def _memory_per_source(network: Any, frames: list[torch.Tensor]) -> dict[str, fl
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     runners = []
+    ops = _kernel_ops()
     for _ in range(4):
-        runner = CudaGraphRunner(network, input_hw=INPUT_HW)
+        runner = CudaGraphRunner(network, input_hw=INPUT_HW, **ops)
         runner.run(frames[0], geometry, PARAMS)
         runners.append(runner)
     torch.cuda.synchronize()
@@ -134,7 +150,8 @@ def _streams(
     network: Any, frames: list[torch.Tensor], sources: int, seconds: float
 ) -> dict[str, Any]:
     geometry = Nv12Geometry.of((1920, 1080), INPUT_HW, ColourMatrix.BT601, ColourRange.LIMITED)
-    runners = [CudaGraphRunner(network, input_hw=INPUT_HW) for _ in range(sources)]
+    ops = _kernel_ops()
+    runners = [CudaGraphRunner(network, input_hw=INPUT_HW, **ops) for _ in range(sources)]
     for runner in runners:
         runner.run(frames[0], geometry, PARAMS)
     counts = [0] * sources
@@ -178,7 +195,7 @@ def _nvdec(network: Any) -> dict[str, Any]:
     out["decode_only_fps"] = frames / (time.perf_counter() - started)
     out["decode_only_frames"] = frames
 
-    runner = CudaGraphRunner(network, input_hw=INPUT_HW)
+    runner = CudaGraphRunner(network, input_hw=INPUT_HW, **_kernel_ops())
     started = time.perf_counter()
     count = 0
     for frame in decode_file(str(SAMPLE)):
@@ -234,7 +251,50 @@ def _yolov8s_onnx(folder: Path) -> Path | None:
     return Path(folder, exported).resolve()
 
 
-SECTIONS = ("graph", "eager", "memory", "streams", "nvdec")
+def _ultralytics(path: Path, frames: list[torch.Tensor], iterations: int) -> dict[str, Any]:
+    """Ultralytics `predict` (FP16, its own letterbox, inference and NMS) on the same 1080p
+    frames as host BGR images, the way a user calls it per frame; the peer of `graph_cuda`."""
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    from ultralytics import YOLO  # type: ignore[attr-defined]
+
+    yaml_name = "yolov8s.yaml" if "yolov8s" in path.name else None
+    if yaml_name is None:
+        return {"skipped": "Ultralytics predict needs its own model: measured on yolov8s only"}
+    model = YOLO(yaml_name)
+    images = []
+    for frame in frames:
+        nv12 = frame.cpu().numpy()
+        images.append(cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12))
+    kwargs = {"half": True, "device": 0, "verbose": False, "conf": PARAMS.conf_threshold}
+    for image in images[:5]:
+        model.predict(image, **kwargs)
+    wall = []
+    for i in range(iterations):
+        started = time.perf_counter()
+        model.predict(images[i % len(images)], **kwargs)
+        wall.append(time.perf_counter() - started)
+    return {"latency": _percentiles(wall), "ultralytics": _version("ultralytics")}
+
+
+def _version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+SECTIONS = (
+    "graph",
+    "eager",
+    "graph_cuda",
+    "eager_cuda",
+    "ultralytics",
+    "memory",
+    "streams",
+    "nvdec",
+)
 STREAM_SOURCES = (1, 4, 8, 16)
 
 
@@ -254,6 +314,12 @@ def _section(name: str, path: Path, iterations: int, seconds: float) -> dict[str
         result.update(_latency(network, frames, True, iterations))
     elif name == "eager":
         result.update(_latency(network, frames, False, iterations))
+    elif name == "graph_cuda":
+        result.update(_latency(network, frames, True, iterations, _kernel_ops()))
+    elif name == "eager_cuda":
+        result.update(_latency(network, frames, False, iterations, _kernel_ops()))
+    elif name == "ultralytics":
+        result.update(_ultralytics(path, frames, min(iterations, 200)))
     elif name == "memory":
         result.update(_memory_per_source(network, frames))
     elif name == "streams":
@@ -335,15 +401,20 @@ def _child_main(args: argparse.Namespace) -> int:
 
 
 def _print_table(report: dict[str, Any]) -> None:
-    print(f"\n{'model':<14}{'mode':<7}{'p50 ms':>9}{'p99 ms':>9}{'launch us':>11}")
+    print(f"\n{'model':<14}{'mode':<11}{'p50 ms':>9}{'p99 ms':>9}{'launch us':>11}")
     for model in report["models"]:
-        for mode in ("graph", "eager"):
+        for mode in ("graph", "eager", "graph_cuda", "eager_cuda", "ultralytics"):
             m = model.get(mode, {})
+            if "skipped" in m:
+                continue
+            if mode == "ultralytics" and "latency" in m:
+                print(f"{model['model']:<14}{'ultra':<11}{m['latency']['p50_ms']:>9.3f}")
+                continue
             if "latency" not in m:
-                print(f"{model['model']:<14}{mode:<7}error (see JSON)")
+                print(f"{model['model']:<14}{mode:<11}error (see JSON)")
                 continue
             print(
-                f"{model['model']:<14}{mode:<7}{m['latency']['p50_ms']:>9.3f}"
+                f"{model['model']:<14}{mode:<11}{m['latency']['p50_ms']:>9.3f}"
                 f"{m['latency']['p99_ms']:>9.3f}{m['host_launch']['p50_ms'] * 1e3:>11.1f}"
             )
         mem = model.get("memory", {})

@@ -1,0 +1,586 @@
+"""Many-stream benchmark on the GPU: the service's own stream manager on N 1080p30 H.264 sources.
+
+Run on the GPU machine (bench/gpu/run_streams_device.sh does):
+    python3 bench/gpu/streams.py --out $OUT/streams.json
+
+Each run is N copies of the sample clip (1920x1080, 30 fps, H.264) added as looping file
+streams to a `StreamManager` with a GPU worker (vdet.gpu_workers: PyAV demux -> NVDEC ->
+CUDA graph of our preprocess kernel, the demo YOLOv8n FP16 and our decode + NMS kernel ->
+pinned host -> results hub), exactly as `vdet serve` runs them, either paced at real time like
+cameras or unpaced (as fast as the decoders go; the mailbox drops what inference cannot take).
+Measured over a window after warm-up: frames published per second, per-frame end-to-end latency
+(packet release -> result published; `DetectionResult.timings.end_to_end`), frames dropped by
+the mailboxes, GPU memory in use on the device (NVDEC surfaces included), process CPU and RSS.
+
+Peers in the same run, on the same clip: `decode_only` (the same NVDEC readers, N sessions, no
+inference: the ceiling of our ingest), `ultralytics` (PyAV decode + Ultralytics `predict` FP16
+per frame, one stream), `cpu_decode` (vdet with FFmpeg CPU decode feeding the torch backend),
+`cpu_backend` (vdet on ONNX Runtime CPU, the laptop path). `--stability-seconds S` adds a long
+run that samples RSS and GPU memory over time.
+
+Each run is a child process (`--run JSON`): one run's crash or CUDA fault cannot spoil the rest.
+Output follows the schema `vdet bench report` reads (vdet.bench_report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "service" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+LATENCY_SAMPLES_KEPT = 2000
+
+
+def _progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _gpu_used_mib() -> float | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**20
+
+
+def _latency_summary(values_s: list[float]) -> tuple[dict[str, float] | None, list[float] | None]:
+    if not values_s:
+        return None, None
+    ms = np.asarray(values_s) * 1e3
+    summary = {
+        "p50": float(np.percentile(ms, 50)),
+        "p95": float(np.percentile(ms, 95)),
+        "p99": float(np.percentile(ms, 99)),
+        "max": float(ms.max()),
+        "mean": float(ms.mean()),
+    }
+    step = max(1, len(ms) // LATENCY_SAMPLES_KEPT)
+    return summary, [round(float(v), 3) for v in np.sort(ms)[::step]]
+
+
+# ------------------------------------------------------------------------------ vdet itself
+
+
+def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
+    from vdet.config import GpuSettings, StreamSpec
+    from vdet.hub import ResultsHub
+    from vdet.metrics import Metrics
+    from vdet.pipeline.detector import Detector
+    from vdet.streams import StreamManager
+
+    sources, paced = spec["sources"], spec["paced"]
+    cpu_backend = spec["system"] == "cpu_backend"
+    decoder = "cpu" if spec["system"] in ("cpu_decode", "cpu_backend") else "nvdec"
+    detector = Detector.open(DEMO, "onnxruntime" if cpu_backend else "torch")
+    pool = None
+    if not cpu_backend:
+        from vdet.gpu_workers import build_gpu_pool
+
+        settings = GpuSettings(decoder=decoder, batch=spec.get("batch") or 1, kernels="cuda")
+        pool = build_gpu_pool(settings, detector.backend)
+    # The service's own replay buffers for the long run (its memory must not grow); room for
+    # the whole window otherwise, so every frame's latency is read back.
+    hub = (
+        ResultsHub()
+        if spec.get("stability")
+        else ResultsHub(capacity_per_source=4096, capacity_total=1_000_000)
+    )
+    metrics = Metrics()
+    manager = StreamManager(
+        detector, detector.info.names, hub, metrics, max_streams=sources, gpu=pool
+    )
+    ids = [f"cam{i:03d}" for i in range(sources)]
+    samples: list[dict[str, float]] = []
+    try:
+        for stream_id in ids:
+            manager.add(StreamSpec(id=stream_id, url=str(SAMPLE), loop=True, realtime=paced))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if all(manager.get(i).frames_processed > 0 for i in ids):
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("not every stream published a result within 60 s")
+        time.sleep(spec.get("warmup_s", 3.0))
+
+        def totals() -> tuple[int, int]:
+            views = [manager.get(i) for i in ids]
+            return (
+                sum(v.status.frames_dropped for v in views),
+                sum(v.status.frames_decoded for v in views),
+            )
+
+        dropped0, decoded0 = totals()
+        seq0 = hub.last_seq
+        cpu0, wall0 = _cpu_seconds(), time.monotonic()
+        window_start = time.time()
+        duration = spec["seconds"]
+        sample_every = spec.get("sample_every_s", 0.0)
+        next_sample = 0.0
+        while (elapsed := time.monotonic() - wall0) < duration:
+            if sample_every and elapsed >= next_sample:
+                samples.append(
+                    {
+                        "t_s": round(elapsed, 1),
+                        "rss_mib": _rss_mib(),
+                        "gpu_memory_mib": _gpu_used_mib() or 0.0,
+                    }
+                )
+                next_sample += sample_every
+            time.sleep(min(0.2, max(0.0, duration - elapsed)))
+        wall = time.monotonic() - wall0
+        cpu = _cpu_seconds() - cpu0
+        dropped1, decoded1 = totals()
+        results = [r for r in hub.since(seq0) if r.published_time >= window_start]
+        latencies = [r.timings.end_to_end for r in results]
+        summary, kept = _latency_summary(latencies)
+        eager = metrics.registry.get_sample_value("vdet_inference_eager_fallbacks_total")
+        run = {
+            "frames": len(results),
+            "duration_s": round(wall, 2),
+            "fps_aggregate": len(results) / wall,
+            "fps_per_source": len(results) / wall / sources,
+            "decoded_fps": (decoded1 - decoded0) / wall,
+            "dropped": dropped1 - dropped0,
+            "drop_rate": (dropped1 - dropped0) / max(1, decoded1 - decoded0),
+            "latency_ms": summary,
+            "latency_samples_ms": kept,
+            "gpu_memory_mib": _gpu_used_mib(),
+            "cpu_percent": 100.0 * cpu / wall,
+            "rss_mib": _rss_mib(),
+            "eager_fallbacks": eager,
+            "gpu_workers": pool.describe() if pool is not None else None,
+        }
+        if samples:
+            run["samples"] = samples
+        return run
+    finally:
+        manager.close()
+        if pool is not None:
+            pool.close()
+        detector.close()
+
+
+# ---------------------------------------------------------------------------------- peers
+
+
+def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
+    from vdet.ingest.nvdec import GpuVideoFrame
+    from vdet.ingest.nvdec_reader import NvdecSourceReader
+
+    sources, duration = spec["sources"], spec["seconds"]
+    counts = [0] * sources
+    stop = threading.Event()
+    counting = threading.Event()
+    errors: list[str] = []
+
+    def decode(index: int) -> None:
+        try:
+            reader = NvdecSourceReader(
+                str(SAMPLE), source_id=f"d{index}", loop=True, realtime=spec["paced"], strict=True
+            )
+            with reader:
+                reader.open()
+                for item in reader.frames():
+                    if stop.is_set():
+                        break
+                    if isinstance(item, GpuVideoFrame) and counting.is_set():
+                        counts[index] += 1
+        except Exception as exc:  # reported in the run
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=decode, args=(i,), daemon=True) for i in range(sources)]
+    for thread in threads:
+        thread.start()
+    time.sleep(spec.get("warmup_s", 3.0))
+    cpu0, wall0 = _cpu_seconds(), time.monotonic()
+    counting.set()
+    time.sleep(duration)
+    counting.clear()
+    wall, cpu = time.monotonic() - wall0, _cpu_seconds() - cpu0
+    gpu_mib = _gpu_used_mib()
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    total = sum(counts)
+    return {
+        "frames": total,
+        "duration_s": round(wall, 2),
+        "fps_aggregate": total / wall,
+        "fps_per_source": total / wall / sources,
+        "dropped": 0,
+        "drop_rate": 0.0,
+        "latency_ms": None,
+        "latency_samples_ms": None,
+        "gpu_memory_mib": gpu_mib,
+        "cpu_percent": 100.0 * cpu / wall,
+        "rss_mib": _rss_mib(),
+        "errors": errors[:5],
+    }
+
+
+def _run_ultralytics(spec: dict[str, Any]) -> dict[str, Any]:
+    """One paced stream: FFmpeg CPU decode (vdet's reader) -> Ultralytics predict per frame."""
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    from ultralytics import YOLO  # type: ignore[attr-defined]
+
+    from vdet.ingest.reader import SourceReader
+    from vdet.types import VideoFrame
+
+    model = YOLO("yolov8n.yaml")  # the demo's architecture (random weights; its NMS sees few boxes)
+    kwargs = {"half": True, "device": 0, "verbose": False}
+    warm = np.zeros((1080, 1920, 3), np.uint8)
+    for _ in range(5):
+        model.predict(warm, **kwargs)
+    latencies: list[float] = []
+    frames = 0
+    reader = SourceReader(str(SAMPLE), source_id="u", loop=True, realtime=spec["paced"])
+    cpu0, wall0 = _cpu_seconds(), time.monotonic()
+    warmup_end = wall0 + spec.get("warmup_s", 3.0)
+    end = warmup_end + spec["seconds"]
+    measured_from = None
+    with reader:
+        reader.open()
+        for item in reader.frames():
+            if not isinstance(item, VideoFrame):
+                continue
+            model.predict(item.image_bgr, **kwargs)
+            now = time.monotonic()
+            if now >= warmup_end:
+                if measured_from is None:
+                    measured_from = now
+                    cpu0 = _cpu_seconds()
+                latencies.append(time.time() - item.arrival_time)
+                frames += 1
+            if now >= end:
+                break
+    wall = time.monotonic() - (measured_from or wall0)
+    summary, kept = _latency_summary(latencies)
+    return {
+        "frames": frames,
+        "duration_s": round(wall, 2),
+        "fps_aggregate": frames / wall,
+        "fps_per_source": frames / wall,
+        "dropped": 0,
+        "drop_rate": 0.0,
+        "latency_ms": summary,
+        "latency_samples_ms": kept,
+        "gpu_memory_mib": _gpu_used_mib(),
+        "cpu_percent": 100.0 * (_cpu_seconds() - cpu0) / wall,
+        "rss_mib": _rss_mib(),
+        "notes": "Ultralytics predict FP16 on yolov8n.yaml (random init), every frame, "
+        "frames decoded on the CPU by vdet's reader",
+    }
+
+
+RUNNERS = {
+    "vdet": _run_vdet,
+    "cpu_decode": _run_vdet,
+    "cpu_backend": _run_vdet,
+    "decode_only": _run_decode_only,
+    "ultralytics": _run_ultralytics,
+}
+
+
+def _child(spec: dict[str, Any], out: Path) -> int:
+    try:
+        result = RUNNERS[spec["system"]](spec)
+        rc = 0
+    except Exception:
+        result = {"error": traceback.format_exc()}
+        print(result["error"], file=sys.stderr, flush=True)
+        rc = 1
+    out.write_text(json.dumps(result))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # skip destructors that could abort after a CUDA fault (see pipeline.py)
+
+
+def _name(spec: dict[str, Any]) -> str:
+    pace = "paced" if spec["paced"] else "unpaced"
+    batch = f" b{spec['batch']}" if spec.get("batch") else ""
+    return f"{spec['system']} {pace} {spec['sources']}{batch}"
+
+
+def _plan(args: argparse.Namespace) -> list[dict[str, Any]]:
+    seconds = args.seconds
+    plan: list[dict[str, Any]] = []
+
+    def add(system: str, sources: int, paced: bool, batch: int | None = None, **extra: Any) -> None:
+        plan.append(
+            {
+                "system": system,
+                "sources": sources,
+                "paced": paced,
+                "batch": batch,
+                "seconds": seconds,
+            }
+            | extra
+        )
+
+    for n in args.decode_sources:
+        add("decode_only", n, False)
+    for n in args.sources:
+        add("vdet", n, True, 1)
+    for b in args.batches:
+        if b > 1:
+            for n in args.sources:
+                if n >= 16:
+                    add("vdet", n, True, b)
+    for n in args.unpaced_sources:
+        for b in args.batches:
+            add("vdet", n, False, b)
+    if args.peers:
+        add("ultralytics", 1, True)
+        add("cpu_decode", 1, True, 1)
+        add("cpu_backend", 1, True)
+    if args.stability_seconds:
+        add(
+            "vdet",
+            args.stability_sources,
+            True,
+            args.stability_batch,
+            seconds=args.stability_seconds,
+            sample_every_s=10.0,
+            stability=True,
+        )
+    if args.only:
+        plan = [p for p in plan if args.only in _name(p)]
+    return plan
+
+
+def _environment() -> dict[str, Any]:
+    env: dict[str, Any] = {"host": platform.node(), "python": sys.version.split()[0]}
+    try:
+        import torch
+
+        env["gpu"] = torch.cuda.get_device_name()
+        env["torch"] = torch.__version__
+        env["cpu_count"] = os.cpu_count()
+    except Exception as exc:  # a broken CUDA install still gets its runs' errors recorded
+        env["gpu_error"] = str(exc)
+    try:
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=driver_version,clocks.max.sm,memory.total",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+        env["driver"] = out.stdout.strip()
+    except OSError:
+        pass
+    from importlib import metadata
+
+    for name in ("pynvvideocodec", "av", "onnxruntime", "ultralytics", "numpy"):
+        try:
+            env[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return env
+
+
+def _summarise(report: dict[str, Any]) -> None:
+    runs = [r for r in report["runs"] if "error" not in r]
+    ceiling = max((r["fps_aggregate"] for r in runs if r["system"] == "decode_only"), default=None)
+    unpaced = [r for r in runs if r["system"] == "vdet" and not r["paced"]]
+    best = max(unpaced, key=lambda r: r["fps_aggregate"], default=None)
+    if ceiling and best:
+        report["ceiling"] = {
+            "decode_only_fps": ceiling,
+            "vdet_unpaced_fps": best["fps_aggregate"],
+            "ratio": best["fps_aggregate"] / ceiling,
+            "vdet_run": best["name"],
+        }
+    targets = []
+    paced64 = [
+        r
+        for r in runs
+        if r["system"] == "vdet" and r["paced"] and r["sources"] >= 64 and not r.get("stability")
+    ]
+    for r in paced64:
+        lat = r.get("latency_ms") or {}
+        ok = r["dropped"] == 0 and lat.get("p99", 1e9) <= 50.0 and r["fps_per_source"] >= 29.0
+        targets.append(
+            {
+                "what": f"{r['name']}: real time, no drops, p99 <= 50 ms",
+                "value": f"{r['fps_per_source']:.1f} fps/source, {r['dropped']} dropped, "
+                f"p99 {lat.get('p99', float('nan')):.1f} ms",
+                "met": ok,
+            }
+        )
+    if "ceiling" in report:
+        c = report["ceiling"]
+        targets.append(
+            {
+                "what": "unpaced aggregate >= 90% of the decode-only ceiling",
+                "value": f"{c['vdet_unpaced_fps']:.0f} / {c['decode_only_fps']:.0f} fps "
+                f"= {100 * c['ratio']:.0f}%",
+                "met": c["ratio"] >= 0.9,
+            }
+        )
+    ours = [r for r in runs if r["system"] == "vdet" and r["paced"] and r["sources"] == 1]
+    ultra = [r for r in runs if r["system"] == "ultralytics"]
+    if ours and ultra and ours[0].get("latency_ms") and ultra[0].get("latency_ms"):
+        ratio = ultra[0]["latency_ms"]["p50"] / ours[0]["latency_ms"]["p50"]
+        targets.append(
+            {
+                "what": "single-stream end-to-end p50 >= 5x better than Ultralytics predict",
+                "value": f"{ultra[0]['latency_ms']['p50']:.2f} / "
+                f"{ours[0]['latency_ms']['p50']:.2f} ms = {ratio:.1f}x",
+                "met": ratio >= 5.0,
+            }
+        )
+    stable = [r for r in runs if r.get("stability") and r.get("samples")]
+    if stable:
+        r = stable[0]
+        samples = r["samples"]
+        after = [s for s in samples if s["t_s"] >= 30.0] or samples
+        first, last = after[0], after[-1]
+        rss_growth = 100.0 * (last["rss_mib"] - first["rss_mib"]) / first["rss_mib"]
+        gpu_growth = 100.0 * (
+            (last["gpu_memory_mib"] - first["gpu_memory_mib"]) / max(first["gpu_memory_mib"], 1)
+        )
+        report["stability"] = {
+            "sources": r["sources"],
+            "duration_s": r["duration_s"],
+            "samples": samples,
+            "rss_growth_pct": rss_growth,
+            "gpu_memory_growth_pct": gpu_growth,
+            "baseline_at_s": first["t_s"],
+        }
+        targets.append(
+            {
+                "what": f"RSS and GPU memory stable over {r['duration_s']:.0f} s with "
+                f"{r['sources']} streams (< 5% growth after warm-up)",
+                "value": f"RSS {rss_growth:+.1f}%, GPU {gpu_growth:+.1f}%",
+                "met": abs(rss_growth) < 5.0 and abs(gpu_growth) < 5.0,
+            }
+        )
+    report["targets"] = targets
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    print(
+        f"\n{'run':<28}{'fps':>8}{'fps/src':>9}{'drop':>7}{'p50':>8}{'p99':>8}{'GPU MiB':>9}"
+        f"{'CPU%':>7}"
+    )
+    for r in report["runs"]:
+        if "error" in r:
+            print(f"{r['name']:<28} FAILED: {r['error'].strip().splitlines()[-1][:60]}")
+            continue
+        lat = r.get("latency_ms") or {}
+        print(
+            f"{r['name']:<28}{r['fps_aggregate']:>8.0f}{r['fps_per_source']:>9.1f}"
+            f"{r['dropped']:>7}{lat.get('p50', float('nan')):>8.1f}"
+            f"{lat.get('p99', float('nan')):>8.1f}{r.get('gpu_memory_mib') or 0:>9.0f}"
+            f"{r.get('cpu_percent') or 0:>7.0f}"
+        )
+    for t in report.get("targets", []):
+        print(f"  [{'met' if t['met'] else 'MISSED'}] {t['what']}: {t['value']}")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("streams.json"))
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured window per run")
+    parser.add_argument("--sources", type=_ints, default=[1, 16, 32, 64])
+    parser.add_argument("--decode-sources", type=_ints, default=[64])
+    parser.add_argument("--unpaced-sources", type=_ints, default=[64])
+    parser.add_argument("--batches", type=_ints, default=[1, 8])
+    parser.add_argument("--no-peers", dest="peers", action="store_false")
+    parser.add_argument("--stability-seconds", type=float, default=0.0)
+    parser.add_argument("--stability-sources", type=int, default=32)
+    parser.add_argument("--stability-batch", type=int, default=1)
+    parser.add_argument("--only", help="run only the runs whose name contains this")
+    parser.add_argument("--run-timeout", type=float, default=150.0)
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    parser.add_argument("--run-out", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        return _child(json.loads(args.run), args.run_out)
+
+    report: dict[str, Any] = {
+        "benchmark": "streams",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "environment": _environment(),
+        "model": "demo.onnx (YOLOv8n, 6 classes, FP16 on the GPU)",
+        "clip": "sample.mp4 1920x1080 30 fps H.264 (IPPP), looped",
+        "runs": [],
+    }
+    plan = _plan(args)
+    for i, spec in enumerate(plan, 1):
+        name = _name(spec)
+        _progress(f"run {i}/{len(plan)}: {name}")
+        out = Path(f"/tmp/vdet-stream-run-{i}.json")
+        out.unlink(missing_ok=True)
+        timeout = args.run_timeout + spec["seconds"]
+        command = [sys.executable, __file__, "--run", json.dumps(spec), "--run-out", str(out)]
+        try:
+            rc: int | None = subprocess.run(command, timeout=timeout, check=False).returncode
+        except subprocess.TimeoutExpired:
+            rc = None
+        result = json.loads(out.read_text()) if out.exists() else {}
+        if rc != 0:
+            result.setdefault(
+                "error", f"timed out after {timeout:.0f} s" if rc is None else f"exit code {rc}"
+            )
+        run = {
+            "name": name,
+            **{k: spec[k] for k in ("system", "sources", "paced", "batch")},
+            **({"stability": True} if spec.get("stability") else {}),
+            **result,
+        }
+        report["runs"].append(run)
+        lat = (run.get("latency_ms") or {}).get("p99")
+        _progress(
+            f"  {name}: "
+            + (
+                f"{run['fps_aggregate']:.0f} fps, {run['dropped']} dropped, p99 {lat} ms"
+                if "error" not in run
+                else "FAILED"
+            )
+        )
+        _summarise(report)
+        args.out.write_text(json.dumps(report, indent=1))
+    _print_table(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

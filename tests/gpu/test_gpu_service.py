@@ -1,0 +1,152 @@
+"""The service's GPU path on a real GPU: StreamManager -> GPU worker -> PyAV demux + NVDEC ->
+CUDA graph of vdet's preprocess kernel, the demo model (torch FP16) and vdet's decode + NMS
+kernel -> results. The same flow with stand-ins on the CPU is tests/test_gpu_workers.py.
+
+Needs a CUDA GPU, PyNvVideoCodec, PyAV, onnx2torch and cuda-python (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pytest.importorskip("PyNvVideoCodec")
+pytest.importorskip("av")
+pytest.importorskip("onnx2torch")
+pytest.importorskip("cuda.bindings")
+
+from support import truth  # noqa: E402
+
+from vdet.config import GpuSettings, StreamSpec  # noqa: E402
+from vdet.gpu_workers import GpuPool, build_gpu_pool  # noqa: E402
+from vdet.hub import ResultsHub  # noqa: E402
+from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
+from vdet.metrics import Metrics  # noqa: E402
+from vdet.pipeline.detector import Detector  # noqa: E402
+from vdet.streams import StreamManager  # noqa: E402
+from vdet.types import DetectionResult  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "service" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+
+
+@pytest.fixture(scope="module")
+def detector() -> Iterator[Detector]:
+    with Detector.open(DEMO, "torch") as d:
+        yield d
+
+
+def _run(detector: Detector, settings: GpuSettings, streams: int, frames: int) -> dict[str, Any]:
+    pool = build_gpu_pool(settings, detector.backend)
+    metrics = Metrics()
+    hub = ResultsHub(capacity_per_source=1024, capacity_total=8192)
+    manager = StreamManager(
+        detector, detector.info.names, hub, metrics, max_streams=streams, gpu=pool
+    )
+    try:
+        ids = [f"cam{i}" for i in range(streams)]
+        for stream_id in ids:
+            manager.add(StreamSpec(id=stream_id, url=str(SAMPLE), realtime=False))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(manager.get(i).frames_processed >= frames for i in ids):
+                break
+            time.sleep(0.05)
+        views = {i: manager.get(i) for i in ids}
+        snapshot = manager.snapshot(ids[0])
+        image = manager.snapshot_image(ids[0])
+        manager.sync_metrics()
+        return {
+            "views": views,
+            "results": {i: hub.since(0, i) for i in ids},
+            "snapshot": snapshot,
+            "image": image,
+            "metrics": metrics.render().decode(),
+            "pool": pool,
+        }
+    finally:
+        manager.close()
+        pool.close()
+
+
+def _recall(results: list[DetectionResult]) -> float:
+    pairs = []
+    for r in results:
+        d = r.detections
+        dicts = [
+            {"class_id": int(c), "box": [float(v) for v in b]}
+            for b, c in zip(d.xyxy, d.class_ids, strict=True)
+        ]
+        # NVDEC decodes the file from its first frame; the result's index is the clip's frame.
+        pairs.append((r.frame_index, dicts))
+    return float(truth.recall(pairs))
+
+
+def test_one_stream_finds_the_clip_objects_through_graphs_and_our_kernels(
+    detector: Detector,
+) -> None:
+    out = _run(detector, GpuSettings(kernels="cuda"), streams=1, frames=60)
+    view = out["views"]["cam0"]
+    assert view.pipeline_error is None and view.frames_processed >= 60
+    assert isinstance(out["snapshot"].frame, GpuVideoFrame)
+    assert _recall(out["results"]["cam0"]) >= 0.9
+    assert "vdet_inference_eager_fallbacks_total 0.0" in out["metrics"]
+    assert 'vdet_source_gpu{gpu="0",source="cam0"} 1.0' in out["metrics"]
+    bgr, _ = out["image"]
+    assert bgr.shape == (1080, 1920, 3) and bgr.dtype == np.uint8 and bgr.std() > 10
+
+
+def test_batched_streams_find_the_same_objects(detector: Detector) -> None:
+    settings = GpuSettings(kernels="cuda", batch=4, batch_wait_ms=2)
+    out = _run(detector, settings, streams=4, frames=30)
+    for stream_id, view in out["views"].items():
+        assert view.pipeline_error is None and view.frames_processed >= 30, stream_id
+        assert _recall(out["results"][stream_id]) >= 0.9, stream_id
+    assert "vdet_inference_eager_fallbacks_total 0.0" in out["metrics"]
+
+
+def test_torch_reference_ops_and_our_kernels_agree_on_a_decoded_frame(detector: Detector) -> None:
+    from vdet.gpu_workers import GpuWorker
+
+    workers = []
+    detections = []
+    for kernels in ("cuda", "torch"):
+        pool = build_gpu_pool(GpuSettings(kernels=kernels), detector.backend)
+        assert isinstance(pool, GpuPool)
+        worker: GpuWorker = pool.workers[0]
+        workers.append(pool)
+        reader = worker.open_reader(
+            str(SAMPLE),
+            source_id="cam",
+            connect_timeout_s=5,
+            read_timeout_s=5,
+            loop=False,
+            realtime=False,
+        )
+        with reader:
+            reader.open()
+            frames = [f for _, f in zip(range(5), reader.frames(), strict=False)]
+            assert all(isinstance(f, GpuVideoFrame) for f in frames)
+            detections.append([worker.detect("cam", f, detector.params)[0] for f in frames])
+    for pool in workers:
+        pool.close()
+    for ours, reference in zip(*detections, strict=True):
+        assert len(ours.xyxy) == len(reference.xyxy) > 0
+        np.testing.assert_array_equal(ours.class_ids, reference.class_ids)
+        # FP16 network on inputs that differ by float rounding: boxes within a pixel.
+        np.testing.assert_allclose(ours.xyxy, reference.xyxy, atol=1.0)
+        np.testing.assert_allclose(ours.scores, reference.scores, atol=5e-3)
