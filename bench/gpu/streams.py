@@ -326,7 +326,8 @@ def _child(spec: dict[str, Any], out: Path) -> int:
 def _name(spec: dict[str, Any]) -> str:
     pace = "paced" if spec["paced"] else "unpaced"
     batch = f" b{spec['batch']}" if spec.get("batch") else ""
-    return f"{spec['system']} {pace} {spec['sources']}{batch}"
+    long_run = " stability" if spec.get("stability") else ""
+    return f"{spec['system']} {pace} {spec['sources']}{batch}{long_run}"
 
 
 def _plan(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -352,7 +353,7 @@ def _plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for b in args.batches:
         if b > 1:
             for n in args.sources:
-                if n >= 16:
+                if n >= 32:
                     add("vdet", n, True, b)
     for n in args.unpaced_sources:
         for b in args.batches:

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Every GPU-side check and benchmark of vdet, in phases that each fit one call on the GPU machine:
+#   tests     install + pytest -m gpu tests/gpu (kernels, NVDEC, torch backend, the serve path),
+#             the TensorRT plugin harness (bench/gpu/run_plugin_device.sh, when .trt-include is
+#             carried), the kernel micro-benchmarks and the frame -> detections pipeline bench
+#   streams   install + bench/gpu/streams.py: paced/unpaced many-stream runs and their peers
+#   stability install + bench/gpu/streams.py: one long 32-stream run sampling RSS and GPU memory
+# Carried wheels in .whl/: av, pynvvideocodec (slimmed: no sources, samples or CUDA 12 build),
+# onnx2torch, pytest-asyncio, ultralytics, nvidia-ml-py, psutil.
+# JSON and logs go to $OUT; the last lines printed are a short summary.
+#   run: bash bench/gpu/run_session_device.sh tests|streams|stability
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+phase=${1:?tests, streams or stability}
+OUT=${OUT:-/tmp/vdet-out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
+export PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 VDET_KERNEL_CACHE=/tmp/vdet-kernels
+SITE=/tmp/site
+started=$SECONDS
+{
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl
+  python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \
+    --target "$SITE" .
+} >"$OUT/install-$phase.log" 2>&1 || { echo "install failed"; tail -n 20 "$OUT/install-$phase.log"; }
+export PYTHONPATH=$SITE
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
+echo "install: $((SECONDS - started)) s"
+
+case $phase in
+tests)
+  timeout 230 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  if [ -d .trt-include ]; then
+    timeout 120 bash bench/gpu/run_plugin_device.sh >"$OUT/plugin_run.log" 2>&1
+    echo "plugin harness rc=$? ($((SECONDS - started)) s)"
+  fi
+  timeout 90 python3 bench/gpu/kernels.py --out "$OUT/kernels.json" >"$OUT/kernels.log" 2>&1
+  echo "kernels rc=$? ($((SECONDS - started)) s)"
+  timeout $((560 - (SECONDS - started))) python3 bench/gpu/pipeline.py \
+    --sections graph,graph_cuda,eager_cuda,ultralytics,memory,nvdec \
+    --out "$OUT/gpu_pipeline.json" >"$OUT/pipeline.log" 2>&1
+  echo "pipeline rc=$? ($((SECONDS - started)) s)"
+  echo "== pytest"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 15
+  echo "== plugin"
+  tail -n 12 "$OUT/plugin_run.log" 2>/dev/null
+  echo "== kernels"
+  tail -n 16 "$OUT/kernels.log"
+  echo "== pipeline"
+  tail -n 16 "$OUT/pipeline.log"
+  ;;
+streams)
+  timeout 570 python3 bench/gpu/streams.py --out "$OUT/streams.json" --seconds 10 \
+    >"$OUT/streams.log" 2>&1
+  echo "streams rc=$? ($((SECONDS - started)) s)"
+  tail -n 30 "$OUT/streams.log"
+  ;;
+stability)
+  timeout 570 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
+    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
+    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" >"$OUT/stability.log" 2>&1
+  echo "stability rc=$? ($((SECONDS - started)) s)"
+  tail -n 12 "$OUT/stability.log"
+  ;;
+*)
+  echo "unknown phase $phase" >&2
+  exit 2
+  ;;
+esac
