@@ -4,28 +4,42 @@
  * interfaces only (what TensorRT itself would call):
  *   - the creator: name, version, namespace, the fields it lists;
  *   - createPlugin from a PluginFieldCollection, in both phases, and its refusal of bad fields;
- *   - getOutputDataTypes, supportsFormatCombination, getNbOutputs, getWorkspaceSize,
- *     configurePlugin, onShapeChange;
+ *   - getOutputDataTypes, getOutputShapes (dynamic and fixed batch), supportsFormatCombination,
+ *     getNbOutputs, getWorkspaceSize, configurePlugin, onShapeChange;
  *   - getFieldsToSerialize -> createPlugin (what deserializing an engine does), and
  *     attachToContext (a clone per execution context);
  *   - enqueue on a hand-made raw head with a hand-computed answer (class-aware and agnostic,
  *     float32 and float16 input, an image without detections);
  *   - with --raw, enqueue on a raw head from a file, writing the outputs for a comparison with
- *     the CPU reference (tests/engines/test_engines_plugin_emulated.py,
- *     tests/tensorrt_engine/).
- * What it does not: getOutputShapes (its IExprBuilder is a TensorRT runtime object), anything of
- * TensorRT's parser, builder or runtime.
+ *     the CPU reference (plugins/tests/plugin_harness_check.py,
+ *     tests/engines/test_engines_plugin_emulated.py, tests/tensorrt_engine/), optionally with
+ *     the workspace sized for a larger profile batch (--max-batch) and timed (--time).
+ * getOutputShapes needs an IExprBuilder, which only TensorRT's builder makes; the harness passes
+ * ShapeExprBuilder below, a minimal stand-in (constants and opaque symbols) that is enough to
+ * see which expression lands in which output dimension. Nothing of TensorRT's parser, builder
+ * or runtime runs here.
  *
- * Built by plugins/CMakeLists.txt for a GPU (device buffers, cudaStream); with
- * -DVDET_LAUNCH_EMULATION the kernels run in the CPU emulator of tests/gpu/emulator and the
- * buffers are host memory.
+ * One source, two builds, the same checks:
+ *   - for a GPU (plugins/CMakeLists.txt, or nvcc + g++ directly as bench/gpu/run_plugin_device.sh
+ *     does): device buffers, a CUDA stream, enqueue timed with CUDA events;
+ *   - with -DVDET_LAUNCH_EMULATION the kernels run in the CPU emulator of tests/gpu/emulator,
+ *     the buffers are host memory and --time measures host time
+ *     (tests/engines/test_engines_plugin_emulated.py).
+ * Neither build links libnvinfer: everything of TensorRT the plugin and the harness use is
+ * inline in its headers (interfaces, PluginField, InterfaceInfo).
  *
  *   vdet_plugin_harness                          self-checks; exit 0 when all pass
  *   vdet_plugin_harness --raw in.f32 --shape B,R,N [--half] [--score S] [--iou I] [--top-k K]
- *                       [--max-det M] [--agnostic] --out dets.f32 --count count.i32
+ *                       [--max-det M] [--agnostic] [--max-batch MB] [--time N --timing t.json]
+ *                       --out dets.f32 --count count.i32
+ * --time N: after the checked enqueue, 3 warm-up enqueues, N enqueues timed one by one (each
+ * synchronized) and N back to back; then the outputs are read again and must equal the first
+ * ones bit for bit (a stale count or workspace state would show here).
  */
 #include <NvInferRuntime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +85,18 @@ void toDevice(void* dst, void const* src, size_t bytes) { std::memcpy(dst, src, 
 void toHost(void* dst, void const* src, size_t bytes) { std::memcpy(dst, src, bytes); }
 void fill(void* dst, int value, size_t bytes) { std::memset(dst, value, bytes); }
 void sync(Stream) {}
+// Host time: the emulator runs the kernels synchronously inside enqueue.
+class Timer {
+public:
+    void start(Stream) { mStart = std::chrono::steady_clock::now(); }
+    double stopMs(Stream) {
+        std::chrono::duration<double, std::milli> const ms = std::chrono::steady_clock::now() - mStart;
+        return ms.count();
+    }
+
+private:
+    std::chrono::steady_clock::time_point mStart;
+};
 #else
 void cuda(cudaError_t status, char const* what) {
     if (status != cudaSuccess) {
@@ -99,6 +125,32 @@ void toHost(void* dst, void const* src, size_t bytes) {
 }
 void fill(void* dst, int value, size_t bytes) { cuda(cudaMemset(dst, value, bytes), "cudaMemset"); }
 void sync(Stream s) { cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+// Device time between two events recorded on the stream.
+class Timer {
+public:
+    Timer() {
+        cuda(cudaEventCreate(&mStart), "cudaEventCreate");
+        cuda(cudaEventCreate(&mStop), "cudaEventCreate");
+    }
+    ~Timer() {
+        cudaEventDestroy(mStart);
+        cudaEventDestroy(mStop);
+    }
+    Timer(Timer const&) = delete;
+    Timer& operator=(Timer const&) = delete;
+    void start(Stream s) { cuda(cudaEventRecord(mStart, s), "cudaEventRecord"); }
+    double stopMs(Stream s) {
+        cuda(cudaEventRecord(mStop, s), "cudaEventRecord");
+        cuda(cudaEventSynchronize(mStop), "cudaEventSynchronize");
+        float ms = 0.0F;
+        cuda(cudaEventElapsedTime(&ms, mStart, mStop), "cudaEventElapsedTime");
+        return static_cast<double>(ms);
+    }
+
+private:
+    cudaEvent_t mStart{};
+    cudaEvent_t mStop{};
+};
 #endif
 
 struct Buffer {
@@ -180,15 +232,99 @@ DynamicPluginTensorDesc dynamicDesc(std::vector<int64_t> const& shape,
     return d;
 }
 
-// IEEE half bits of a float that is exactly representable in half precision.
+// ---- getOutputShapes: a stand-in for the builder's dimension expressions -------------------
+//
+// TensorRT's builder hands getOutputShapes an IExprBuilder and input dimensions as
+// IDimensionExpr objects; both are thin wrappers over implementation classes (apiv::) that only
+// TensorRT makes. This stand-in supplies those implementation classes with the least behaviour
+// that lets the harness read the plugin's answer: an expression is a constant or an opaque
+// symbol (a dynamic dimension such as the batch), and operation() folds constants (any other
+// operation yields a fresh symbol). It is not TensorRT's shape analysis and checks nothing
+// about it; it only shows which expression the plugin put in each output dimension.
+
+class ShapeExpr final : public IDimensionExpr {
+public:
+    ShapeExpr(bool constant, int64_t value, int32_t symbol) : mState(constant, value, symbol) {
+        mImpl = &mState;
+    }
+    ~ShapeExpr() noexcept override = default;
+    int32_t symbol() const { return mState.symbol; }
+
+private:
+    struct State final : apiv::VDimensionExpr {
+        State(bool c, int64_t v, int32_t s) : constant(c), value(v), symbol(s) {}
+        bool isConstant() const override { return constant; }
+        int64_t getConstantValue() const override { return constant ? value : -1; }
+        bool isSizeTensor() const override { return false; }
+        bool constant;
+        int64_t value;
+        int32_t symbol;  // 0 for constants
+    };
+    State mState;
+};
+
+class ShapeExprBuilder final : public IExprBuilder {
+public:
+    ShapeExprBuilder() { mImpl = &mState; }
+    ~ShapeExprBuilder() noexcept override = default;
+    // A dynamic dimension (what TensorRT passes for a -1 in the network's input shape).
+    IDimensionExpr const* symbol() { return mState.make(false, 0); }
+    IDimensionExpr const* value(int64_t v) { return mState.make(true, v); }
+
+private:
+    struct State final : apiv::VExprBuilder {
+        IDimensionExpr const* make(bool constant, int64_t v) {
+            exprs.push_back(std::make_unique<ShapeExpr>(constant, v, constant ? 0 : ++symbols));
+            return exprs.back().get();
+        }
+        IDimensionExpr const* constant(int64_t v) override { return make(true, v); }
+        IDimensionExpr const* operation(DimensionOperation op, IDimensionExpr const& a,
+                                        IDimensionExpr const& b) override {
+            if (!a.isConstant() || !b.isConstant()) return make(false, 0);
+            int64_t const x = a.getConstantValue(), y = b.getConstantValue();
+            switch (op) {
+                case DimensionOperation::kSUM: return make(true, x + y);
+                case DimensionOperation::kPROD: return make(true, x * y);
+                case DimensionOperation::kMAX: return make(true, std::max(x, y));
+                case DimensionOperation::kMIN: return make(true, std::min(x, y));
+                case DimensionOperation::kSUB: return make(true, x - y);
+                default: return make(false, 0);
+            }
+        }
+        IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&,
+                                                IDimensionExpr const&) override {
+            return nullptr;  // the plugin has no size-tensor output
+        }
+        std::vector<std::unique_ptr<ShapeExpr>> exprs;
+        int32_t symbols = 0;
+    };
+    State mState;
+};
+
+bool isConstant(IDimensionExpr const* e, int64_t value) {
+    return e != nullptr && e->isConstant() && e->getConstantValue() == value;
+}
+
+// IEEE half bits of a float, rounded to nearest even. The heads given to the harness hold
+// values that half represents exactly (subnormals included: tiny scores are common), so in
+// practice nothing is rounded; overflow gives infinity, NaN stays NaN.
 uint16_t halfBits(float f) {
-    if (f == 0.0F) return 0;
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
     uint32_t const sign = (bits >> 16) & 0x8000U;
-    int32_t const exponent = static_cast<int32_t>((bits >> 23) & 0xFFU) - 127 + 15;
-    uint32_t const mantissa = (bits >> 13) & 0x3FFU;
-    return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exponent) << 10) | mantissa);
+    uint32_t const magnitude = bits & 0x7FFFFFFFU;
+    if (magnitude >= 0x7F800000U) {  // infinity, NaN
+        return static_cast<uint16_t>(sign | 0x7C00U | (magnitude > 0x7F800000U ? 0x200U : 0U));
+    }
+    if (magnitude >= 0x477FF000U) return static_cast<uint16_t>(sign | 0x7C00U);  // >= 65520
+    if (magnitude < 0x38800000U) {  // below 2^-14: a half subnormal (or zero), units of 2^-24
+        float const units = std::fabs(f) * 16777216.0F;  // exact: a power-of-two scaling
+        return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(units)));
+    }
+    uint32_t half = (((magnitude >> 23) - 127U + 15U) << 10) | ((magnitude >> 13) & 0x3FFU);
+    uint32_t const rest = magnitude & 0x1FFFU;
+    if (rest > 0x1000U || (rest == 0x1000U && (half & 1U) != 0U)) ++half;  // may carry into exp
+    return static_cast<uint16_t>(sign | half);
 }
 
 struct Result {
@@ -196,9 +332,22 @@ struct Result {
     std::vector<int32_t> counts;
 };
 
-// Runs the plugin like an execution context would: onShapeChange, then enqueue.
+struct RunOptions {
+    bool half = false;
+    int32_t profileMaxBatch = 0;  // the optimization profile's max batch (0: the run's batch)
+    int32_t timeIters = 0;        // 0: no timing
+};
+
+struct Timing {
+    int32_t iters = 0;
+    double minMs = 0, medianMs = 0, meanMs = 0, maxMs = 0;
+    double backToBackMs = 0;  // mean per enqueue of `iters` enqueues queued without a sync
+};
+
+// Runs the plugin like an execution context would: onShapeChange, then enqueue with a workspace
+// of getWorkspaceSize() for the profile (TensorRT sizes it for the profile's max shapes).
 bool run(IPluginV3& plugin, std::vector<float> const& raw, int32_t batch, int32_t rows,
-         int32_t anchors, bool half, Result& result) {
+         int32_t anchors, RunOptions const& options, Result& result, Timing* timing = nullptr) {
     IPluginV3OneBuild* b = build(plugin);
     IPluginV3OneRuntime* r = runtime(plugin);
     int32_t maxDet = 0;
@@ -211,16 +360,18 @@ bool run(IPluginV3& plugin, std::vector<float> const& raw, int32_t batch, int32_
             }
         }
     }
+    bool const half = options.half;
+    int32_t const maxBatch = std::max(batch, options.profileMaxBatch);
     DataType const inType = half ? DataType::kHALF : DataType::kFLOAT;
     PluginTensorDesc in = desc({batch, rows, anchors}, inType);
     PluginTensorDesc out[2] = {desc({batch, maxDet, 6}, DataType::kFLOAT),
                                desc({batch}, DataType::kINT32)};
     if (r->onShapeChange(&in, 1, out, 2) != 0) return false;
-    DynamicPluginTensorDesc dynIn = dynamicDesc({batch, rows, anchors}, {batch, rows, anchors},
+    DynamicPluginTensorDesc dynIn = dynamicDesc({batch, rows, anchors}, {maxBatch, rows, anchors},
                                                 inType);
     DynamicPluginTensorDesc dynOut[2] = {
-        dynamicDesc({batch, maxDet, 6}, {batch, maxDet, 6}, DataType::kFLOAT),
-        dynamicDesc({batch}, {batch}, DataType::kINT32)};
+        dynamicDesc({batch, maxDet, 6}, {maxBatch, maxDet, 6}, DataType::kFLOAT),
+        dynamicDesc({batch}, {maxBatch}, DataType::kINT32)};
     size_t const workspaceBytes = b->getWorkspaceSize(&dynIn, 1, dynOut, 2);
 
     size_t const elements = raw.size();
@@ -237,19 +388,66 @@ bool run(IPluginV3& plugin, std::vector<float> const& raw, int32_t batch, int32_
     toDevice(input.ptr, half ? static_cast<void const*>(halves.data()) : raw.data(), input.bytes);
     fill(dets.ptr, 0x7F, dets.bytes);  // garbage the plugin must overwrite
     fill(counts.ptr, 0x7F, counts.bytes);
+    fill(workspace.ptr, 0x7F, workspace.bytes);  // and garbage it must not depend on
     Stream stream = makeStream();
     void const* inputs[] = {input.ptr};
     void* outputs[] = {dets.ptr, counts.ptr};
-    int32_t const status = r->enqueue(&in, out, inputs, outputs,
-                                      static_cast<char*>(workspace.ptr) + 16, stream);
+    void* const scratch = static_cast<char*>(workspace.ptr) + 16;
+    auto enqueue = [&]() { return r->enqueue(&in, out, inputs, outputs, scratch, stream); };
+    int32_t status = enqueue();
     sync(stream);
-    freeStream(stream);
-    if (status != 0) return false;
+    if (status != 0) {
+        freeStream(stream);
+        return false;
+    }
     result.detections.resize(static_cast<size_t>(batch) * maxDet * 6);
     result.counts.resize(static_cast<size_t>(batch));
     toHost(result.detections.data(), dets.ptr, dets.bytes);
     toHost(result.counts.data(), counts.ptr, counts.bytes);
-    return true;
+
+    bool ok = true;
+    if (timing != nullptr && options.timeIters > 0) {
+        Timer timer;
+        for (int32_t i = 0; i < 3 && status == 0; ++i) status = enqueue();
+        sync(stream);
+        std::vector<double> ms;
+        for (int32_t i = 0; i < options.timeIters && status == 0; ++i) {
+            timer.start(stream);
+            status = enqueue();
+            ms.push_back(timer.stopMs(stream));
+        }
+        timer.start(stream);
+        for (int32_t i = 0; i < options.timeIters && status == 0; ++i) status = enqueue();
+        double const total = timer.stopMs(stream);
+        sync(stream);
+        if (status != 0 || ms.empty()) {
+            std::fprintf(stderr, "FAIL enqueue failed while timing\n");
+            ok = false;
+        } else {
+            std::sort(ms.begin(), ms.end());
+            double sum = 0;
+            for (double v : ms) sum += v;
+            timing->iters = options.timeIters;
+            timing->minMs = ms.front();
+            timing->maxMs = ms.back();
+            timing->medianMs = ms[ms.size() / 2];
+            timing->meanMs = sum / static_cast<double>(ms.size());
+            timing->backToBackMs = total / options.timeIters;
+            // Every enqueue must have written the same outputs as the first.
+            Result again;
+            again.detections.resize(result.detections.size());
+            again.counts.resize(result.counts.size());
+            toHost(again.detections.data(), dets.ptr, dets.bytes);
+            toHost(again.counts.data(), counts.ptr, counts.bytes);
+            if (std::memcmp(again.detections.data(), result.detections.data(), dets.bytes) != 0 ||
+                std::memcmp(again.counts.data(), result.counts.data(), counts.bytes) != 0) {
+                std::fprintf(stderr, "FAIL repeated enqueues wrote different outputs\n");
+                ok = false;
+            }
+        }
+    }
+    freeStream(stream);
+    return ok;
 }
 
 // ---- self-checks ------------------------------------------------------------------------------
@@ -346,6 +544,50 @@ void checkCoreAndBuild() {
     CHECK(b->configurePlugin(&noClass, 1, dynOut, 2) != 0);
     CHECK(b->getTimingCacheID() != nullptr &&
           std::strstr(b->getTimingCacheID(), "max_det=100") != nullptr);
+}
+
+// getOutputShapes: detections [B, max_det, 6] and num_detections [B], with B the input's own
+// batch expression (a dynamic batch stays the same symbol), max_det and 6 constants.
+void checkOutputShapes() {
+    Params p;
+    p.maxDet = 123;
+    auto plugin = create(p);
+    CHECK(plugin != nullptr);
+    if (!plugin) return;
+    IPluginV3OneBuild* b = build(*plugin);
+    for (bool dynamicBatch : {true, false}) {
+        ShapeExprBuilder exprs;
+        DimsExprs in{};
+        in.nbDims = 3;
+        in.d[0] = dynamicBatch ? exprs.symbol() : exprs.value(4);
+        in.d[1] = exprs.value(84);
+        in.d[2] = exprs.symbol();  // anchors: dynamic too (any input size)
+        DimsExprs out[2]{};
+        CHECK(b->getOutputShapes(&in, 1, nullptr, 0, out, 2, exprs) == 0);
+        CHECK(out[0].nbDims == 3 && out[1].nbDims == 1);
+        if (out[0].nbDims != 3 || out[1].nbDims != 1) continue;
+        if (dynamicBatch) {
+            CHECK(out[0].d[0] != nullptr && !out[0].d[0]->isConstant());
+            CHECK(out[0].d[0] == in.d[0] && out[1].d[0] == in.d[0]);
+        } else {
+            CHECK(isConstant(out[0].d[0], 4) && isConstant(out[1].d[0], 4));
+        }
+        CHECK(isConstant(out[0].d[1], 123));
+        CHECK(isConstant(out[0].d[2], 6));
+    }
+    // Refusals: a rank-2 input, a shape input, the wrong number of inputs.
+    ShapeExprBuilder exprs;
+    DimsExprs in{};
+    in.nbDims = 2;
+    in.d[0] = exprs.symbol();
+    in.d[1] = exprs.value(84);
+    DimsExprs out[2]{};
+    CHECK(b->getOutputShapes(&in, 1, nullptr, 0, out, 2, exprs) != 0);
+    in.nbDims = 3;
+    in.d[2] = exprs.value(8400);
+    CHECK(b->getOutputShapes(&in, 1, &in, 1, out, 2, exprs) != 0);
+    DimsExprs two[2] = {in, in};
+    CHECK(b->getOutputShapes(two, 2, nullptr, 0, out, 2, exprs) != 0);
 }
 
 void checkSerialization() {
@@ -460,7 +702,9 @@ void checkEnqueue(bool half, int32_t agnostic) {
     CHECK(plugin != nullptr);
     if (!plugin) return;
     Result result;
-    bool const ok = run(*plugin, handMadeHead(), 2, 7, 5, half, result);
+    RunOptions options;
+    options.half = half;
+    bool const ok = run(*plugin, handMadeHead(), 2, 7, 5, options, result);
     CHECK(ok);
     if (!ok) return;
     std::vector<std::vector<float>> rows = {{40, 40, 60, 60, 0.875F, 0}};
@@ -493,16 +737,19 @@ bool writeFile(std::string const& path, void const* data, size_t bytes) {
 
 int rawMode(int argc, char** argv) {
     Params p;
-    std::string rawPath, outPath, countPath;
+    std::string rawPath, outPath, countPath, timingPath;
     int64_t shape[3] = {0, 0, 0};
-    bool half = false;
+    RunOptions options;
     for (int i = 1; i < argc; ++i) {
         std::string const arg = argv[i];
         auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
         if (arg == "--raw") rawPath = next();
         else if (arg == "--out") outPath = next();
         else if (arg == "--count") countPath = next();
-        else if (arg == "--half") half = true;
+        else if (arg == "--half") options.half = true;
+        else if (arg == "--max-batch") options.profileMaxBatch = std::atoi(next().c_str());
+        else if (arg == "--time") options.timeIters = std::atoi(next().c_str());
+        else if (arg == "--timing") timingPath = next();
         else if (arg == "--agnostic") p.agnostic = 1;
         else if (arg == "--score") p.score = std::strtof(next().c_str(), nullptr);
         else if (arg == "--iou") p.iou = std::strtof(next().c_str(), nullptr);
@@ -532,11 +779,35 @@ int rawMode(int argc, char** argv) {
         std::fprintf(stderr, "createPlugin refused the parameters\n");
         return 2;
     }
+    if (options.timeIters > 0 && timingPath.empty()) {
+        std::fprintf(stderr, "--time needs --timing <file>\n");
+        return 2;
+    }
     Result result;
+    Timing timing;
     if (!run(*plugin, raw, static_cast<int32_t>(shape[0]), static_cast<int32_t>(shape[1]),
-             static_cast<int32_t>(shape[2]), half, result)) {
+             static_cast<int32_t>(shape[2]), options, result, &timing)) {
         std::fprintf(stderr, "enqueue failed\n");
         return 1;
+    }
+    if (options.timeIters > 0) {
+        char text[512];
+        std::snprintf(text, sizeof(text),
+                      "{\"clock\": \"%s\", \"iters\": %d, \"min_ms\": %.6f, "
+                      "\"median_ms\": %.6f, \"mean_ms\": %.6f, \"max_ms\": %.6f, "
+                      "\"back_to_back_mean_ms\": %.6f}\n",
+#ifdef VDET_LAUNCH_EMULATION
+                      "host (CPU emulator)",
+#else
+                      "cuda events",
+#endif
+                      timing.iters, timing.minMs, timing.medianMs, timing.meanMs, timing.maxMs,
+                      timing.backToBackMs);
+        if (!writeFile(timingPath, text, std::strlen(text))) {
+            std::fprintf(stderr, "cannot write %s\n", timingPath.c_str());
+            return 2;
+        }
+        std::printf("%s", text);
     }
     if (!writeFile(outPath, result.detections.data(), result.detections.size() * 4) ||
         !writeFile(countPath, result.counts.data(), result.counts.size() * 4)) {
@@ -552,6 +823,7 @@ int main(int argc, char** argv) {
     if (argc > 1) return rawMode(argc, argv);
     checkCreator();
     checkCoreAndBuild();
+    checkOutputShapes();
     checkSerialization();
     checkRefusals();
     for (bool half : {false, true}) {

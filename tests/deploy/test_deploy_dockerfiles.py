@@ -132,6 +132,31 @@ def test_gpu_image_builds_the_plugin_and_starts_through_the_entrypoint() -> None
     assert ENTRYPOINT_SCRIPT.stat().st_mode & 0o111, "the entrypoint must be executable"
 
 
+# The first NGC TensorRT container release with TensorRT 10.8 (25.01: 10.8.0.43 on CUDA 12.8;
+# 24.10, the previous default, has 10.5). deploy/Dockerfile.gpu cites the sources.
+NGC_RELEASE_WITH_TENSORRT_10_8 = (25, 1)
+
+
+def test_gpu_base_image_ships_a_tensorrt_the_engine_builder_accepts() -> None:
+    # An older base would build, start, and then only ever serve on ONNX Runtime, because
+    # `vdet engine build` refuses TensorRT < MIN_TENSORRT.
+    from vdet.engines.build import MIN_TENSORRT
+
+    items = instructions(DOCKERFILES["gpu"])
+    tag = re.fullmatch(
+        r"TRT_IMAGE=nvcr\.io/nvidia/tensorrt:(\d\d)\.(\d\d)-py3", _values(items, "ARG")[0]
+    )
+    assert tag, _values(items, "ARG")[0]
+    assert MIN_TENSORRT == (10, 8), "the NGC release above is the one for TensorRT 10.8"
+    assert (int(tag[1]), int(tag[2])) >= NGC_RELEASE_WITH_TENSORRT_10_8
+    runs = " ".join(_values(final_stage(items), "RUN"))
+    # The venv: TensorRT's Python package of the image's own version, vdet with its `tensorrt`
+    # extra, and cuda-bindings of the image's CUDA major.minor (not CUDA 13, which R535 lacks).
+    assert '"tensorrt-cu12==${trt}"' in runs
+    assert '"${whl}[tensorrt]"' in runs
+    assert '"cuda-bindings==${cuda}.*"' in runs and "CUDA_VERSION" in runs
+
+
 @pytest.mark.parametrize("variant", sorted(DOCKERFILES))
 def test_build_context_holds_every_file_the_dockerfile_copies(variant: str) -> None:
     patterns = read_dockerignore(REPO / ".dockerignore")
