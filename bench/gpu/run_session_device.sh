@@ -5,10 +5,13 @@
 #             carried), the kernel micro-benchmarks and the frame -> detections pipeline bench
 #   streams   install + bench/gpu/streams.py: paced/unpaced many-stream runs and their peers
 #   stability install + bench/gpu/streams.py: one long 32-stream run sampling RSS and GPU memory
+#   retest    the tests phase's pytest, the YOLOv8s pipeline sections and the stability run
 # Carried wheels in .whl/: av, pynvvideocodec (slimmed: no sources, samples or CUDA 12 build),
-# onnx2torch, pytest-asyncio, ultralytics, nvidia-ml-py, psutil.
+# onnx2torch, pytest-asyncio, ultralytics, nvidia-ml-py, psutil, and what vdet.config needs
+# (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
+# python-dotenv, pyyaml).
 # JSON and logs go to $OUT; the last lines printed are a short summary.
-#   run: bash bench/gpu/run_session_device.sh tests|streams|stability
+#   run: bash bench/gpu/run_session_device.sh tests|streams|stability|retest
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 phase=${1:?tests, streams or stability}
@@ -57,6 +60,24 @@ streams)
     >"$OUT/streams.log" 2>&1
   echo "streams rc=$? ($((SECONDS - started)) s)"
   tail -n 30 "$OUT/streams.log"
+  ;;
+retest)
+  # The GPU tests, the YOLOv8s pipeline figures and the long stability run, in one call.
+  timeout 200 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 15
+  timeout 120 python3 bench/gpu/pipeline.py --no-demo \
+    --sections graph,graph_cuda,eager_cuda,ultralytics \
+    --out "$OUT/gpu_pipeline_yolov8s.json" >"$OUT/pipeline.log" 2>&1
+  echo "pipeline rc=$? ($((SECONDS - started)) s)"
+  tail -n 8 "$OUT/pipeline.log"
+  timeout $((585 - (SECONDS - started))) python3 bench/gpu/streams.py \
+    --out "$OUT/stability.json" --only stability \
+    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
+    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" >"$OUT/stability.log" 2>&1
+  echo "stability rc=$? ($((SECONDS - started)) s)"
+  tail -n 12 "$OUT/stability.log"
   ;;
 stability)
   timeout 570 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
