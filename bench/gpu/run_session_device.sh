@@ -5,13 +5,14 @@
 #             carried), the kernel micro-benchmarks and the frame -> detections pipeline bench
 #   streams   install + bench/gpu/streams.py: paced/unpaced many-stream runs and their peers
 #   stability install + bench/gpu/streams.py: one long 32-stream run sampling RSS and GPU memory
+#   main      the tests phase's pytest, the YOLOv8s pipeline sections and the streams runs
 #   retest    the tests phase's pytest, the YOLOv8s pipeline sections and the stability run
 # Carried wheels in .whl/: av, pynvvideocodec (slimmed: no sources, samples or CUDA 12 build),
 # onnx2torch, pytest-asyncio, ultralytics, nvidia-ml-py, psutil, and what vdet.config needs
 # (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
 # python-dotenv, pyyaml).
 # JSON and logs go to $OUT; the last lines printed are a short summary.
-#   run: bash bench/gpu/run_session_device.sh tests|streams|stability|retest
+#   run: bash bench/gpu/run_session_device.sh tests|streams|stability|main|retest
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 phase=${1:?tests, streams or stability}
@@ -60,6 +61,22 @@ streams)
     >"$OUT/streams.log" 2>&1
   echo "streams rc=$? ($((SECONDS - started)) s)"
   tail -n 30 "$OUT/streams.log"
+  ;;
+main)
+  # The GPU tests, the YOLOv8s frame -> detections figures and the main many-stream runs.
+  timeout 200 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 15
+  timeout 100 python3 bench/gpu/pipeline.py --no-demo --sections graph_cuda,ultralytics \
+    --out "$OUT/gpu_pipeline_yolov8s.json" >"$OUT/pipeline.log" 2>&1
+  echo "pipeline rc=$? ($((SECONDS - started)) s)"
+  tail -n 6 "$OUT/pipeline.log"
+  timeout $((590 - (SECONDS - started))) python3 bench/gpu/streams.py \
+    --out "$OUT/streams.json" --seconds 10 --sources 1,32,64 --batches 1,8 \
+    --run-timeout 60 >"$OUT/streams.log" 2>&1
+  echo "streams rc=$? ($((SECONDS - started)) s)"
+  tail -n 22 "$OUT/streams.log"
   ;;
 retest)
   # The long stability run first (it needs its whole duration), then the GPU tests and the

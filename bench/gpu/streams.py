@@ -353,15 +353,16 @@ def _plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     for b in args.batches:
         if b > 1:
             for n in args.sources:
-                if n >= 32:
+                if n >= 64:
                     add("vdet", n, True, b)
     for n in args.unpaced_sources:
         for b in args.batches:
             add("vdet", n, False, b)
     if args.peers:
         add("ultralytics", 1, True)
-        add("cpu_decode", 1, True, 1)
         add("cpu_backend", 1, True)
+        if args.cpu_decode_peer:
+            add("cpu_decode", 1, True, 1)
     if args.stability_seconds:
         add(
             "vdet",
@@ -525,6 +526,9 @@ def main() -> int:
     parser.add_argument("--unpaced-sources", type=_ints, default=[64])
     parser.add_argument("--batches", type=_ints, default=[1, 8])
     parser.add_argument("--no-peers", dest="peers", action="store_false")
+    parser.add_argument(
+        "--cpu-decode-peer", action="store_true", help="also vdet with FFmpeg CPU decode"
+    )
     parser.add_argument("--stability-seconds", type=float, default=0.0)
     parser.add_argument("--stability-sources", type=int, default=32)
     parser.add_argument("--stability-batch", type=int, default=1)
