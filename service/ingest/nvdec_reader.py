@@ -17,12 +17,10 @@ accept `GpuVideoFrame` whenever the choice can be NVDEC.
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
-from collections.abc import Generator, Iterator
-from fractions import Fraction
-from typing import Any, Literal, cast
+from collections.abc import Iterator
+from typing import Any, Literal
 
 import av
 import av.bitstream
@@ -37,14 +35,7 @@ from vdet.ingest.nvdec import (
     is_length_prefixed,
     nvdec_available,
 )
-from vdet.ingest.reader import (
-    _ARRIVALS_KEPT,
-    DecodeError,
-    SourceError,
-    SourceReader,
-    StreamInfo,
-    _Pacer,
-)
+from vdet.ingest.reader import DecodeError, SourceError, SourceReader, StreamInfo
 from vdet.types import VideoFrame
 
 log = logging.getLogger(__name__)
@@ -130,7 +121,7 @@ class NvdecSourceReader(SourceReader):
         if self.on_cpu:
             yield from super().frames(first_index)
             return
-        container, stream = self._require_open()
+        _, stream = self._require_open()
         context = stream.codec_context
         codec = context.name
         extradata = bytes(context.extradata or b"")
@@ -138,9 +129,7 @@ class NvdecSourceReader(SourceReader):
         matrix, colour_range = colour_from_metadata(
             context.colorspace, context.color_range, context.pix_fmt
         )
-        time_base = stream.time_base or Fraction(1, 90_000)
-        frame_period = 1.0 / self.info.fps if self.info and self.info.fps else 1.0 / 30.0
-        pacer = _Pacer(self._interrupted) if self.realtime else None
+        timeline = self._new_timeline()
         decoder = NvdecDecoder(
             codec,
             gpu=self.gpu,
@@ -150,10 +139,8 @@ class NvdecSourceReader(SourceReader):
             device=self._device,
         )
         self.decoder = decoder
-        arrivals: collections.OrderedDict[int, float] = collections.OrderedDict()
         index = first_index
         consecutive_errors = 0
-        loop_offset_s = 0.0
 
         def emit(
             decoded: list[DecodedNv12], started: float, arrival: float
@@ -161,11 +148,7 @@ class NvdecSourceReader(SourceReader):
             nonlocal index
             share = (time.perf_counter() - started) / max(1, len(decoded))
             for frame in decoded:
-                pts_s = None
-                frame_arrival = arrival
-                if frame.pts is not None:
-                    pts_s = float(frame.pts * time_base) + loop_offset_s
-                    frame_arrival = arrivals.pop(frame.pts, arrival)
+                pts_s, frame_arrival = timeline.place_frame(frame.pts, arrival)
                 yield GpuVideoFrame(
                     source_id=self.source_id,
                     index=index,
@@ -182,89 +165,45 @@ class NvdecSourceReader(SourceReader):
                 )
                 index += 1
 
+        # The MP4-to-Annex-B filter keeps state from packet to packet (such as whether it has
+        # put the parameter sets before a keyframe yet); each pass, a seek back to the start
+        # that the decoder meets with a new session, gets a fresh one, as a reopened file would.
+        annexb: av.bitstream.BitStreamFilterContext | None = None
+        annexb_pass = -1
         try:
-            while True:
-                pass_frames = 0
-                first_pts: int | None = None
-                end_pts: int | None = None
-                last_media_s: float | None = None
-                bsf = (
-                    av.bitstream.BitStreamFilterContext(f"{codec}_mp4toannexb", stream)
-                    if length_prefixed
-                    else None
-                )
-                packets = cast("Generator[av.Packet[Any], None, None]", container.demux())
-                try:
-                    for packet in packets:
-                        if self._interrupted.is_set():
-                            return
-                        if packet.stream.index != stream.index:
-                            continue
-                        arrival = time.time()
-                        started = time.perf_counter()
-                        if packet.size == 0:  # end of this pass: drain the session
-                            try:
-                                decoded = decoder.flush()
-                            except NvdecError as exc:
-                                self.decode_errors += 1
-                                yield DecodeError(f"NvdecError: {exc}", consecutive_errors + 1)
-                                continue
-                            for item in emit(decoded, started, arrival):
-                                pass_frames += 1
-                                yield item
-                            continue
-                        if packet.pts is not None:
-                            if first_pts is None or packet.pts < first_pts:
-                                first_pts = packet.pts
-                            end = packet.pts + (packet.duration or 0)
-                            end_pts = end if end_pts is None else max(end_pts, end)
-                        if pacer is not None:
-                            ts = packet.dts if packet.dts is not None else packet.pts
-                            if ts is not None:
-                                media_s = float(ts * time_base) + loop_offset_s
-                            elif last_media_s is not None:
-                                media_s = last_media_s + frame_period
-                            else:
-                                media_s = 0.0
-                            last_media_s = media_s
-                            if not pacer.wait_until(media_s):
-                                return
-                            arrival = time.time()
-                            started = time.perf_counter()
-                        if packet.pts is not None:
-                            arrivals[packet.pts] = arrival
-                            if len(arrivals) > _ARRIVALS_KEPT:
-                                arrivals.popitem(last=False)
-                        units = bsf.filter(packet) if bsf is not None else [packet]
-                        decoded = []
+            packets = self._video_packets(timeline)
+            try:
+                for packet, arrival in packets:
+                    started = time.perf_counter()
+                    if packet.size == 0:  # end of this pass: drain the session
                         try:
-                            for unit in units:
-                                decoded += decoder.decode(
-                                    memoryview(unit), unit.pts, bool(unit.is_keyframe)
-                                )
+                            decoded = decoder.flush()
                         except NvdecError as exc:
                             self.decode_errors += 1
-                            consecutive_errors += 1
-                            yield DecodeError(f"NvdecError: {exc}", consecutive_errors)
+                            yield DecodeError(f"NvdecError: {exc}", consecutive_errors + 1)
                             continue
-                        for item in emit(decoded, started, arrival):
-                            consecutive_errors = 0
-                            pass_frames += 1
-                            yield item
-                finally:
-                    packets.close()
-
-                if not self.loop or self._interrupted.is_set():
-                    return
-                if pass_frames == 0:
-                    raise SourceError(f"a full pass over {self.url} decoded no frame")
-                if first_pts is not None and end_pts is not None and end_pts > first_pts:
-                    loop_offset_s += float((end_pts - first_pts) * time_base)
-                else:
-                    loop_offset_s += pass_frames * frame_period
-                arrivals.clear()
-                container.seek(0)
-                self.loops_completed += 1
+                        yield from emit(decoded, started, arrival)
+                        continue
+                    if length_prefixed and annexb_pass != timeline.pass_index:
+                        annexb = av.bitstream.BitStreamFilterContext(f"{codec}_mp4toannexb", stream)
+                        annexb_pass = timeline.pass_index
+                    units = annexb.filter(packet) if annexb is not None else [packet]
+                    decoded = []
+                    try:
+                        for unit in units:
+                            decoded += decoder.decode(
+                                memoryview(unit), unit.pts, bool(unit.is_keyframe)
+                            )
+                    except NvdecError as exc:
+                        self.decode_errors += 1
+                        consecutive_errors += 1
+                        yield DecodeError(f"NvdecError: {exc}", consecutive_errors)
+                        continue
+                    for item in emit(decoded, started, arrival):
+                        consecutive_errors = 0
+                        yield item
+            finally:
+                packets.close()  # ends the demuxer, which restores PyAV's "no timeout" state
         finally:
             decoder.close()
 

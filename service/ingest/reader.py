@@ -271,20 +271,69 @@ class SourceReader:
         Raises what PyAV raises for a failed read: `av.ExitError` when a read timed out or was
         interrupted, `OSError` subclasses for network errors. Ends normally at end of stream.
         """
-        container, stream = self._require_open()
+        timeline = self._new_timeline()
         index = first_index
         consecutive_errors = 0
-        time_base = stream.time_base or Fraction(1, 90_000)
-        frame_period = 1.0 / self.info.fps if self.info and self.info.fps else 1.0 / 30.0
-        arrivals: collections.OrderedDict[int, float] = collections.OrderedDict()
-        loop_offset_s = 0.0
-        pacer = _Pacer(self._interrupted) if self.realtime else None
+        packets = self._video_packets(timeline)
+        try:
+            for packet, arrival in packets:
+                started = time.perf_counter()
+                try:
+                    # A size-0 packet (end of a pass) decodes as a flush of the frames held back.
+                    decoded = packet.decode()
+                except av.FFmpegError as exc:
+                    self.decode_errors += 1
+                    consecutive_errors += 1
+                    yield DecodeError(f"{type(exc).__name__}: {exc}", consecutive_errors)
+                    continue
+                if not decoded:
+                    continue
+                decode_share = (time.perf_counter() - started) / len(decoded)
+                for frame in decoded:
+                    if not isinstance(frame, av.VideoFrame):
+                        continue
+                    convert_started = time.perf_counter()
+                    image: ImageArray = np.ascontiguousarray(
+                        frame.to_ndarray(format="bgr24"), dtype=np.uint8
+                    )
+                    convert_s = time.perf_counter() - convert_started
+                    pts_s, frame_arrival = timeline.place_frame(frame.pts, arrival)
+                    consecutive_errors = 0
+                    yield VideoFrame(
+                        source_id=self.source_id,
+                        index=index,
+                        image_bgr=image,
+                        pts_seconds=pts_s,
+                        arrival_time=frame_arrival,
+                        decode_seconds=decode_share + convert_s,
+                    )
+                    index += 1
+        finally:
+            packets.close()  # ends the demuxer, which restores PyAV's "no timeout" state
 
+    def _new_timeline(self) -> _Timeline:
+        _, stream = self._require_open()
+        return _Timeline(
+            time_base=stream.time_base or Fraction(1, 90_000),
+            frame_period_s=1.0 / self.info.fps if self.info and self.info.fps else 1.0 / 30.0,
+        )
+
+    def _video_packets(
+        self, timeline: _Timeline
+    ) -> Generator[tuple[av.Packet[Any], float], None, None]:
+        """The video stream's packets, each with its arrival (wall-clock) time, to decode.
+
+        The one demux loop of every reader, so that what a frame's times mean does not depend
+        on the decoder: it records each packet on `timeline` (the decoding loop asks it for
+        its frames' times and counts them there), paces files when `realtime`, and with `loop`
+        seeks back and starts a new `timeline` pass at the end of each. A size-0 packet closes
+        every pass: the demuxer's end of stream, for the decoder to be drained; it is neither
+        paced nor recorded. Ends when interrupted, or at the end of the source unless looping.
+        Close it in a `finally`: that closes the demuxer, which restores PyAV's timeout state.
+        """
+        container, stream = self._require_open()
+        pacer = _Pacer(self._interrupted) if self.realtime else None
         while True:
-            pass_frames = 0
-            first_pts: int | None = None
-            end_pts: int | None = None
-            last_media_s: float | None = None
             # PyAV's stubs say Iterator; it is a generator, and closing it matters.
             packets = cast("Generator[av.Packet[Any], None, None]", container.demux())
             try:
@@ -293,79 +342,24 @@ class SourceReader:
                         return
                     if packet.stream.index != stream.index:
                         continue
-                    flushing = packet.size == 0
                     arrival = time.time()
-                    if not flushing:
-                        if packet.pts is not None:
-                            if first_pts is None or packet.pts < first_pts:
-                                first_pts = packet.pts
-                            end = packet.pts + (packet.duration or 0)
-                            end_pts = end if end_pts is None else max(end_pts, end)
+                    if packet.size > 0:
                         if pacer is not None:
-                            ts = packet.dts if packet.dts is not None else packet.pts
-                            if ts is not None:
-                                media_s = float(ts * time_base) + loop_offset_s
-                            elif last_media_s is not None:
-                                media_s = last_media_s + frame_period
-                            else:
-                                media_s = 0.0
-                            last_media_s = media_s
-                            if not pacer.wait_until(media_s):
+                            if not pacer.wait_until(timeline.due_seconds(packet)):
                                 return
-                            arrival = time.time()
-                        if packet.pts is not None:
-                            arrivals[packet.pts] = arrival
-                            if len(arrivals) > _ARRIVALS_KEPT:
-                                arrivals.popitem(last=False)
-
-                    started = time.perf_counter()
-                    try:
-                        decoded = packet.decode()
-                    except av.FFmpegError as exc:
-                        self.decode_errors += 1
-                        consecutive_errors += 1
-                        yield DecodeError(f"{type(exc).__name__}: {exc}", consecutive_errors)
-                        continue
-                    if not decoded:
-                        continue
-                    decode_share = (time.perf_counter() - started) / len(decoded)
-                    for frame in decoded:
-                        if not isinstance(frame, av.VideoFrame):
-                            continue
-                        convert_started = time.perf_counter()
-                        image: ImageArray = np.ascontiguousarray(
-                            frame.to_ndarray(format="bgr24"), dtype=np.uint8
-                        )
-                        convert_s = time.perf_counter() - convert_started
-                        pts_s: float | None = None
-                        frame_arrival = arrival
-                        if frame.pts is not None:
-                            pts_s = float(frame.pts * time_base) + loop_offset_s
-                            frame_arrival = arrivals.pop(frame.pts, arrival)
-                        consecutive_errors = 0
-                        pass_frames += 1
-                        yield VideoFrame(
-                            source_id=self.source_id,
-                            index=index,
-                            image_bgr=image,
-                            pts_seconds=pts_s,
-                            arrival_time=frame_arrival,
-                            decode_seconds=decode_share + convert_s,
-                        )
-                        index += 1
+                            arrival = time.time()  # it arrives when it is released
+                        timeline.record_packet(packet, arrival)
+                    yield packet, arrival
             finally:
                 packets.close()  # restores PyAV's "no timeout" state before anything else
 
             if not self.loop or self._interrupted.is_set():
                 return
-            if pass_frames == 0:
+            if timeline.pass_frames == 0:
+                # Looping again would spin on a source that will never yield a frame.
                 raise SourceError(f"a full pass over {self.url} decoded no frame")
-            if first_pts is not None and end_pts is not None and end_pts > first_pts:
-                loop_offset_s += float((end_pts - first_pts) * time_base)
-            else:
-                loop_offset_s += pass_frames * frame_period
-            arrivals.clear()
-            container.seek(0)  # also flushes the decoder, which the flush packet drained
+            timeline.next_pass()
+            container.seek(0)  # also flushes the decoder, which the size-0 packet drained
             self.loops_completed += 1
 
     def interrupt(self) -> None:
@@ -412,3 +406,78 @@ class _Pacer:
         if target > now:
             return not self._interrupted.wait(target - now)
         return not self._interrupted.is_set()
+
+
+class _Timeline:
+    """Packet and frame times of one `frames()` call, continuous across the passes of a loop.
+
+    Shared by the demux loop (`SourceReader._video_packets`), which records each packet and
+    moves to the next pass, and the decoding loop, which turns each frame's pts into its times
+    with `place_frame`. Timestamps of pass n are shifted by the length of passes 0..n-1, so a
+    looped file counts time upward as a camera would.
+    """
+
+    def __init__(self, time_base: Fraction, frame_period_s: float) -> None:
+        self.time_base = time_base
+        self.frame_period_s = frame_period_s
+        self.pass_index = 0
+        self.pass_frames = 0  # frames decoded in this pass (placed with `place_frame`)
+        self._offset_s = 0.0  # what this pass adds to its timestamps: the earlier passes' length
+        self._first_pts: int | None = None
+        self._end_pts: int | None = None  # the largest pts + duration of this pass's packets
+        self._last_due_s: float | None = None
+        # pts -> wall-clock arrival of the packet: a decoder returns frames later, and in
+        # display order, so a frame's arrival is looked up by its pts. Bounded by
+        # _ARRIVALS_KEPT against packets whose frames never come out.
+        self._arrivals: collections.OrderedDict[int, float] = collections.OrderedDict()
+
+    def due_seconds(self, packet: av.Packet[Any]) -> float:
+        """When `packet` is due, for pacing: its decode time (what orders packets), else its
+        presentation time, else one frame after the previous packet."""
+        ts = packet.dts if packet.dts is not None else packet.pts
+        if ts is not None:
+            due_s = float(ts * self.time_base) + self._offset_s
+        elif self._last_due_s is not None:
+            due_s = self._last_due_s + self.frame_period_s
+        else:
+            due_s = 0.0
+        self._last_due_s = due_s
+        return due_s
+
+    def record_packet(self, packet: av.Packet[Any], arrival: float) -> None:
+        """Note a packet of this pass (not the size-0 one) that arrived at `arrival`."""
+        if packet.pts is None:
+            return
+        if self._first_pts is None or packet.pts < self._first_pts:
+            self._first_pts = packet.pts
+        end = packet.pts + (packet.duration or 0)
+        self._end_pts = end if self._end_pts is None else max(self._end_pts, end)
+        self._arrivals[packet.pts] = arrival
+        if len(self._arrivals) > _ARRIVALS_KEPT:
+            self._arrivals.popitem(last=False)
+
+    def place_frame(self, pts: int | None, packet_arrival: float) -> tuple[float | None, float]:
+        """A decoded frame's (pts in seconds, arrival time), counted as a frame of this pass.
+
+        The arrival is that of the packet with the frame's pts; `packet_arrival` (the packet
+        whose decoding released the frame) when that is unknown.
+        """
+        self.pass_frames += 1
+        if pts is None:
+            return None, packet_arrival
+        pts_s = float(pts * self.time_base) + self._offset_s
+        return pts_s, self._arrivals.pop(pts, packet_arrival)
+
+    def next_pass(self) -> None:
+        """Start the next pass, whose timestamps continue from where this one ended."""
+        first, end = self._first_pts, self._end_pts
+        if first is not None and end is not None and end > first:
+            self._offset_s += float((end - first) * self.time_base)
+        else:  # no usable timestamps: the pass lasted its frames at the nominal rate
+            self._offset_s += self.pass_frames * self.frame_period_s
+        self.pass_index += 1
+        self.pass_frames = 0
+        self._first_pts = None
+        self._end_pts = None
+        self._last_due_s = None
+        self._arrivals.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from vdet.ingest.nvdec import (
     sequence_header,
 )
 from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
-from vdet.ingest.reader import DecodeError, SourceReader
+from vdet.ingest.reader import DecodeError, SourceError, SourceReader
 from vdet.types import ColourMatrix, ColourRange, VideoFrame
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -297,6 +298,69 @@ def test_nvdec_source_reader_reports_decoder_failures_as_decode_errors() -> None
     errors = [i for i in items if isinstance(i, DecodeError)]
     assert len(errors) == 1 and "NvdecError" in errors[0].message and reader.decode_errors == 1
     assert len(items) - 1 == 24 - 12 + 4  # frames before the failure, none until the next IDR
+
+
+def test_nvdec_and_cpu_readers_give_looped_frames_the_same_indexes_and_times() -> None:
+    # B-frames: the decoder returns frames later than their packets and reordered. The
+    # readers share one demux/loop code path, so the two must agree exactly.
+    path = str(DATA / "bframes.mp4")
+    timelines = []
+    for reader in (
+        NvdecSourceReader(path, loop=True, nvc=FakeNvc(), device="cpu"),
+        SourceReader(path, loop=True),
+    ):
+        frames: list[GpuVideoFrame | VideoFrame] = []
+        with reader:
+            reader.open()
+            for item in reader.frames(first_index=3):
+                assert not isinstance(item, DecodeError)
+                frames.append(item)
+                if len(frames) == 110:  # two passes of 48 frames and part of a third
+                    break
+            loops = reader.loops_completed
+        timelines.append(([f.index for f in frames], [f.pts_seconds for f in frames], loops))
+    assert timelines[0] == timelines[1]
+    indexes, pts, loops = timelines[0]
+    assert indexes == list(range(3, 113)) and loops == 2
+    assert pts == pytest.approx([i / 24 for i in range(110)], abs=1e-3)
+
+
+def test_nvdec_source_reader_paces_a_looped_file_in_real_time() -> None:
+    reader = NvdecSourceReader(
+        str(DATA / "hevc.mp4"), realtime=True, loop=True, nvc=FakeNvc(), device="cpu"
+    )
+    frames: list[GpuVideoFrame] = []
+    with reader:
+        reader.open()
+        started = time.monotonic()
+        for item in reader.frames():
+            assert isinstance(item, GpuVideoFrame)
+            frames.append(item)
+            if len(frames) == 30:  # 24 frames a pass: crosses the loop
+                break
+        elapsed = time.monotonic() - started
+    # 29 frame periods at 24 fps: 1.2 s; loose bounds, this machine may be busy.
+    assert 0.6 <= elapsed <= 3.0
+    arrivals = [f.arrival_time for f in frames]
+    assert arrivals == sorted(arrivals)
+    assert 0.6 <= arrivals[-1] - arrivals[0] <= 3.0
+
+
+def test_nvdec_source_reader_stops_looping_a_file_that_decodes_no_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fail(self: NvdecDecoder, *args: Any) -> list[Any]:
+        raise NvdecError("simulated decoder failure")
+
+    monkeypatch.setattr(NvdecDecoder, "decode", fail)
+    reader = NvdecSourceReader(str(DATA / "hevc.mp4"), loop=True, nvc=FakeNvc(), device="cpu")
+    items: list[Any] = []
+    with reader:
+        reader.open()
+        with pytest.raises(SourceError, match="decoded no frame"):
+            items.extend(reader.frames())
+    assert len(items) == 24 and all(isinstance(i, DecodeError) for i in items)
+    assert [i.consecutive for i in items] == list(range(1, 25)) and reader.loops_completed == 0
 
 
 def test_nvdec_source_reader_decodes_other_codecs_on_the_cpu(tmp_path: Path) -> None:
