@@ -207,7 +207,9 @@ class GpuWorker:
     """Everything one GPU does for the streams placed on it (module docstring).
 
     `device` is a torch device (cuda:N; "cpu" runs the same code without CUDA, for tests);
-    `network_factory(batch)` gives the network for a batch size on that device; `nvc` replaces
+    `network_factory(batch)` gives the network for a batch size on that device (called once
+    per stream runner: a TensorRT network is an execution context of its own), `dtype` and
+    `channels_last` describe the input it takes; `nvc` replaces
     the PyNvVideoCodec module in the readers, and `index` gives a CPU worker a GPU index to
     stand for (both for tests on the CPU).
     Thread-safe.
@@ -224,6 +226,7 @@ class GpuWorker:
         on_eager_fallback: Callable[[], None] | None = None,
         nvc: Any = None,
         index: int | None = None,
+        channels_last: bool = True,
     ) -> None:
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
@@ -235,6 +238,7 @@ class GpuWorker:
         self.settings = settings
         self.input_hw = input_hw
         self.dtype = dtype
+        self.channels_last = channels_last
         self._network_factory = network_factory
         self._on_eager_fallback = on_eager_fallback
         self._nvc = nvc
@@ -260,6 +264,7 @@ class GpuWorker:
             "device": self.device,
             "preprocess": self.preprocess,
             "decode_nms": self.decode_nms,
+            "channels_last": self.channels_last,
             "use_graphs": self.settings.cuda_graphs,
             "on_eager_fallback": self._on_eager_fallback,
             "name": name,
@@ -433,42 +438,53 @@ def build_gpu_pool(
     *,
     on_eager_fallback: Callable[[], None] | None = None,
 ) -> GpuPool:
-    """One worker per GPU of `settings.devices` (None: every visible GPU) for a torch backend.
+    """One worker per GPU of `settings.devices` (None: every visible GPU) for a torch or a
+    TensorRT backend (raw-head engine).
 
-    The backend's own device reuses its converted network; other GPUs get a replica of the
-    same ONNX model (vdet.pipeline.backends.torch.TorchBackend without its own graph).
+    The backend's own GPU uses the backend; every other GPU gets a replica: the same ONNX
+    converted again (torch), or the same plan deserialized there (TensorRT: plans are per GPU
+    model, and a node's GPUs are one model).
     """
+    from vdet.pipeline.backends.tensorrt import TensorRTBackend
     from vdet.pipeline.backends.torch import TorchBackend
 
-    if not isinstance(backend, TorchBackend):
-        raise TypeError(f"the GPU data path runs torch networks, not {type(backend).__name__}")
     count = torch.cuda.device_count()
     devices = settings.devices if settings.devices is not None else list(range(count))
     if missing := [d for d in devices if not 0 <= d < count]:
         raise ValueError(f"gpu.devices {missing} do not exist; this node has {count} GPU(s)")
-    own = torch.device(backend.torch_device)
-    if own.type == "cuda" and own.index is None:
-        own = torch.device("cuda", torch.cuda.current_device())
-    workers = []
-    for index in devices:
-        device = torch.device("cuda", index)
-        source = backend
-        if device != own:
-            source = TorchBackend(
+
+    def replica(index: int) -> Any:
+        if isinstance(backend, TensorRTBackend):
+            if index == backend.device_index:
+                return backend
+            return TensorRTBackend(backend.plan, device=index)
+        if isinstance(backend, TorchBackend):
+            own = torch.device(backend.torch_device)
+            own_index = own.index if own.index is not None else torch.cuda.current_device()
+            if index == own_index:
+                return backend
+            return TorchBackend(
                 backend.info.path,
-                device=str(device),
+                device=f"cuda:{index}",
                 fp16=backend.fp16,
                 channels_last=backend.channels_last,
                 cuda_graph=False,
             )
+        raise TypeError(f"the GPU data path runs torch or TensorRT, not {type(backend).__name__}")
+
+    workers = []
+    for index in devices:
+        source = replica(index)
+        tensorrt = isinstance(source, TensorRTBackend)
         workers.append(
             GpuWorker(
-                device,
+                torch.device("cuda", index),
                 source.network_for_batch,
                 input_hw=backend.info.input_hw,
-                dtype=backend.dtype,
+                dtype=source.input_torch_dtype() if tensorrt else source.dtype,
                 settings=settings,
                 on_eager_fallback=on_eager_fallback,
+                channels_last=not tensorrt and source.channels_last,
             )
         )
     return GpuPool(workers, max_streams_per_gpu=settings.max_streams_per_gpu)

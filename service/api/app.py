@@ -155,12 +155,17 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
 
 
 def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | None:
-    """GPU workers (NVDEC + CUDA graphs) when the backend runs torch on CUDA; else None.
+    """GPU workers (NVDEC + CUDA graphs) when the backend runs on a GPU; else None.
 
-    Other backends (ONNX Runtime, TensorRT's host-buffer `infer`) decode on the CPU and run
-    every frame through the `Detector`.
+    That is torch on CUDA, or a TensorRT raw-head engine. ONNX Runtime (CPU), end-to-end
+    engines and a TensorRT engine still being built behind ONNX Runtime (the handoff backend)
+    decode on the CPU and run every frame through the `Detector`.
     """
-    if getattr(backend, "name", None) != "torch" or not str(backend.device).startswith("cuda"):
+    kind = type(backend).__name__
+    if kind == "TorchBackend":
+        if not str(backend.device).startswith("cuda"):
+            return None
+    elif kind != "TensorRTBackend" or backend.end_to_end:
         return None
     from vdet.gpu_workers import build_gpu_pool
 

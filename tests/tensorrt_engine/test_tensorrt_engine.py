@@ -386,3 +386,66 @@ def test_plugin_harness_on_the_gpu(plugin_build: Path, tmp_path: Path) -> None:
         expected, _ = decode_and_nms_image(raw[b], PostprocessParams())
         assert counts[b] == len(expected.scores)
         np.testing.assert_allclose(dets[b, : counts[b], :4], expected.xyxy, atol=1e-4)
+
+
+def _nv12_frame(seed: int) -> Any:
+    """A rendered 1080p scene as a GpuVideoFrame (NV12 on the GPU, BT.601 limited, as
+    cv2's BGR -> I420 makes it) and the BGR image it came from."""
+    import cv2
+    import torch
+
+    from vdet.dataset.synthetic import SceneConfig, render_image
+    from vdet.ingest.nvdec import GpuVideoFrame
+    from vdet.types import ColourMatrix, ColourRange
+
+    bgr = render_image(seed, SceneConfig(width=1920, height=1080)).image_bgr
+    h, w = bgr.shape[:2]
+    i420 = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
+    u = i420[h : h + h // 4].reshape(h // 2, w // 2)
+    v = i420[h + h // 4 :].reshape(h // 2, w // 2)
+    nv12 = np.concatenate((i420[:h], np.stack((u, v), axis=-1).reshape(h // 2, w)))
+    frame = GpuVideoFrame(
+        source_id="cam",
+        index=seed,
+        pts_seconds=None,
+        arrival_time=0.0,
+        decode_seconds=0.0,
+        width=w,
+        height=h,
+        nv12=torch.from_numpy(np.ascontiguousarray(nv12)).cuda(),
+        matrix=ColourMatrix.BT601,
+        colour_range=ColourRange.LIMITED,
+        stream=None,
+        ready=None,
+    )
+    return frame, bgr
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_gpu_workers_on_the_engine_find_what_onnxruntime_finds(fp32_plan: Path, batch: int) -> None:
+    """vdet serve's GPU path on TensorRT: one context per stream runner (or one batched
+    runner), our kernels around the engine, all in one CUDA graph; replay against eager."""
+    from vdet.config import GpuSettings
+    from vdet.gpu_workers import build_gpu_pool
+    from vdet.pipeline.detector import Detector
+
+    frames = [_nv12_frame(seed) for seed in range(3)]
+    with TensorRTBackend(fp32_plan) as engine, Detector.open(DEMO, "onnxruntime") as reference:
+        results = {}
+        for graphs in (True, False):
+            settings = GpuSettings(batch=batch, cuda_graphs=graphs, devices=[0])
+            pool = build_gpu_pool(settings, engine)
+            worker = pool.workers[0]
+            try:
+                results[graphs] = [
+                    worker.detect(f"cam{i}", frame, reference.params)[0]
+                    for i, (frame, _) in enumerate(frames)
+                ]
+            finally:
+                pool.close()
+        expected = reference.detect([bgr for _, bgr in frames])
+    for replayed, eager, (cpu, _) in zip(results[True], results[False], expected, strict=True):
+        np.testing.assert_array_equal(replayed.class_ids, eager.class_ids)
+        np.testing.assert_allclose(replayed.xyxy, eager.xyxy, atol=1e-3)
+        assert len(replayed.xyxy) == len(cpu.xyxy) > 0
+        np.testing.assert_array_equal(np.sort(replayed.class_ids), np.sort(cpu.class_ids))

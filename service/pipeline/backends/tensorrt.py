@@ -235,6 +235,32 @@ class TensorRTBackend(InferenceBackend):
         counts = np.concatenate([c[NUM_DETECTIONS] for c in chunks], axis=0)
         return detections.astype(np.float32, copy=False), counts.astype(np.int32, copy=False)
 
+    # -- the GPU data path (vdet.gpu_workers) --
+
+    @property
+    def device_index(self) -> int:
+        return self._device
+
+    def input_torch_dtype(self) -> Any:
+        """The torch dtype of the engine's input (FP16 engines built by the builder flag on
+        TensorRT 10 keep an FP32 input)."""
+        return _torch_dtype(self._trt, self._engine.get_tensor_dtype(self._input))
+
+    def network_for_batch(self, batch: int) -> TensorRTGraphNetwork:
+        """A network for vdet.pipeline.gpu_runner with its OWN execution context (each source's
+        runner gets one), for (batch, 3, H, W) input on this backend's GPU."""
+        if self.end_to_end:
+            raise RuntimeError(f"{self.plan} is end-to-end: the GPU path needs the raw head")
+        if not 1 <= batch <= self._max_batch:
+            raise ValueError(f"batch {batch} is outside the engine's profile 1..{self._max_batch}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self!r} is closed")
+            (output,) = self._outputs
+            return TensorRTGraphNetwork(
+                self._engine, self._input, output, batch, self.info.input_hw, self._device
+            )
+
     def close(self) -> None:
         with self._lock:
             if self._closed:
@@ -249,6 +275,62 @@ class TensorRTBackend(InferenceBackend):
             lane.context = None
         self._engine = None
         self._runtime = None
+
+
+def _torch_dtype(trt: Any, dtype: Any) -> Any:
+    import torch
+
+    table = {trt.DataType.FLOAT: torch.float32, trt.DataType.HALF: torch.float16}
+    if dtype not in table:
+        raise RuntimeError(f"the GPU path handles FP32 and FP16 engine I/O, not {dtype}")
+    return table[dtype]
+
+
+class TensorRTGraphNetwork:
+    """One execution context as a `vdet.pipeline.gpu_runner.Network`: reads the runner's static
+    input tensor in place and writes the raw head into an output tensor it owns, enqueued with
+    `execute_async_v3` on the caller's current torch stream. Replays of a CUDA graph captured
+    around a call re-run TensorRT's kernels on the same addresses, which is why the addresses
+    are set on every call (a host-side setting, never part of the graph) and the runner warms
+    up with an eager call before capturing, as TensorRT's documentation asks.
+    """
+
+    def __init__(
+        self,
+        engine: Any,
+        input_name: str,
+        output_name: str,
+        batch: int,
+        input_hw: tuple[int, int],
+        device: int,
+    ) -> None:
+        import tensorrt as trt
+        import torch
+
+        self.input_name, self.output_name = input_name, output_name
+        with torch.cuda.device(device):
+            context = engine.create_execution_context()
+            if context is None:
+                raise RuntimeError("TensorRT could not create an execution context (GPU memory?)")
+            shape = (batch, 3, *input_hw)
+            if not context.set_input_shape(input_name, shape):
+                raise RuntimeError(f"the engine does not accept input shape {shape}")
+            self.input_dtype = _torch_dtype(trt, engine.get_tensor_dtype(input_name))
+            out_shape = tuple(context.get_tensor_shape(output_name))
+            out_dtype = _torch_dtype(trt, engine.get_tensor_dtype(output_name))
+            self.output = torch.empty(out_shape, dtype=out_dtype, device=f"cuda:{device}")
+        self.context = context
+
+    def __call__(self, x: Any) -> Any:
+        import torch
+
+        x = x.to(self.input_dtype).contiguous()  # NCHW, the engine's input type
+        self.context.set_tensor_address(self.input_name, x.data_ptr())
+        self.context.set_tensor_address(self.output_name, self.output.data_ptr())
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        if not self.context.execute_async_v3(stream):
+            raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+        return self.output
 
 
 def _model_info(plan: Path, manifest: EngineManifest) -> ModelInfo:
