@@ -5,7 +5,7 @@
  *
  *   memset counts[0:B] = 0
  *   decode_candidates  grid (ceil(N / 32), B)  block (32, 8)
- *   select_topk        grid (B)                block (1024)  smem 1088 + 8 * pow2(top_k) + 8 * stage
+ *   select_topk        grid (B)                block (1024)  smem 9792 + 8 * pow2(top_k) + 8 * stage
  *   nms_mask           grid (words, words, B)  block (256)
  *   nms_scan           grid (B)                block (512)   smem: the whole mask triangle
  *       (512 + 256 * words * (words + 1) + 4 * keep) when the device allows it, else two row
@@ -34,7 +34,7 @@ constexpr size_t kAlign = 256;
 constexpr int kSelectThreads = 1024;
 constexpr int kMaskThreads = 256;  // VDET_MASK_THREADS of decode_nms.cuh (its launch bound)
 constexpr int kScanThreads = 512;
-constexpr int kSelectSmemHeader = 256 * 4 + 16 * 4;
+constexpr int kSelectSmemHeader = 2048 * 4 + 256 * 4 + 64 * 8 + 16 * 4;
 constexpr int kScanSmemHeader = 64 * 8;
 constexpr int kScanStaticSmem = 16;  // vdet_nms_scan's own __shared__ scalars
 constexpr int kDefaultSharedBytes = 48 * 1024;  // what every block gets without opting in
@@ -206,9 +206,9 @@ extern "C" int vdet_decode_nms_launch(const void* raw, int raw_is_half, int batc
         const size_t smem = (size_t)fixed + 8 * (size_t)stage_cap;
         status = allow_shared(VDET_KERNEL_SELECT_F32 + half, smem);
         if (status != 0) return status;
-        void* args[] = {&raw,        &nc,         &n,          &top_k,      &stage_cap,
-                        &counts,     &keys,       &best_class, &cap,        &cand_count,
-                        &cand_box,   &cand_score, &cand_class, &cand_anchor};
+        void* args[] = {&raw,        &nc,       &n,          &top_k,      &conf,
+                        &stage_cap,  &counts,   &keys,       &best_class, &cap,
+                        &cand_count, &cand_box, &cand_score, &cand_class, &cand_anchor};
         status = launch(VDET_KERNEL_SELECT_F32 + half, (unsigned)batch, 1, 1, kSelectThreads, 1, 1,
                         smem, stream, args);
         if (status != 0) return status;

@@ -38,7 +38,7 @@ DECODE_BLOCK = (32, 8, 1)
 SELECT_THREADS = 1024
 MASK_THREADS = 256  # 4 threads per candidate row (any 64 * L up to the kernel launch bound)
 SCAN_THREADS = 512
-SELECT_SMEM_HEADER = 256 * 4 + 16 * 4
+SELECT_SMEM_HEADER = 2048 * 4 + 256 * 4 + 64 * 8 + 16 * 4
 SCAN_SMEM_HEADER = 64 * 8
 SCAN_STATIC_SMEM = 16  # vdet_nms_scan's own __shared__ scalars
 LETTERBOX_BLOCK = (32, 8, 1)
@@ -577,6 +577,7 @@ class GpuOps:
                 i32(nc),
                 i32(N),
                 i32(top_k),
+                _f32(params.conf_threshold),
                 i32(stage_cap),
                 at["counts"],
                 at["keys"],

@@ -5,6 +5,8 @@
  *   vdet_decode_candidates_{f32,f16}  grid (ceil(N / 32), B)     block (32, 8)
  *   vdet_select_topk_{f32,f16}        grid (B)                   block (1024)
  *       dynamic smem VDET_SELECT_SMEM_HEADER + 8 * (pow2 >= top_k) + 8 * stage_cap
+ *       (exactly VDET_SELECT_THREADS threads: its sort takes up to VDET_SORT_PER_THREAD keys
+ *       per thread, its bucket scan VDET_SELECT_BINS / 1024 bins)
  *   vdet_nms_mask                     grid (words, words, B)     block (64 * L), L = 1..16
  *       (L threads per candidate row; VDET_MASK_THREADS = 256 is what vdet uses)
  *   vdet_nms_scan                     grid (B)                   block (512)
@@ -34,22 +36,22 @@ extern "C" __global__ void __launch_bounds__(256) vdet_decode_candidates_f16(
 }
 
 extern "C" __global__ void __launch_bounds__(VDET_SELECT_THREADS) vdet_select_topk_f32(
-    const float* __restrict__ raw, int nc, int n_anchors, int top_k, int stage_cap,
-    const unsigned int* __restrict__ counts, const vdet_u64* __restrict__ keys,
+    const float* __restrict__ raw, int nc, int n_anchors, int top_k, float conf,
+    int stage_cap, const unsigned int* __restrict__ counts, const vdet_u64* __restrict__ keys,
     const int* __restrict__ best_class, int cand_cap, unsigned int* __restrict__ cand_count,
     VdetBox* __restrict__ cand_box, float* __restrict__ cand_score, int* __restrict__ cand_class,
     int* __restrict__ cand_anchor) {
-    vdet_select_topk<float>(raw, nc, n_anchors, top_k, stage_cap, counts, keys, best_class,
+    vdet_select_topk<float>(raw, nc, n_anchors, top_k, conf, stage_cap, counts, keys, best_class,
                             cand_cap, cand_count, cand_box, cand_score, cand_class, cand_anchor);
 }
 
 extern "C" __global__ void __launch_bounds__(VDET_SELECT_THREADS) vdet_select_topk_f16(
-    const unsigned short* __restrict__ raw, int nc, int n_anchors, int top_k, int stage_cap,
-    const unsigned int* __restrict__ counts, const vdet_u64* __restrict__ keys,
+    const unsigned short* __restrict__ raw, int nc, int n_anchors, int top_k, float conf,
+    int stage_cap, const unsigned int* __restrict__ counts, const vdet_u64* __restrict__ keys,
     const int* __restrict__ best_class, int cand_cap, unsigned int* __restrict__ cand_count,
     VdetBox* __restrict__ cand_box, float* __restrict__ cand_score, int* __restrict__ cand_class,
     int* __restrict__ cand_anchor) {
-    vdet_select_topk<unsigned short>(raw, nc, n_anchors, top_k, stage_cap, counts, keys,
+    vdet_select_topk<unsigned short>(raw, nc, n_anchors, top_k, conf, stage_cap, counts, keys,
                                      best_class, cand_cap, cand_count, cand_box, cand_score,
                                      cand_class, cand_anchor);
 }

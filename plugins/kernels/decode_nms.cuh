@@ -7,20 +7,24 @@
  *    (lowest id on ties, NaN drops the anchor), score > conf, optional class filter; survivors
  *    are appended (in no particular order) to keys[b] as 64-bit sort keys, their class to
  *    best_class[b][anchor]. counts[b] must be zero before the launch.
- * 2. vdet_select_topk: one block per image; radix-selects the top_k largest keys (8-bit digits,
- *    most significant first, stopping as soon as the boundary bucket is taken whole), bitonic-
- *    sorts them in shared memory, and writes the candidates (box, score, class, anchor) in
- *    order. Keys are unique, so the order is total and deterministic.
+ * 2. vdet_select_topk: one block per image; selects the top_k largest keys: one pass over the
+ *    keys (staged in shared memory when they fit) builds a 2048-bin histogram of a score digit
+ *    (conf .. 1 in equal steps of float bits) and finds the bucket of the top_k-th key; a second
+ *    pass takes the keys of higher buckets and puts that bucket's keys aside; unless it is kept
+ *    whole, 8-bit radix passes over the keys put aside pick the ones still needed. The selected
+ *    keys are sorted by a warp-level bitonic sort of runs of 32 and rank-by-binary-search merges,
+ *    and the candidates (box, score, class, anchor) written in order. Keys are unique, so the
+ *    selection and the order are total and deterministic (the same as a full sort's).
  * 3. vdet_nms_mask: one block (64 * L threads) per 64 x 64 tile of the upper triangle of the
  *    candidates' suppression matrix: bit j of row i is set when j > i, the classes match
  *    (or agnostic) and IoU(i, j) > iou_threshold, computed in float32 exactly as the reference.
  * 4. vdet_nms_scan: one block per image; a greedy sweep over the bitmask, 64 candidates at a
  *    time: warp 0 resolves the 64-candidate diagonal tile (sequentially only for candidates
  *    that overlap a later one of the tile), all warps OR the kept rows into the "removed"
- *    words; the mask comes from shared memory, preloaded whole when the launch gives room for
- *    it, else a row tile at a time with the next one prefetched. Stops at max_det; writes
- *    [max_det, 6] float32 rows (x1, y1, x2, y2, score, class; zero after the last kept box),
- *    the count and optionally the kept anchor indices (-1 after the last).
+ *    words; the mask comes from shared memory, preloaded whole (many loads in flight) when the
+ *    launch gives room for it, else a row tile at a time with the next one prefetched. Stops
+ *    at max_det; writes [max_det, 6] float32 rows (x1, y1, x2, y2, score, class; zero after
+ *    the last kept box), the count and optionally the kept anchor indices (-1 after the last).
  *
  * Workspace per image: keys (N u64), best_class (N i32), candidates (cand_cap of each: VdetBox,
  * float score, i32 class, i32 anchor), mask (cand_cap x words u64), plus counts / cand_count
@@ -36,10 +40,17 @@
 #define VDET_SELECT_THREADS 1024
 #define VDET_MASK_THREADS 256 /* any 64 * L up to this launch bound works; see vdet_nms_mask_tile */
 #define VDET_SCAN_THREADS 512
+#define VDET_SCAN_BATCH 8 /* mask words each vdet_nms_scan thread loads at once when preloading */
 
-/* Dynamic shared memory of vdet_select_topk before the selected keys: 256 histogram bins and
- * 16 words of scalars. */
-#define VDET_SELECT_SMEM_HEADER (256 * 4 + 16 * 4)
+#define VDET_SELECT_DIGIT_BITS 11 /* vdet_select_topk's first histogram: an 11-bit score digit */
+#define VDET_SELECT_BINS 2048
+#define VDET_SELECT_BOUNDARY_CAP 1024 /* boundary-bucket keys that fit in that histogram's memory */
+#define VDET_SELECT_BATCH 4           /* keys each thread loads at once: loads in flight */
+#define VDET_SORT_PER_THREAD 4        /* VDET_MAX_TOP_K / VDET_SELECT_THREADS */
+
+/* Dynamic shared memory of vdet_select_topk before the selected keys: the 2048-bin histogram,
+ * 256 bins for the boundary bucket's radix passes, 64 words of block scratch, 16 scalars. */
+#define VDET_SELECT_SMEM_HEADER (2048 * 4 + 256 * 4 + 64 * 8 + 16 * 4)
 /* Dynamic shared memory of vdet_nms_scan before its buffers: 64 "removed" words. */
 #define VDET_SCAN_SMEM_HEADER (64 * 8)
 
@@ -139,19 +150,203 @@ __device__ __forceinline__ void vdet_decode_candidates(
 
 /* ---- 2. top-k ---------------------------------------------------------------------------- */
 
+/* The first histogram's digit: scores are > conf >= 0, so their float bits are > conf's and
+ * order like the scores. (conf, 1) is split into VDET_SELECT_BINS ranges of equal width in bits
+ * (scores of 1 and above share the top one). The digit depends on the score alone and never
+ * decreases as the key grows, so a key in a higher bucket is larger than every key in a lower
+ * one: any such digit gives the same result, this one gives small buckets for scores in (0, 1]. */
+__device__ __forceinline__ unsigned int vdet_score_base(float conf) {
+    return conf > 0.0f ? __float_as_uint(conf) : 0u; /* -0 counts as 0 */
+}
+
+__device__ __forceinline__ int vdet_score_shift(unsigned int base) {
+    const unsigned int one = 0x3F800000u; /* 1.0f */
+    const unsigned int span = base + 1u < one ? one - base - 1u : 0u; /* the largest delta < 1 */
+    const int bits = span != 0u ? 32 - __clz((int)span) : 0;
+    return bits > VDET_SELECT_DIGIT_BITS ? bits - VDET_SELECT_DIGIT_BITS : 0;
+}
+
+__device__ __forceinline__ unsigned int vdet_score_digit(vdet_u64 key, unsigned int base,
+                                                         int shift) {
+    const unsigned int d = ((unsigned int)(key >> 32) - base) >> shift;
+    return d < VDET_SELECT_BINS - 1u ? d : VDET_SELECT_BINS - 1u;
+}
+
+/* Appends the keys of the lanes that `take` to dst[*counter ...], one atomic per warp. */
+__device__ __forceinline__ void vdet_append_key(vdet_u64* dst, unsigned int* counter, bool take,
+                                                vdet_u64 key, int lane) {
+    const unsigned int ballot = __ballot_sync(0xffffffffu, take);
+    unsigned int first = 0;
+    if (lane == 0 && ballot != 0u) first = atomicAdd(counter, (unsigned int)__popc(ballot));
+    first = __shfl_sync(0xffffffffu, first, 0);
+    if (take) dst[first + (unsigned int)__popc(ballot & vdet_lanemask_lt(lane))] = key;
+}
+
+/* The same for VDET_SELECT_BATCH keys per lane, v[j] appended where bit j of `take` is set:
+ * one atomic per warp for all of them. */
+__device__ __forceinline__ void vdet_append_keys(vdet_u64* dst, unsigned int* counter,
+                                                 unsigned int take, const vdet_u64* v, int lane) {
+    unsigned int ballot[VDET_SELECT_BATCH];
+    unsigned int total = 0;
+#pragma unroll
+    for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+        ballot[j] = __ballot_sync(0xffffffffu, (take >> j) & 1u);
+        total += (unsigned int)__popc(ballot[j]);
+    }
+    if (total == 0u) return; /* the same for the whole warp */
+    unsigned int at = 0;
+    if (lane == 0) at = atomicAdd(counter, total);
+    at = __shfl_sync(0xffffffffu, at, 0);
+    const unsigned int before = vdet_lanemask_lt(lane);
+#pragma unroll
+    for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+        if ((take >> j) & 1u) dst[at + (unsigned int)__popc(ballot[j] & before)] = v[j];
+        at += (unsigned int)__popc(ballot[j]);
+    }
+}
+
+/* Adds one to hist[digit] for every lane whose digit is < bins; lanes with the same digit add
+ * once (most keys share a few buckets). Every lane of the warp must call it. */
+__device__ __forceinline__ void vdet_count_digit(unsigned int* hist, unsigned int digit,
+                                                 unsigned int bins, int lane) {
+    const unsigned int peers = __match_any_sync(0xffffffffu, digit);
+    if (digit < bins && lane == __ffs(peers) - 1) {
+        atomicAdd(&hist[digit], (unsigned int)__popc(peers));
+    }
+}
+
+/* Over the whole block: the bucket of hist[0 .. VDET_SELECT_BINS) (highest bucket first) that
+ * holds the remaining-th largest key, 1 <= remaining <= the total. out[0] = its digit,
+ * out[1] = keys in higher buckets, out[2] = keys in it. Each thread sums VDET_SELECT_BINS /
+ * blockDim.x consecutive buckets (blockDim.x a power of two, 32 .. 1024); warp_sums holds 32
+ * words. Ends with a barrier, after which hist is no longer read. */
+__device__ __forceinline__ void vdet_find_bucket(const unsigned int* hist, unsigned int remaining,
+                                                 unsigned int* warp_sums, unsigned int* out,
+                                                 int tid, int lane, int warp, int threads) {
+    const int per = VDET_SELECT_BINS / threads;
+    const int top = VDET_SELECT_BINS - 1 - per * tid;
+    unsigned int sum = 0;
+    for (int j = 0; j < per; ++j) sum += hist[top - j];
+    unsigned int inclusive = sum;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        const unsigned int before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += before;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    unsigned int earlier = lane < warp ? warp_sums[lane] : 0u; /* the warps before this one */
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        earlier += __shfl_xor_sync(0xffffffffu, earlier, offset);
+    }
+    unsigned int above = earlier + inclusive - sum;
+    if (above < remaining && remaining <= above + sum) { /* exactly one thread */
+        for (int j = 0; j < per; ++j) {
+            const unsigned int h = hist[top - j];
+            if (above + h >= remaining) {
+                out[0] = (unsigned int)(top - j);
+                out[1] = above;
+                out[2] = h;
+                break;
+            }
+            above += h;
+        }
+    }
+    __syncthreads();
+}
+
+/* Sorts a warp's 32 keys (one per lane) in descending order: lane 0 gets the largest. */
+__device__ __forceinline__ vdet_u64 vdet_warp_sort_desc(vdet_u64 x, int lane) {
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) {
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const vdet_u64 y = __shfl_xor_sync(0xffffffffu, x, stride);
+            /* The lower lane of a pair keeps the larger key where its run descends. */
+            const bool keep_larger = ((lane & stride) == 0) == ((lane & size) == 0);
+            if (keep_larger == (y > x)) x = y;
+        }
+    }
+    return x;
+}
+
+/* Keys of run[0 .. n) (descending) that are > x, or >= x when or_equal. */
+__device__ __forceinline__ int vdet_count_before(const vdet_u64* run, int n, vdet_u64 x,
+                                                 bool or_equal) {
+    int lo = 0;
+    int hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        const vdet_u64 y = run[mid];
+        if (y > x || (or_equal && y == x)) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+/* Sorts a[0 .. k) descending (k <= VDET_SORT_PER_THREAD * blockDim.x), using a[k .. pow2 >= k)
+ * as zero padding (every key is > 0): runs of 32 sorted by one warp each in registers, then
+ * pairs of sorted runs merged, each key moving to its rank in the merged run (its index in its
+ * own run plus the keys of the other run before it, by binary search). Ends with a barrier. */
+__device__ __forceinline__ void vdet_sort_keys_desc(vdet_u64* a, int k, int tid, int lane, int warp,
+                                                    int threads) {
+    const int padded = vdet_pow2_at_least(k);
+    for (int first = warp * 32; first < padded; first += threads) {
+        const int i = first + lane;
+        vdet_u64 x = i < k ? a[i] : 0ull;
+        x = vdet_warp_sort_desc(x, lane);
+        if (i < padded) a[i] = x; /* shorter than a warp: the padding lanes sort last */
+    }
+    __syncthreads();
+    for (int run = 32; run < padded; run <<= 1) {
+        vdet_u64 key[VDET_SORT_PER_THREAD];
+        int to[VDET_SORT_PER_THREAD];
+#pragma unroll
+        for (int q = 0; q < VDET_SORT_PER_THREAD; ++q) {
+            const int i = tid + q * threads;
+            to[q] = -1;
+            key[q] = 0ull;
+            if (i < padded) {
+                const int pair = i & ~(2 * run - 1);
+                const bool second = (i & run) != 0;
+                key[q] = a[i];
+                /* Ties (only the zero padding) go to the first run: a stable merge. */
+                to[q] = pair + (i & (run - 1)) +
+                        vdet_count_before(a + pair + (second ? 0 : run), run, key[q], second);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < VDET_SORT_PER_THREAD; ++q) {
+            if (to[q] >= 0) a[to[q]] = key[q];
+        }
+        __syncthreads();
+    }
+}
+
 template <typename In>
 __device__ __forceinline__ void vdet_select_topk(
-    const In* __restrict__ raw, int nc, int n_anchors, int top_k, int stage_cap,
+    const In* __restrict__ raw, int nc, int n_anchors, int top_k, float conf, int stage_cap,
     const unsigned int* __restrict__ counts, const vdet_u64* __restrict__ keys,
     const int* __restrict__ best_class, int cand_cap, unsigned int* __restrict__ cand_count,
     VdetBox* __restrict__ cand_box, float* __restrict__ cand_score, int* __restrict__ cand_class,
     int* __restrict__ cand_anchor) {
     VDET_DYNAMIC_SMEM(smem);
-    unsigned int* hist = reinterpret_cast<unsigned int*>(smem);
-    unsigned int* misc = hist + 256; /* [0] selected, [1] digit, [2] remaining, [3] bucket */
+    unsigned int* hist = reinterpret_cast<unsigned int*>(smem); /* VDET_SELECT_BINS */
+    /* The same memory once the bucket is found: keys of the boundary bucket. */
+    vdet_u64* boundary = reinterpret_cast<vdet_u64*>(smem);
+    unsigned int* fine = hist + VDET_SELECT_BINS; /* 256 bins of the boundary's radix passes */
+    vdet_u64* reduce = reinterpret_cast<vdet_u64*>(fine + 256); /* 64 words of block scratch */
+    unsigned int* misc = reinterpret_cast<unsigned int*>(reduce + 64); /* 16 scalars */
     const int sel_cap = vdet_pow2_at_least(top_k);
     vdet_u64* sel = reinterpret_cast<vdet_u64*>(smem + VDET_SELECT_SMEM_HEADER);
     vdet_u64* stage = sel + sel_cap;
+    enum { kSelected = 0, kAside = 1, kBucket = 2, kAbove = 3, kInBucket = 4, kDigit = 5,
+           kLeft = 6, kInDigit = 7 };
 
     const int b = blockIdx.x;
     const int tid = threadIdx.x;
@@ -160,152 +355,214 @@ __device__ __forceinline__ void vdet_select_topk(
     const int threads = blockDim.x;
     const int m = (int)counts[b];
     const int k = vdet_min(m, top_k);
-
     const vdet_u64* src = keys + (long long)b * n_anchors;
-    const bool select = m > k;
-    vdet_u64 any_bits = 0ull;  /* OR of the keys */
-    vdet_u64 all_bits = ~0ull; /* AND of the keys */
-    if (m <= stage_cap) {
-        for (int i = tid; i < m; i += threads) {
-            const vdet_u64 key = src[i];
-            stage[i] = key;
-            any_bits |= key;
-            all_bits &= key;
-        }
-        src = stage;
-    } else if (select) {
-        for (int i = tid; i < m; i += threads) {
-            const vdet_u64 key = src[i];
-            any_bits |= key;
-            all_bits &= key;
-        }
-    }
-    if (tid == 0) misc[0] = 0u;
+    const int step = VDET_SELECT_BATCH * threads;
 
-    /* The k-th largest key, or 0 (every key is > 0) when all m keys are kept. */
-    vdet_u64 threshold = 0;
-    if (select) {
-        /* Bits that every key shares need no radix pass: OR / AND over the block, reduced in
-         * the histogram's memory (unused until the first pass clears it). */
-        vdet_u64* reduce = reinterpret_cast<vdet_u64*>(hist);
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            any_bits |= __shfl_xor_sync(0xffffffffu, any_bits, offset);
-            all_bits &= __shfl_xor_sync(0xffffffffu, all_bits, offset);
-        }
-        if (lane == 0) {
-            reduce[warp] = any_bits;
-            reduce[32 + warp] = all_bits;
-        }
-        __syncthreads();
-        any_bits = 0ull;
-        all_bits = ~0ull;
-        for (int w = 0; w < (threads >> 5); ++w) {
-            any_bits |= reduce[w];
-            all_bits &= reduce[32 + w];
-        }
-        __syncthreads();
-        const vdet_u64 differ = any_bits ^ all_bits;
-        const int top = differ != 0ull ? 63 - __clzll((long long)differ) : 0;
-        vdet_u64 prefix_mask = top == 63 ? 0ull : (~0ull << (top + 1));
-        vdet_u64 prefix = all_bits & prefix_mask;
-        unsigned int remaining = (unsigned int)k;
-        /* 8-bit digits from the highest differing bit down; the last one may overlap bits
-         * already fixed, which every key in the bucket shares anyway. */
-        for (int shift = top - 7;; shift -= 8) {
-            if (shift < 0) shift = 0;
-            for (int i = tid; i < 256; i += threads) hist[i] = 0u;
-            __syncthreads();
-            for (int base = 0; base < m; base += threads) {
-                const int i = base + tid;
-                unsigned int digit = 256u; /* not in this pass's bucket */
-                if (i < m) {
-                    const vdet_u64 key = src[i];
-                    if ((key & prefix_mask) == prefix) digit = (unsigned int)(key >> shift) & 255u;
-                }
-                /* Lanes with the same digit add once: most keys share the top digits. */
-                const unsigned int peers = __match_any_sync(0xffffffffu, digit);
-                if (digit < 256u && lane == __ffs(peers) - 1) {
-                    atomicAdd(&hist[digit], (unsigned int)__popc(peers));
-                }
+    if (m <= top_k) {
+        /* Every key is a candidate. */
+        for (int first = 0; first < m; first += step) {
+            vdet_u64 v[VDET_SELECT_BATCH];
+#pragma unroll
+            for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+                const int i = first + j * threads + tid;
+                v[j] = i < m ? src[i] : 0ull;
             }
-            __syncthreads();
-            if (warp == 0) {
-                /* Lane l owns digits 255 - 8l down to 248 - 8l; scan from the top digit. */
-                unsigned int lane_sum = 0;
 #pragma unroll
-                for (int t = 0; t < 8; ++t) lane_sum += hist[255 - 8 * lane - t];
-                unsigned int inclusive = lane_sum;
+            for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+                const int i = first + j * threads + tid;
+                if (i < m) sel[i] = v[j];
+            }
+        }
+    } else {
+        /* 1. Stage the keys (when they fit) and histogram their score digit. */
+        const unsigned int base = vdet_score_base(conf);
+        const int shift = vdet_score_shift(base);
+        for (int i = tid; i < VDET_SELECT_BINS; i += threads) hist[i] = 0u;
+        if (tid == 0) {
+            misc[kSelected] = 0u;
+            misc[kAside] = 0u;
+        }
+        __syncthreads();
+        const bool staged = m <= stage_cap;
+        for (int first = 0; first < m; first += step) {
+            vdet_u64 v[VDET_SELECT_BATCH];
 #pragma unroll
-                for (int offset = 1; offset < 32; offset <<= 1) {
-                    const unsigned int before = __shfl_up_sync(0xffffffffu, inclusive, offset);
-                    if (lane >= offset) inclusive += before;
+            for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+                const int i = first + j * threads + tid;
+                v[j] = i < m ? src[i] : 0ull;
+            }
+#pragma unroll
+            for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+                const int i = first + j * threads + tid;
+                unsigned int digit = VDET_SELECT_BINS; /* none */
+                if (i < m) {
+                    if (staged) stage[i] = v[j];
+                    digit = vdet_score_digit(v[j], base, shift);
                 }
-                const unsigned int reached = __ballot_sync(0xffffffffu, inclusive >= remaining);
-                if (lane == __ffs(reached) - 1) {
-                    unsigned int above = inclusive - lane_sum;
-                    for (int t = 0; t < 8; ++t) {
-                        const int d = 255 - 8 * lane - t;
-                        const unsigned int h = hist[d];
-                        if (above + h >= remaining) {
-                            misc[1] = (unsigned int)d;
-                            misc[2] = remaining - above;
-                            misc[3] = h;
-                            break;
-                        }
-                        above += h;
+                vdet_count_digit(hist, digit, VDET_SELECT_BINS, lane);
+            }
+        }
+        if (staged) src = stage;
+        __syncthreads();
+
+        /* 2. The bucket of the top_k-th largest key: `need` of its `in_bucket` keys are kept. */
+        vdet_find_bucket(hist, (unsigned int)top_k, reinterpret_cast<unsigned int*>(reduce),
+                         misc + kBucket, tid, lane, warp, threads);
+        const unsigned int bucket = misc[kBucket];
+        const unsigned int in_bucket = misc[kInBucket];
+        const unsigned int need = (unsigned int)top_k - misc[kAbove];
+        const bool whole = in_bucket == need;
+        const bool buffered = in_bucket <= VDET_SELECT_BOUNDARY_CAP;
+        /* The bucket's score bits are [low, next) (no end for the top bucket); no overflow:
+         * base < 2^30 and VDET_SELECT_BINS << shift <= 2^30. */
+        const unsigned int low = base + (bucket << shift);
+        const unsigned int next = base + ((bucket + 1u) << shift);
+        const bool top_bucket = bucket == VDET_SELECT_BINS - 1u;
+
+        /* 3. Keys of higher buckets (and of the bucket itself when it is kept whole) are
+         * selected; the bucket's keys are put aside (in the histogram's memory when they fit). */
+        vdet_u64 any_bits = 0ull;  /* OR of the keys put aside */
+        vdet_u64 all_bits = ~0ull; /* AND of them */
+        for (int first = 0; first < m; first += step) {
+            vdet_u64 v[VDET_SELECT_BATCH];
+#pragma unroll
+            for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+                const int i = first + j * threads + tid;
+                v[j] = i < m ? src[i] : 0ull; /* 0: below every bucket */
+            }
+            unsigned int higher = 0u;
+            unsigned int same = 0u;
+#pragma unroll
+            for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+                const unsigned int score = (unsigned int)(v[j] >> 32);
+                const bool above = !top_bucket && score >= next;
+                higher |= (unsigned int)above << j;
+                same |= (unsigned int)(!above && score >= low && score > base) << j;
+            }
+            if (whole) {
+                vdet_append_keys(sel, &misc[kSelected], higher | same, v, lane);
+            } else {
+                vdet_append_keys(sel, &misc[kSelected], higher, v, lane);
+                if (buffered) vdet_append_keys(boundary, &misc[kAside], same, v, lane);
+#pragma unroll
+                for (int j = 0; j < VDET_SELECT_BATCH; ++j) {
+                    if ((same >> j) & 1u) {
+                        any_bits |= v[j];
+                        all_bits &= v[j];
                     }
                 }
             }
-            __syncthreads();
-            /* misc is rewritten only after two more barriers, so every thread reads it here. */
-            prefix |= (vdet_u64)misc[1] << shift;
-            prefix_mask |= (vdet_u64)255u << shift;
-            remaining = misc[2];
-            /* The whole boundary bucket is kept: every key >= prefix is selected. */
-            if (misc[3] == remaining || shift == 0) break;
         }
-        threshold = prefix;
-    } else {
-        __syncthreads();
-    }
 
-    for (int base = 0; base < m; base += threads) {
-        const int i = base + tid;
-        vdet_u64 key = 0;
-        bool take = false;
-        if (i < m) {
-            key = src[i];
-            take = key >= threshold;
-        }
-        const unsigned int ballot = __ballot_sync(0xffffffffu, take);
-        unsigned int first = 0;
-        if (lane == 0 && ballot != 0u) first = atomicAdd(&misc[0], (unsigned int)__popc(ballot));
-        first = __shfl_sync(0xffffffffu, first, 0);
-        const unsigned int pos = first + (unsigned int)__popc(ballot & vdet_lanemask_lt(lane));
-        if (take && pos < (unsigned int)sel_cap) sel[pos] = key;
-    }
-    __syncthreads();
-
-    /* Bitonic sort, descending; padding keys are 0 and sink to the end. */
-    const int padded = vdet_pow2_at_least(k);
-    for (int i = k + tid; i < padded; i += threads) sel[i] = 0;
-    __syncthreads();
-    for (int size = 2; size <= padded; size <<= 1) {
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int t = tid; t < (padded >> 1); t += threads) {
-                const int lo = 2 * t - (t & (stride - 1));
-                const int hi = lo + stride;
-                const vdet_u64 a = sel[lo];
-                const vdet_u64 c = sel[hi];
-                const bool descending = (lo & size) == 0;
-                if ((a < c) == descending) {
-                    sel[lo] = c;
-                    sel[hi] = a;
-                }
+        if (!whole) {
+            /* 4. Radix-select the `need` largest keys of the bucket (8-bit digits from its
+             * highest differing bit down, skipping bits its keys all share, stopping as soon as
+             * a digit's bucket is kept whole), from the keys put aside, or else from all keys
+             * filtered by their score. */
+            for (int offset = 16; offset > 0; offset >>= 1) {
+                any_bits |= __shfl_xor_sync(0xffffffffu, any_bits, offset);
+                all_bits &= __shfl_xor_sync(0xffffffffu, all_bits, offset);
+            }
+            if (lane == 0) {
+                reduce[warp] = any_bits;
+                reduce[32 + warp] = all_bits;
             }
             __syncthreads();
+            any_bits = 0ull;
+            all_bits = ~0ull;
+            for (int w = 0; w < (threads >> 5); ++w) {
+                any_bits |= reduce[w];
+                all_bits &= reduce[32 + w];
+            }
+            /* The bucket holds >= 2 keys (need < in_bucket), all distinct: some bit differs. */
+            const vdet_u64 differ = any_bits ^ all_bits;
+            const int top = 63 - __clzll((long long)differ);
+            vdet_u64 prefix_mask = top == 63 ? 0ull : (~0ull << (top + 1));
+            vdet_u64 prefix = all_bits & prefix_mask;
+            unsigned int remaining = need;
+            const vdet_u64* pool = buffered ? boundary : src;
+            const int pool_n = buffered ? (int)in_bucket : m;
+            /* The last digit may overlap bits already fixed, which the bucket's keys share. */
+            for (int at = top - 7;;) {
+                if (at < 0) at = 0;
+                for (int i = tid; i < 256; i += threads) fine[i] = 0u;
+                __syncthreads();
+                for (int first = 0; first < pool_n; first += threads) {
+                    const int i = first + tid;
+                    unsigned int digit = 256u; /* not in this pass's bucket */
+                    if (i < pool_n) {
+                        const vdet_u64 key = pool[i];
+                        const unsigned int score = (unsigned int)(key >> 32);
+                        if ((key & prefix_mask) == prefix &&
+                            (buffered || (score >= low && (top_bucket || score < next)))) {
+                            digit = (unsigned int)(key >> at) & 255u;
+                        }
+                    }
+                    vdet_count_digit(fine, digit, 256u, lane);
+                }
+                __syncthreads();
+                if (warp == 0) {
+                    /* Lane l owns digits 255 - 8l down to 248 - 8l; scan from the top digit. */
+                    unsigned int lane_sum = 0;
+#pragma unroll
+                    for (int t = 0; t < 8; ++t) lane_sum += fine[255 - 8 * lane - t];
+                    unsigned int inclusive = lane_sum;
+#pragma unroll
+                    for (int offset = 1; offset < 32; offset <<= 1) {
+                        const unsigned int before = __shfl_up_sync(0xffffffffu, inclusive, offset);
+                        if (lane >= offset) inclusive += before;
+                    }
+                    const unsigned int reached =
+                        __ballot_sync(0xffffffffu, inclusive >= remaining);
+                    if (lane == __ffs(reached) - 1) {
+                        unsigned int above = inclusive - lane_sum;
+                        for (int t = 0; t < 8; ++t) {
+                            const int d = 255 - 8 * lane - t;
+                            const unsigned int h = fine[d];
+                            if (above + h >= remaining) {
+                                misc[kDigit] = (unsigned int)d;
+                                misc[kLeft] = remaining - above;
+                                misc[kInDigit] = h;
+                                break;
+                            }
+                            above += h;
+                        }
+                    }
+                }
+                __syncthreads();
+                /* misc is rewritten only after two more barriers, so every thread reads it. */
+                prefix |= (vdet_u64)misc[kDigit] << at;
+                prefix_mask |= 255ull << at;
+                remaining = misc[kLeft];
+                if (misc[kInDigit] == remaining || at == 0) break;
+                /* The next digit starts at the next bit on which the bucket's keys differ (some
+                 * does: >= 2 distinct keys are left); the bits skipped are the same in all. */
+                const vdet_u64 below = differ & ((1ull << at) - 1ull);
+                const int next_top = below != 0ull ? 63 - __clzll((long long)below) : at - 1;
+                const vdet_u64 skipped = ((1ull << at) - 1ull) & ~((2ull << next_top) - 1ull);
+                prefix |= all_bits & skipped;
+                prefix_mask |= skipped;
+                at = next_top - 7;
+            }
+            /* Exactly `need` keys of the bucket are >= prefix (bits below it are zero). */
+            for (int first = 0; first < pool_n; first += threads) {
+                const int i = first + tid;
+                vdet_u64 key = 0ull;
+                bool take = false;
+                if (i < pool_n) {
+                    key = pool[i];
+                    const unsigned int score = (unsigned int)(key >> 32);
+                    take = key >= prefix &&
+                           (buffered || (score >= low && (top_bucket || score < next)));
+                }
+                vdet_append_key(sel, &misc[kSelected], take, key, lane);
+            }
         }
     }
+    __syncthreads();
+
+    /* 5. The k keys in descending order; they are unique, so the order is total. */
+    vdet_sort_keys_desc(sel, k, tid, lane, warp, threads);
 
     const In* head = raw + (long long)b * (4 + nc) * n_anchors;
     for (int t = tid; t < k; t += threads) {
@@ -429,6 +686,42 @@ __device__ __forceinline__ void vdet_load_row_tile(
     }
 }
 
+/* The whole triangle of `used` row tiles into dst, laid out as vdet_triangle_offset says (zero
+ * past the candidates). A power-of-two group of workers per row (at least `used` of them),
+ * worker jj of a row loading its word c + jj; VDET_SCAN_BATCH rows in flight per worker
+ * (loading tile after tile would wait for the memory once per tile). */
+__device__ __forceinline__ void vdet_preload_triangle(const vdet_u64* __restrict__ mask, int n,
+                                                      int words, int used, vdet_u64* dst,
+                                                      int worker, int workers) {
+    int log_per_row = 0;
+    while ((1 << log_per_row) < used) ++log_per_row;
+    const int jj = worker & ((1 << log_per_row) - 1);
+    const int rows_at_once = workers >> log_per_row;
+    const int rows = 64 * used;
+    for (int first = worker >> log_per_row; first < rows;
+         first += VDET_SCAN_BATCH * rows_at_once) {
+        vdet_u64 v[VDET_SCAN_BATCH];
+        int at[VDET_SCAN_BATCH];
+#pragma unroll
+        for (int q = 0; q < VDET_SCAN_BATCH; ++q) {
+            const int row = first + q * rows_at_once;
+            const int c = row >> 6;
+            const int span = used - c;
+            at[q] = -1;
+            v[q] = 0ull;
+            if (row < rows && jj < span) {
+                /* vdet_triangle_offset(c, used) in 32 bits: rows * words <= 4096 * 64 */
+                at[q] = 32 * c * (2 * used + 1 - c) + (row & 63) * span + jj;
+                if (row < n) v[q] = mask[row * words + c + jj];
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < VDET_SCAN_BATCH; ++q) {
+            if (at[q] >= 0) dst[at[q]] = v[q];
+        }
+    }
+}
+
 /* Warp 0 decides row tile c: which of its open candidates greedy NMS keeps, appended to
  * keep[] in order (up to max_keep). Only candidates that overlap a later one of the tile
  * (a non-zero diagonal word) need the sequential step; the others are kept iff still open. */
@@ -502,10 +795,7 @@ __device__ __forceinline__ void vdet_nms_sweep(
     for (int j = tid; j < used; j += blockDim.x) removed[j] = 0ull;
     if (tid == 0) s_kept = 0;
     if (preload) {
-        for (int c = 0; c < used; ++c) {
-            vdet_load_row_tile(m, n, words, used, c, tiles + vdet_triangle_offset(c, used),
-                               used - c, c, tid, blockDim.x);
-        }
+        vdet_preload_triangle(m, n, words, used, tiles, tid, blockDim.x);
     } else {
         vdet_load_row_tile(m, n, words, used, 0, tiles, words, 0, tid, blockDim.x);
     }

@@ -219,3 +219,61 @@ def test_workspace_layout_matches_ops(
     assert launcher.vdet_decode_nms_workspace_bytes(batch, anchors, top_k) == (
         ops.decode_nms_workspace_bytes(batch, anchors, top_k)
     )
+
+
+class _LaunchParams(ctypes.Structure):
+    """VdetDecodeNmsParams of decode_nms_launch.h."""
+
+    _fields_ = (
+        ("score_threshold", ctypes.c_float),
+        ("iou_threshold", ctypes.c_float),
+        ("top_k", ctypes.c_int),
+        ("max_det", ctypes.c_int),
+        ("class_agnostic", ctypes.c_int),
+    )
+
+
+@pytest.mark.parametrize(
+    ("half", "nc", "anchors", "top_k", "max_shared"),
+    [
+        (False, 20, 3000, 1000, 232448),  # an H200: the keys fit in shared memory
+        (True, 20, 3000, 1000, 232448),
+        (False, 4, 5000, 2048, 0),  # 48 KiB, the default: keys read from global memory
+        (False, 3, 700, 1000, 0),  # fewer candidates than top_k
+    ],
+)
+def test_launch_matches_the_cpu_reference(
+    launcher: ctypes.CDLL, half: bool, nc: int, anchors: int, top_k: int, max_shared: int
+) -> None:
+    """vdet_decode_nms_launch itself (argument order, launch shapes and shared memory of every
+    kernel) on the emulator, vs `decode_and_nms_image`: dense scores quantized to 1/64 (many
+    ties, also at the top_k boundary), clustered boxes."""
+    batch = 2
+    rng = np.random.default_rng(anchors + top_k)
+    raw = _random_head(rng, batch, nc, anchors)
+    raw[:, 4:] = np.round(rng.uniform(0.2, 0.9, (batch, nc, anchors)) * 64) / 64
+    if half:
+        raw = raw.astype(np.float16).astype(np.float32)
+    params = PostprocessParams(top_k=top_k, max_det=300)
+    c_params = _LaunchParams(0.25, 0.45, top_k, 300, 0)
+    need = launcher.vdet_decode_nms_workspace_bytes(batch, anchors, top_k)
+    workspace = np.zeros(need + 256, np.uint8)
+    offset = -workspace.ctypes.data % 256
+    out = np.full((batch, 300, 6), np.nan, np.float32)
+    count = np.full((batch,), -1, np.int32)
+    head = np.ascontiguousarray(raw.astype(np.float16) if half else raw)
+    status = launcher.vdet_decode_nms_launch(
+        ctypes.c_void_p(head.ctypes.data), int(half), batch, nc, anchors, ctypes.byref(c_params),
+        ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(count.ctypes.data),
+        ctypes.c_void_p(workspace.ctypes.data + offset), ctypes.c_size_t(need), max_shared, None,
+    )  # fmt: skip
+    launcher.vdet_decode_nms_error.restype = ctypes.c_char_p
+    assert status == 0, launcher.vdet_decode_nms_error(status)
+    for b in range(batch):
+        expected, _ = decode_and_nms_image(raw[b], params)
+        n = len(expected.scores)
+        assert count[b] == n
+        np.testing.assert_array_equal(out[b, :n, 4], expected.scores)
+        np.testing.assert_array_equal(out[b, :n, 5], expected.class_ids.astype(np.float32))
+        np.testing.assert_allclose(out[b, :n, :4], expected.xyxy, rtol=1e-4, atol=1e-6)
+        assert not out[b, n:].any()

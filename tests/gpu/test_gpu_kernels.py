@@ -8,7 +8,8 @@ docs/conventions.md and are restated in each test's docstring.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
@@ -410,6 +411,150 @@ def test_decode_nms_other_launch_shapes(
         (random_head(rng, 1, 1, 3000, dense=True, crowd=True), PostprocessParams(top_k=2000)),
     ]:
         assert_same_detections(*run_decode_nms(harness, raw, params), raw, params)
+
+
+# ---- decode + NMS: the top-k selection's branches -------------------------------------------
+
+
+def selection_branch(head: np.ndarray, params: PostprocessParams) -> str:
+    """Which branch vdet_select_topk takes for one image [4 + nc, N], mirrored in NumPy:
+    "all" (at most top_k candidates), else by the 2048-bin score histogram's bucket that holds
+    the top_k-th key: "whole" (kept whole), "buffered" (radix-selected from <= 1024 keys put
+    aside) or "unbuffered" (radix-selected from all keys). Only there to prove that the cases
+    below reach each branch; keep it in step with VDET_SELECT_* in decode_nms.cuh."""
+    scores = head[4:].astype(np.float32)
+    best = scores.max(axis=0)
+    passed = best > np.float32(params.conf_threshold)
+    if int(passed.sum()) <= params.top_k:
+        return "all"
+    conf = np.float32(params.conf_threshold)
+    base = int(conf.view(np.uint32)) if conf > 0 else 0
+    shift = max(max(0x3F800000 - base - 1, 0).bit_length() - 11, 0)
+    digit = np.minimum((best[passed].view(np.uint32).astype(np.int64) - base) >> shift, 2047)
+    hist = np.bincount(digit, minlength=2048)
+    above = np.cumsum(hist[::-1])[::-1] - hist  # keys in higher buckets
+    bucket = np.flatnonzero((above < params.top_k) & (above + hist >= params.top_k))[0]
+    need, size = params.top_k - above[bucket], hist[bucket]
+    return "whole" if size == need else "buffered" if size <= 1024 else "unbuffered"
+
+
+def head_with_scores(rng: np.random.Generator, best: np.ndarray, nc: int = 3) -> np.ndarray:
+    """[1, 4 + nc, N]: random boxes; anchor i's best score is best[i] (float32, in a random
+    class), its other classes strictly lower."""
+    n = best.size
+    head = np.empty((1, 4 + nc, n), np.float32)
+    head[0, 0:2] = rng.uniform(0, 640, (2, n))
+    head[0, 2:4] = rng.uniform(4, 160, (2, n))
+    scores = (rng.uniform(0, 0.9, (nc, n)) * best).astype(np.float32)
+    scores[rng.integers(0, nc, n), np.arange(n)] = best
+    head[0, 4:] = scores
+    return head
+
+
+def tied_scores(
+    rng: np.random.Generator, n: int, above: int, tied: int, score: float = 0.75
+) -> np.ndarray:
+    """`above` distinct scores over (score, 0.95], `tied` of exactly `score`, the rest in
+    (0.3, score - 0.05), in random anchor order."""
+    high = np.linspace(score + 0.01, 0.95, above, dtype=np.float32)
+    low = rng.uniform(0.3, score - 0.05, n - above - tied)
+    best = np.concatenate([high, np.full(tied, score), low]).astype(np.float32)
+    return rng.permutation(best)
+
+
+def score_bucket(conf: float, score: float) -> tuple[int, int]:
+    """(first float32 bits, width in bits) of the first-histogram bucket that holds `score`,
+    as vdet_select_topk splits (conf, 1)."""
+    base = int(np.float32(conf).view(np.uint32)) if conf > 0 else 0
+    shift = max(max(0x3F800000 - base - 1, 0).bit_length() - 11, 0)
+    bucket = (int(np.float32(score).view(np.uint32)) - base) >> shift
+    return base + (bucket << shift), 1 << shift
+
+
+def scores_from_bits(rng: np.random.Generator, *parts: tuple[int, int, int]) -> np.ndarray:
+    """For each (start, end, count): `count` float32 scores whose bits are in [start, end),
+    distinct where the range allows it; all in random anchor order."""
+    bits = [rng.choice(np.arange(start, end), count, replace=count > end - start)
+            for start, end, count in parts]  # fmt: skip
+    return rng.permutation(np.concatenate(bits).astype(np.uint32).view(np.float32))
+
+
+def straddling_scores(rng: np.random.Generator) -> np.ndarray:
+    """conf 0.1: 2000 scores in the bucket of 0.6, 500 in the one above, 2000 below. These
+    buckets do not start at a multiple of their width, so the keys of a neighbour share the
+    bucket's highest common bits."""
+    low, width = score_bucket(0.1, 0.6)
+    return scores_from_bits(
+        rng, (low + width, low + 2 * width, 500), (low, low + width, 2000),
+        (low - width, low, 2000),
+    )  # fmt: skip
+
+
+def tie_inside_bucket(rng: np.random.Generator) -> np.ndarray:
+    """conf 0.25: 680 scores above the bucket of 0.8; in it, 300 distinct scores over its top,
+    40 equal ones (the top_k-th key among them), 300 over its bottom; 2680 below it. The
+    boundary's radix passes go through the score bits, then skip the inverted anchor's
+    constant high bits."""
+    low, width = score_bucket(0.25, 0.8)
+    return scores_from_bits(
+        rng, (low + width, low + 20 * width, 680), (low + 5000, low + width, 300),
+        (low + 4000, low + 4001, 40), (low, low + 3000, 300), (low - 50 * width, low, 2680),
+    )  # fmt: skip
+
+
+SELECTION_CASES = [
+    # The top_k-th key inside a run of equal scores: the lowest anchors of the run are kept.
+    pytest.param(lambda rng: tied_scores(rng, 3000, 990, 40), {}, "buffered",
+                 id="tie-across-top-k"),
+    pytest.param(lambda rng: tied_scores(rng, 3000, 990, 10), {}, "whole", id="tie-ends-at-top-k"),
+    pytest.param(lambda rng: tied_scores(rng, 5000, 200, 2000), {}, "unbuffered",
+                 id="long-tie-across-top-k"),
+    pytest.param(lambda rng: tied_scores(rng, 3000, 0, 3000), {}, "unbuffered", id="all-equal"),
+    pytest.param(straddling_scores, dict(conf_threshold=0.1), "unbuffered",
+                 id="unaligned-bucket"),
+    pytest.param(tie_inside_bucket, {}, "buffered", id="tie-inside-spread-bucket"),
+    # conf 0: the boundary in the lowest bucket, among subnormal scores.
+    pytest.param(lambda rng: scores_from_bits(rng, (1, 3000, 800), (0x3F000000, 0x3F400000, 500)),
+                 dict(conf_threshold=0.0), "buffered", id="subnormal-scores"),
+    pytest.param(lambda rng: rng.uniform(1.0, 8.0, 3000).astype(np.float32), {}, "unbuffered",
+                 id="scores-above-1"),
+    pytest.param(lambda rng: rng.uniform(0.0, 1.0, 6000).astype(np.float32),
+                 dict(conf_threshold=0.0), "buffered", id="conf-0"),
+    pytest.param(lambda rng: rng.uniform(0.5, 3.0, 3000).astype(np.float32),
+                 dict(conf_threshold=1.0), "unbuffered", id="conf-1"),
+    pytest.param(lambda rng: tied_scores(rng, 1000, 500, 300), {}, "all", id="exactly-top-k"),
+    pytest.param(lambda rng: tied_scores(rng, 1001, 999, 2), {}, "buffered", id="top-k-plus-1"),
+    pytest.param(lambda rng: tied_scores(rng, 2000, 0, 2000), dict(top_k=1), "unbuffered",
+                 id="top-k-1-all-equal"),
+    pytest.param(lambda rng: tied_scores(rng, 2000, 25, 10), dict(top_k=31), "buffered",
+                 id="top-k-31"),
+    pytest.param(lambda rng: tied_scores(rng, 2000, 20, 40), dict(top_k=33), "buffered",
+                 id="top-k-33"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("max_shared", [None, 32 * 1024], ids=["staged", "unstaged"])
+@pytest.mark.parametrize(("scores", "param_kwargs", "branch"), SELECTION_CASES)
+def test_decode_nms_selection_boundaries(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
+    scores: Callable[[np.random.Generator], np.ndarray], param_kwargs: dict[str, Any],
+    branch: str, max_shared: int | None,
+) -> None:  # fmt: skip
+    """Every branch of the top-k selection, with the top_k boundary inside runs of equal scores
+    (the lower anchors of a run are kept), vs `decode_and_nms_image`. Nothing is suppressed
+    (no IoU is > 1) and max_det = top_k, so the output is the selected candidates themselves,
+    in order. "unstaged": 32 KiB of shared memory, too little to copy the keys there, so every
+    pass reads them from global memory."""
+    if max_shared is not None:
+        monkeypatch.setattr(type(harness.ops.backend), "max_shared_bytes", max_shared)
+    rng = np.random.default_rng(zlib.crc32(request.node.callspec.id.encode()))
+    raw = np.concatenate([head_with_scores(rng, scores(rng)) for _ in range(2)])
+    top_k = param_kwargs.get("top_k", 1000)
+    params = PostprocessParams(**{"iou_threshold": 1.0, "max_det": top_k, **param_kwargs})
+    assert [selection_branch(image, params) for image in raw] == [branch, branch]
+    counts = assert_same_detections(*run_decode_nms(harness, raw, params), raw, params)
+    passed = (raw[:, 4:].max(axis=1) > np.float32(params.conf_threshold)).sum(axis=1)
+    assert counts == [min(top_k, int(m)) for m in passed]
 
 
 def test_decode_nms_nan_scores(harness: Harness) -> None:

@@ -298,6 +298,7 @@ inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
 inline int __ffs(unsigned int v) { return __builtin_ffs((int)v); }
 inline int __ffsll(long long v) { return __builtin_ffsll(v); }
+inline int __clz(int v) { return v == 0 ? 32 : __builtin_clz((unsigned int)v); }
 inline int __clzll(long long v) { return v == 0 ? 64 : __builtin_clzll((unsigned long long)v); }
 
 inline unsigned int __float_as_uint(float f) { return emu::from_bits<unsigned int>(emu::to_bits(f)); }
