@@ -242,10 +242,12 @@ class Metrics:
 
     # --- GPU workers ------------------------------------------------------------------------
 
-    def set_gpu_usage(self, gpu: str, *, streams: int, memory_bytes: int) -> None:
-        """One GPU worker's stream count and allocator memory (refreshed before a scrape)."""
+    def set_gpu_usage(self, gpu: str, *, streams: int, memory_bytes: int | None = None) -> None:
+        """One worker's stream count and allocator memory (refreshed before a scrape); the
+        CPU ("cpu") has no GPU memory to report."""
         self.gpu_streams.labels(gpu).set(streams)
-        self.gpu_memory_used.labels(gpu).set(memory_bytes)
+        if memory_bytes is not None:
+            self.gpu_memory_used.labels(gpu).set(memory_bytes)
 
     # --- service ---------------------------------------------------------------------------
 

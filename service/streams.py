@@ -410,7 +410,9 @@ class StreamManager:
             streams = list(self._streams.values())
         for stream in streams:
             self._sync_stream_metrics(stream)
-        if self._gpu is not None:
+        if self._gpu is None:
+            self._metrics.set_gpu_usage("cpu", streams=len(streams))
+        else:
             counts = self._gpu.streams_by_gpu()
             for gpu_worker in self._gpu.workers:
                 self._metrics.set_gpu_usage(
