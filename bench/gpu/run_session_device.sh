@@ -68,6 +68,9 @@ main)
     --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - started)) s)"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 15
+  timeout 75 python3 bench/gpu/kernels.py --out "$OUT/kernels.json" >"$OUT/kernels.log" 2>&1
+  echo "kernels rc=$? ($((SECONDS - started)) s)"
+  grep -E "decode_nms/vdet_dense|kernel_breakdown_dense" "$OUT/kernels.log"
   timeout 100 python3 bench/gpu/pipeline.py --no-demo --sections graph_cuda,ultralytics \
     --out "$OUT/gpu_pipeline_yolov8s.json" >"$OUT/pipeline.log" 2>&1
   echo "pipeline rc=$? ($((SECONDS - started)) s)"
