@@ -64,7 +64,8 @@ extern "C" __global__ void __launch_bounds__(VDET_MASK_THREADS) vdet_nms_mask(
                        agnostic, mask);
 }
 
-extern "C" __global__ void __launch_bounds__(VDET_SCAN_THREADS) vdet_nms_scan(
+/* One block per image, with most of the shared memory: registers need not leave room for more. */
+extern "C" __global__ void __launch_bounds__(VDET_SCAN_THREADS, 1) vdet_nms_scan(
     const unsigned int* __restrict__ cand_count, const VdetBox* __restrict__ cand_box,
     const float* __restrict__ cand_score, const int* __restrict__ cand_class,
     const int* __restrict__ cand_anchor, int cand_cap, int words,

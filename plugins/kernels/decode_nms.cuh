@@ -819,16 +819,20 @@ __device__ __forceinline__ void vdet_nms_sweep(
         }
         __syncthreads();
         if (s_kept >= max_keep) break;
-        /* Kept rows of this tile remove their overlaps in the later words. */
+        /* Kept rows of this tile remove their overlaps in the later words: warp w ORs rows
+         * w, w + warps, ... (lanes along a row: no bank conflicts), then each lane ORs its word
+         * into `removed` (OR in any order gives the same bits). */
         const vdet_u64 kept_bits = s_kept_bits;
-        for (int j = c + 1 + warp; j < used; j += warps) {
+        for (int j = c + 1 + lane; j < used; j += 32) {
             vdet_u64 v = 0ull;
-            if ((kept_bits >> lane) & 1ull) v |= tile[lane * stride + (j - base)];
-            if ((kept_bits >> (lane + 32)) & 1ull) v |= tile[(lane + 32) * stride + (j - base)];
-            for (int offset = 16; offset > 0; offset >>= 1) {
-                v |= __shfl_xor_sync(0xffffffffu, v, offset);
+            for (int r = warp; r < 64; r += warps) {
+                if ((kept_bits >> r) & 1ull) v |= tile[r * stride + (j - base)];
             }
-            if (lane == 0) removed[j] |= v;
+            if (v != 0ull) { /* two 32-bit ORs: shared memory has no native 64-bit one */
+                unsigned int* word = reinterpret_cast<unsigned int*>(&removed[j]);
+                atomicOr(word, (unsigned int)v); /* little-endian: the low half first */
+                atomicOr(word + 1, (unsigned int)(v >> 32));
+            }
         }
         __syncthreads();
     }
