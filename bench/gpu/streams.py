@@ -346,20 +346,26 @@ def _plan(args: argparse.Namespace) -> list[dict[str, Any]]:
             | extra
         )
 
+    # Most telling first, so that a run cut short by the caller's time limit loses the least.
     for n in args.decode_sources:
         add("decode_only", n, False)
-    for n in args.sources:
-        add("vdet", n, True, 1)
-    for b in args.batches:
-        if b > 1:
-            for n in args.sources:
-                if n >= 64:
-                    add("vdet", n, True, b)
-    for n in args.unpaced_sources:
+    top = max(args.sources, default=0)
+    if top:
+        add("vdet", top, True, 1)
         for b in args.batches:
+            if b > 1:
+                add("vdet", top, True, b)
+    for n in args.unpaced_sources:
+        for b in sorted(args.batches, reverse=True):
             add("vdet", n, False, b)
+    if 1 in args.sources and top != 1:
+        add("vdet", 1, True, 1)
     if args.peers:
         add("ultralytics", 1, True)
+    for n in args.sources:
+        if n not in (1, top):
+            add("vdet", n, True, 1)
+    if args.peers:
         add("cpu_backend", 1, True)
         if args.cpu_decode_peer:
             add("cpu_decode", 1, True, 1)
