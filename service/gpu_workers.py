@@ -33,7 +33,7 @@ import torch
 
 from vdet.config import GpuSettings
 from vdet.ingest.nvdec import GpuVideoFrame
-from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
+from vdet.ingest.nvdec_reader import select_reader
 from vdet.ingest.reader import SourceReader
 from vdet.pipeline.gpu_ops import (
     DecodeNmsFn,
@@ -272,36 +272,19 @@ class GpuWorker:
 
     # --- ingest -----------------------------------------------------------------------------
 
-    def open_reader(
-        self,
-        url: str,
-        *,
-        source_id: str,
-        connect_timeout_s: float,
-        read_timeout_s: float,
-        loop: bool,
-        realtime: bool,
-    ) -> SourceReader:
-        """A reader decoding on this GPU per `gpu.decoder` (a `ReaderFactory` for the worker)."""
-        options: dict[str, Any] = {
-            "source_id": source_id,
-            "connect_timeout_s": connect_timeout_s,
-            "read_timeout_s": read_timeout_s,
-            "loop": loop,
-            "realtime": realtime,
-        }
-        if self._nvc is not None and self.settings.decoder != "cpu":
-            return NvdecSourceReader(
-                url,
-                gpu=max(self.index, 0),
-                strict=self.settings.decoder == "nvdec",
-                nvc=self._nvc,
-                device=str(self.device),
-                **options,
-            )
-        if self.device.type != "cuda":
+    def open_reader(self, url: str, **options: Any) -> SourceReader:
+        """A reader decoding on this GPU per `gpu.decoder`: this worker's `ReaderFactory`
+        (options as `SourceReader` takes them)."""
+        if self.device.type != "cuda" and self._nvc is None:
             return SourceReader(url, **options)
-        return select_reader(url, decoder=self.settings.decoder, gpu=self.index, **options)
+        return select_reader(
+            url,
+            decoder=self.settings.decoder,
+            gpu=max(self.index, 0),
+            nvc=self._nvc,
+            device=None if self._nvc is None else str(self.device),
+            **options,
+        )
 
     # --- detection --------------------------------------------------------------------------
 

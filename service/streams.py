@@ -26,7 +26,7 @@ from vdet.hub import ResultsHub
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
 from vdet.ingest.urls import validate_source_url
-from vdet.ingest.worker import SourceWorker
+from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import (
@@ -61,16 +61,8 @@ class GpuWorkerLike(Protocol):
 
     label: str
 
-    def open_reader(
-        self,
-        url: str,
-        *,
-        source_id: str,
-        connect_timeout_s: float,
-        read_timeout_s: float,
-        loop: bool,
-        realtime: bool,
-    ) -> SourceReader: ...
+    @property
+    def open_reader(self) -> ReaderFactory: ...
 
     def detect(
         self, source_id: str, frame: Any, params: PostprocessParams

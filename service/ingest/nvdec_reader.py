@@ -54,8 +54,14 @@ def select_reader(
     read_timeout_s: float = 5.0,
     loop: bool = False,
     realtime: bool = False,
+    nvc: Any = None,
+    device: str | None = None,
 ) -> SourceReader:
-    """The reader for `url` under the `decoder` choice (module docstring)."""
+    """The reader for `url` under the `decoder` choice (module docstring).
+
+    `nvc` replaces the PyNvVideoCodec module and `device` the torch device frames land on
+    (tests: a CPU stand-in for NVDEC); with `nvc` given NVDEC counts as available.
+    """
     if decoder not in DECODER_CHOICES:
         raise ValueError(f"decoder must be one of {DECODER_CHOICES}, got {decoder!r}")
     options: dict[str, Any] = {
@@ -67,14 +73,16 @@ def select_reader(
     }
     if decoder == "cpu":
         return SourceReader(url, **options)
-    if not nvdec_available(gpu):
+    if nvc is None and not nvdec_available(gpu):
         if decoder == "nvdec":
             raise RuntimeError(
                 f"decoder 'nvdec' but NVDEC is not available on GPU {gpu} (needs PyNvVideoCodec, "
                 "a CUDA device and the driver's libnvcuvid); use 'auto' to fall back to the CPU"
             )
         return SourceReader(url, **options)
-    return NvdecSourceReader(url, gpu=gpu, strict=decoder == "nvdec", **options)
+    return NvdecSourceReader(
+        url, gpu=gpu, strict=decoder == "nvdec", nvc=nvc, device=device, **options
+    )
 
 
 class NvdecSourceReader(SourceReader):
