@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
@@ -121,3 +122,85 @@ def run_pipeline_bench(
             round(len(total) / sum(total) / info.fps, 3) if total and info.fps else None
         ),
     }
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    """A one-line progress bar on stderr (long runs say where they are)."""
+    width = 24
+    filled = width * done // max(total, 1)
+    end = "\n" if done >= total else ""
+    print(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<24}",
+        end=end,
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def run_engine_bench(
+    model: str | os.PathLike[str],
+    backend: str,
+    batches: list[int],
+    iterations: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+) -> dict[str, object]:
+    """The inference backend alone (no decode, pre- or postprocess): latency per call and
+    images per second at each batch size, on random inputs of the model's shape.
+
+    A batch above the backend's own maximum is split by the backend, as in the service.
+    """
+    if not batches or any(b < 1 for b in batches):
+        raise ValueError(f"batches must be positive sizes, got {batches}")
+    rng = np.random.default_rng(seed)
+    runs = []
+    with Detector.open(model, backend) as detector:
+        info = detector.info
+        h, w = info.input_hw
+        for i, batch in enumerate(batches):
+            _progress(i, len(batches), f"batch {batch}")
+            x = rng.random((batch, 3, h, w), dtype=np.float32)
+            for _ in range(warmup):
+                detector.backend.infer(x)
+            times = []
+            for _ in range(iterations):
+                started = time.perf_counter()
+                detector.backend.infer(x)
+                times.append(time.perf_counter() - started)
+            latency = summarize_ms(times)
+            runs.append(
+                {
+                    "batch": batch,
+                    "latency_ms": latency,
+                    "images_per_s": round(batch * 1e3 / latency["p50"], 2),
+                }
+            )
+        _progress(len(batches), len(batches), "done")
+        backend_name, device = detector.backend.name, detector.backend.device
+        max_batch = detector.backend.max_batch
+    return {
+        "scenario": "engine",
+        "environment": environment(),
+        "backend": backend_name,
+        "device": device,
+        "max_batch": max_batch,
+        "model": {"path": str(info.path), "sha256": info.sha256, "input_hw": [h, w]},
+        "iterations": iterations,
+        "runs": runs,
+    }
+
+
+GPU_SCRIPTS = {"kernels": "kernels.py", "gpu-pipeline": "pipeline.py", "streams": "streams.py"}
+
+
+def gpu_script(scenario: str) -> Path:
+    """The GPU benchmark script of a scenario, from the source checkout vdet runs from."""
+    root = Path(__file__).resolve().parents[1]
+    script = root / "bench" / "gpu" / GPU_SCRIPTS[scenario]
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"`vdet bench {scenario}` runs {script.relative_to(root)} of a source checkout "
+            f"(it needs a CUDA GPU, PyNvVideoCodec and torch); this vdet is installed from "
+            f"{root}, which has none: clone the repository and run it there"
+        )
+    return script

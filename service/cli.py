@@ -150,9 +150,24 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fps", type=int, default=30)
     p.set_defaults(func=_cmd_generate)
 
-    p = sub.add_parser("bench", help="benchmarks; results as JSON")
-    p.add_argument("scenario", choices=["pipeline", "report"], help="what to measure, or report")
+    p = sub.add_parser(
+        "bench",
+        help="benchmarks; results as JSON",
+        description="pipeline: one clip through decode -> detector, per stage; engine: the "
+        "backend alone at each batch size; kernels, gpu-pipeline, streams: the GPU benchmarks "
+        "of a source checkout (bench/gpu/*.py; arguments after -- go to them); report: result "
+        "JSON -> markdown and plots.",
+    )
+    p.add_argument(
+        "scenario",
+        choices=["pipeline", "engine", "kernels", "gpu-pipeline", "streams", "report"],
+        help="what to measure, or report",
+    )
     p.add_argument("inputs", nargs="*", type=Path, help="report: result JSON files")
+    p.add_argument(
+        "--batches", default="1,2,4,8,16,32,64", help="engine: comma-separated batch sizes"
+    )
+    p.add_argument("--iterations", type=int, default=20, help="engine: timed calls per batch")
     p.add_argument("--out-dir", type=Path, default=None, help="report: where to write them")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--backend", default="auto")
@@ -517,16 +532,38 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from vdet.bench_report import run_cli
 
         return run_cli(args.inputs, args.out_dir)
-    from vdet.bench import run_pipeline_bench
+    from vdet.bench import GPU_SCRIPTS, gpu_script, run_engine_bench, run_pipeline_bench
 
-    source = args.source or str(asset_path("sample.mp4"))
-    result = run_pipeline_bench(
-        model=args.model or asset_path("demo.onnx"),
-        backend=args.backend,
-        source=source,
-        frames=args.frames,
-        warmup=args.warmup,
-    )
+    if args.scenario in GPU_SCRIPTS:
+        import subprocess
+
+        try:
+            script = gpu_script(args.scenario)
+        except FileNotFoundError as exc:
+            print(f"vdet bench: {exc}", file=sys.stderr)
+            return 2
+        forwarded = [str(p) for p in args.inputs]
+        if args.output:
+            forwarded += ["--out", str(args.output)]
+        return subprocess.run([sys.executable, str(script), *forwarded], check=False).returncode
+    model = args.model or asset_path("demo.onnx")
+    result: dict[str, object]
+    if args.scenario == "engine":
+        try:
+            batches = [int(b) for b in args.batches.split(",") if b.strip()]
+        except ValueError:
+            print(f"vdet bench: --batches must be integers, got {args.batches!r}", file=sys.stderr)
+            return 2
+        result = run_engine_bench(model, args.backend, batches, iterations=args.iterations)
+    else:
+        source = args.source or str(asset_path("sample.mp4"))
+        result = run_pipeline_bench(
+            model=model,
+            backend=args.backend,
+            source=source,
+            frames=args.frames,
+            warmup=args.warmup,
+        )
     text = json.dumps(result, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
