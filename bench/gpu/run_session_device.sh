@@ -100,11 +100,24 @@ retest)
   tail -n 8 "$OUT/pipeline.log"
   ;;
 stability)
-  timeout 570 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
+  # The long run first, then (the launcher changed with the faster top-k) the plugin harness
+  # and compute-sanitizer on the kernels, in what is left.
+  timeout 380 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
     --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
     --stability-seconds "${VDET_STABILITY_SECONDS:-300}" >"$OUT/stability.log" 2>&1
   echo "stability rc=$? ($((SECONDS - started)) s)"
   tail -n 12 "$OUT/stability.log"
+  if [ -d .trt-include ] && (( SECONDS - started < 480 )); then
+    timeout 90 bash bench/gpu/run_plugin_device.sh >"$OUT/plugin_run.log" 2>&1
+    echo "plugin harness rc=$? ($((SECONDS - started)) s)"
+    tail -n 6 "$OUT/plugin_run.log"
+  fi
+  for tool in memcheck racecheck; do
+    if (( SECONDS - started < 560 )); then
+      timeout 30 compute-sanitizer --tool "$tool" python3 bench/gpu/sanitize_check.py 2>&1 \
+        | tail -n 3
+    fi
+  done
   ;;
 *)
   echo "unknown phase $phase" >&2
