@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +59,19 @@ log = logging.getLogger(__name__)
 NetworkFactory = Callable[[int], Network]
 # A batched request not answered within this long means the batcher is wedged.
 _BATCH_REPLY_TIMEOUT_S = 30.0
+
+
+# Python's default GIL switch interval (5 ms) lets one busy thread keep dozens of ingest and
+# pipeline threads, each needing the GIL for microseconds per packet or frame, waiting.
+_SWITCH_INTERVAL_S = 0.0005
+
+
+def tune_interpreter_for_streams() -> None:
+    """Shorten the GIL switch interval for a process serving many GPU streams (module-wide:
+    called once by the app when it starts GPU workers, and by the streams benchmark)."""
+    if sys.getswitchinterval() > _SWITCH_INTERVAL_S:
+        log.info("GIL switch interval -> %.4f s (many streams)", _SWITCH_INTERVAL_S)
+        sys.setswitchinterval(_SWITCH_INTERVAL_S)
 
 
 def choose_ops(
@@ -480,4 +494,5 @@ __all__ = [
     "build_gpu_pool",
     "choose_ops",
     "frame_to_bgr",
+    "tune_interpreter_for_streams",
 ]

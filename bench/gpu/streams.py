@@ -101,8 +101,9 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     detector = Detector.open(DEMO, "onnxruntime" if cpu_backend else "torch")
     pool = None
     if not cpu_backend:
-        from vdet.gpu_workers import build_gpu_pool
+        from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
 
+        tune_interpreter_for_streams()  # as vdet serve does with GPU workers
         settings = GpuSettings(decoder=decoder, batch=spec.get("batch") or 1, kernels="cuda")
         pool = build_gpu_pool(settings, detector.backend)
     # The service's own replay buffers for the long run (its memory must not grow); room for
@@ -192,9 +193,11 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
+    from vdet.gpu_workers import tune_interpreter_for_streams
     from vdet.ingest.nvdec import GpuVideoFrame
     from vdet.ingest.nvdec_reader import NvdecSourceReader
 
+    tune_interpreter_for_streams()
     sources, duration = spec["sources"], spec["seconds"]
     counts = [0] * sources
     stop = threading.Event()

@@ -167,8 +167,9 @@ def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | N
             return None
     elif kind != "TensorRTBackend" or backend.end_to_end:
         return None
-    from vdet.gpu_workers import build_gpu_pool
+    from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
 
+    tune_interpreter_for_streams()
     return build_gpu_pool(
         settings.gpu, backend, on_eager_fallback=metrics.inference_eager_fallbacks.inc
     )

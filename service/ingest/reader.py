@@ -241,11 +241,16 @@ class SourceReader:
         self._thread = _interrupts.register()
         if self._interrupted.is_set():
             _interrupts.interrupt(self._thread)
+        # A timeout makes PyAV's FFmpeg interrupt callback take the GIL on every I/O poll;
+        # with dozens of sources those tiny GIL grabs queue behind each other (up to a switch
+        # interval each) and demuxing collapses. Local files never block on I/O: no timeout,
+        # no callback; `interrupt()` still stops them between packets.
+        timeout = (self.connect_timeout_s, self.read_timeout_s) if self.live else None
         container = av.open(
             self.url,
             mode="r",
             container_options=open_options(self.url, self.read_timeout_s),
-            timeout=(self.connect_timeout_s, self.read_timeout_s),
+            timeout=timeout,
         )
         self._container = container
         if not container.streams.video:
