@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from vdet.capture_guard import CUDA_WORK
 from vdet.config import GpuSettings
 from vdet.ingest.nvdec import GpuVideoFrame
 from vdet.ingest.nvdec_reader import select_reader
@@ -102,7 +103,7 @@ def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
     geometry = Nv12Geometry.of(frame.size_wh, (2, 2), frame.matrix, frame.colour_range)
     if frame.ready is not None:
         frame.ready.synchronize()
-    with torch.no_grad():
+    with CUDA_WORK.work(), torch.no_grad():
         rgb = nv12_to_rgb_u8(frame.nv12, geometry)  # (3, h, w) float32 0..255
         bgr = rgb.flip(0).permute(1, 2, 0).to(torch.uint8).contiguous()
     return np.ascontiguousarray(bgr.cpu().numpy())

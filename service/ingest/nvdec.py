@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from vdet.capture_guard import CUDA_WORK
 from vdet.types import ColourMatrix, ColourRange
 
 log = logging.getLogger(__name__)
@@ -373,13 +374,16 @@ class NvdecDecoder:
         return self._run(packet, pts_known=pts is not None)
 
     def _run(self, packet: Any, pts_known: bool = True) -> list[DecodedNv12]:
-        try:
-            frames = self._session.Decode(packet)
-        except Exception as exc:
-            self._session = None
-            self._wait_for_key = True
-            raise NvdecError(f"NVDEC failed on a {self.codec} packet: {exc}") from exc
-        return [self._take(frame, pts_known) for frame in frames]
+        # Decoding and copying frames out is CUDA work that must not overlap a CUDA-graph
+        # capture elsewhere in the process (vdet.capture_guard).
+        with CUDA_WORK.work():
+            try:
+                frames = self._session.Decode(packet)
+            except Exception as exc:
+                self._session = None
+                self._wait_for_key = True
+                raise NvdecError(f"NVDEC failed on a {self.codec} packet: {exc}") from exc
+            return [self._take(frame, pts_known) for frame in frames]
 
     def _take(self, frame: Any, pts_known: bool) -> DecodedNv12:
         with _StreamScope(self.stream):

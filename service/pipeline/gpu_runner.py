@@ -32,6 +32,7 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 import torch
 
+from ..capture_guard import CUDA_WORK
 from ..types import ColourMatrix, ColourRange, Detections, FloatArray
 from .gpu_ops import (
     DETECTION_COLUMNS,
@@ -47,9 +48,6 @@ from .postprocess import PostprocessParams, decode_and_nms_image
 log = logging.getLogger(__name__)
 
 Network = Callable[[torch.Tensor], torch.Tensor]
-# One capture at a time in the process: torch.cuda.graph synchronises the device and empties
-# the allocator's cache on entry, which must not land in the middle of another capture.
-CAPTURE_LOCK = threading.Lock()
 KeyT = TypeVar("KeyT", bound=Hashable)
 ValueT = TypeVar("ValueT")
 
@@ -277,7 +275,7 @@ class _RunnerBase:
 
     def _prepare(self, slot: _Slot) -> None:
         """Warm up and capture a new slot; on failure mark it eager (logged once, counted)."""
-        with self._on_stream():
+        with CUDA_WORK.work(), self._on_stream():
             # Warm-up outside capture: cuDNN/cuBLAS choose their kernels and allocate their
             # workspaces, and decode + NMS makes its device constants.
             for _ in range(2 if self._cuda else 1):
@@ -290,7 +288,9 @@ class _RunnerBase:
         errors = []
         for copies in (True, False):
             try:
-                with CAPTURE_LOCK:
+                # Alone in the process (vdet.capture_guard): one capture at a time, and no
+                # decoder or other runner working on the GPU meanwhile.
+                with CUDA_WORK.capture():
                     slot.graph = self._capture(self._bound_work(slot, copies), self.stream)
                 slot.copies_in_graph = copies
                 self.captures += 1
@@ -317,7 +317,7 @@ class _RunnerBase:
         Returns (replayed, host seconds spent enqueuing the work).
         """
         started = time.perf_counter()
-        with self._on_stream():
+        with CUDA_WORK.work(), self._on_stream():
             if slot.graph is not None and not slot.eager:
                 slot.graph.replay()
                 if not slot.copies_in_graph:
@@ -454,7 +454,7 @@ class CudaGraphRunner(_RunnerBase):
             if slot is None:
                 slot = self._new_slot(geometry, params, nv12)
             assert slot.nv12 is not None
-            with self._on_stream():
+            with CUDA_WORK.work(), self._on_stream():
                 self._wait_for(nv12, ready)
                 slot.nv12.copy_(nv12, non_blocking=True)
             if fresh:
@@ -526,7 +526,7 @@ class BatchedGraphRunner(_RunnerBase):
             fresh = slot is None
             if slot is None:
                 slot = self._new_slot(None, params, None)
-            with self._on_stream():
+            with CUDA_WORK.work(), self._on_stream():
                 for i, (nv12, geometry, ready) in enumerate(frames):
                     if geometry.input_hw != self.input_hw:
                         raise ValueError(
@@ -554,7 +554,6 @@ def as_numpy_rows(result: RunResult) -> FloatArray:
 
 
 __all__ = [
-    "CAPTURE_LOCK",
     "BatchedGraphRunner",
     "CaptureFn",
     "CudaGraphRunner",

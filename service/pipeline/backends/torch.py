@@ -348,7 +348,7 @@ class TorchBackend(InferenceBackend):
     def _capture(self) -> None:
         import torch
 
-        from ..gpu_runner import CAPTURE_LOCK
+        from ...capture_guard import CUDA_WORK
 
         assert self._stream is not None
         self._stream.wait_stream(torch.cuda.current_stream(self._torch_device))
@@ -359,7 +359,7 @@ class TorchBackend(InferenceBackend):
         try:
             graph = torch.cuda.CUDAGraph()
             with (
-                CAPTURE_LOCK,
+                CUDA_WORK.capture(),
                 torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"),
             ):
                 self._output = self._forward()
@@ -394,7 +394,9 @@ class TorchBackend(InferenceBackend):
 
         batch = self.check_batch(batch)
         outputs = []
-        with self._lock:
+        from ...capture_guard import CUDA_WORK
+
+        with self._lock, CUDA_WORK.work():
             if self.network is None:
                 raise RuntimeError(f"{self!r} is closed")
             for start in range(0, len(batch), self._batch):

@@ -1,0 +1,96 @@
+"""CUDA-graph capture kept apart from per-frame CUDA work (vdet.capture_guard), on the CPU."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from support.waiting import wait_until
+
+from vdet.capture_guard import CUDA_WORK, CaptureGuard
+
+
+def _in_thread(target: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_capture_waits_for_work_in_flight_and_holds_new_work_back() -> None:
+    guard = CaptureGuard()
+    events: list[str] = []
+    release_work = threading.Event()
+
+    def work() -> None:
+        with guard.work():
+            events.append("work start")
+            release_work.wait(5)
+            events.append("work end")
+
+    def capture() -> None:
+        with guard.capture():
+            events.append("capture")
+            time.sleep(0.05)
+            events.append("capture end")
+
+    def late_work() -> None:
+        with guard.work():
+            events.append("late work")
+
+    first = _in_thread(work)
+    wait_until(lambda: guard.busy == (1, False), 5, what="work in flight")
+    capturing = _in_thread(capture)
+    time.sleep(0.05)
+    late = _in_thread(late_work)  # arrives while the capture waits: must go after it
+    time.sleep(0.05)
+    assert events == ["work start"]
+    release_work.set()
+    for thread in (first, capturing, late):
+        thread.join(5)
+    assert events == ["work start", "work end", "capture", "capture end", "late work"]
+    assert guard.busy == (0, False)
+
+
+def test_work_runs_side_by_side_and_a_failed_capture_releases_the_guard() -> None:
+    guard = CaptureGuard()
+    with guard.work(), guard.work():
+        assert guard.busy == (2, False)
+    with pytest.raises(RuntimeError), guard.capture():
+        raise RuntimeError("capture invalidated")
+    assert guard.busy == (0, False)
+    with guard.work():
+        assert guard.busy == (1, False)
+
+
+def test_the_graph_runner_captures_alone() -> None:
+    torch = pytest.importorskip("torch")
+    from vdet.pipeline.gpu_ops import Nv12Geometry
+    from vdet.pipeline.gpu_runner import CudaGraphRunner
+    from vdet.pipeline.postprocess import PostprocessParams
+    from vdet.types import ColourMatrix, ColourRange
+
+    seen: list[tuple[int, bool]] = []
+
+    class _Graph:
+        def __init__(self, work: Callable[[], None]) -> None:
+            self.work = work
+
+        def replay(self) -> None:
+            self.work()
+
+    def capture(work: Callable[[], None], stream: object) -> _Graph:
+        seen.append(CUDA_WORK.busy)
+        work()
+        return _Graph(work)
+
+    def network(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((x.shape[0], 6, 4))
+
+    runner = CudaGraphRunner(network, input_hw=(32, 32), device="cpu", capture=capture)
+    geometry = Nv12Geometry.of((64, 48), (32, 32), ColourMatrix.BT601, ColourRange.LIMITED)
+    nv12 = torch.zeros((72, 64), dtype=torch.uint8)
+    result = runner.run(nv12, geometry, PostprocessParams())
+    assert result.replayed and seen == [(0, True)]
+    assert CUDA_WORK.busy == (0, False)
