@@ -108,6 +108,12 @@ def test_config_file_from_environment(tmp_path: Path, monkeypatch: pytest.Monkey
         ("sources: [{id: 'bad id!', url: 'rtsp://h/s'}]\n", "sources.0.id"),
         ("ingest: {backoff_initial_s: 10, backoff_max_s: 1}\n", "must not exceed"),
         ("log_level: verbose\n", "log_level"),
+        ("gpu: {devices: [0, 0]}\n", "devices must be distinct GPU indices"),
+        ("gpu: {devices: []}\n", "devices must name at least one GPU"),
+        ("gpu: {batch: 0}\n", "gpu.batch"),
+        ("gpu: {decoder: gpu}\n", "gpu.decoder"),
+        ("gpu: {kernels: triton}\n", "gpu.kernels"),
+        ("sources: [{id: a, url: 'rtsp://h/s', gpu: -1}]\n", "sources.0.gpu"),
     ],
 )
 def test_bad_yaml_values_are_rejected_clearly(tmp_path: Path, text: str, fragment: str) -> None:
