@@ -45,6 +45,7 @@ import torch
 from torch.utils.dlpack import from_dlpack
 
 from vdet.capture_guard import CUDA_WORK
+from vdet.cuda_stream import on_stream
 from vdet.types import ColourMatrix, ColourRange
 
 log = logging.getLogger(__name__)
@@ -386,7 +387,7 @@ class NvdecDecoder:
             return [self._take(frame, pts_known) for frame in frames]
 
     def _take(self, frame: Any, pts_known: bool) -> DecodedNv12:
-        with _StreamScope(self.stream):
+        with on_stream(self.stream):
             view = from_dlpack(frame)
             if view.dim() != 2 or view.dtype != torch.uint8 or view.shape[0] % 3:
                 raise NvdecError(
@@ -405,21 +406,6 @@ class NvdecDecoder:
                 ready.record(self.stream)
         pts = int(frame.getPTS()) if pts_known else None
         return DecodedNv12(nv12, int(width), int(height), pts, ready)
-
-
-class _StreamScope:
-    """`torch.cuda.stream(stream)` when there is a stream (CUDA), else nothing (CPU tests)."""
-
-    def __init__(self, stream: torch.cuda.Stream | None) -> None:
-        self._context = torch.cuda.stream(stream) if stream is not None else None
-
-    def __enter__(self) -> None:
-        if self._context is not None:
-            self._context.__enter__()  # type: ignore[no-untyped-call]
-
-    def __exit__(self, *exc: object) -> None:
-        if self._context is not None:
-            self._context.__exit__(*exc)
 
 
 # --------------------------------------------------------------------- files, no PyAV

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch.nn import functional
 
+from ..cuda_stream import on_stream
 from ..types import ColourMatrix, ColourRange, FloatArray, IntArray
 from .postprocess import PostprocessParams
 from .preprocess import PAD_VALUE, LetterboxTransform, compute_letterbox
@@ -201,7 +202,7 @@ def nv12_letterbox_reference(
     H, W = geometry.input_hw
     if tuple(out.shape) != (3, H, W):
         raise ValueError(f"out must have shape (3, {H}, {W}), got {tuple(out.shape)}")
-    with _OnStream(stream):
+    with on_stream(stream):
         rgb = nv12_to_rgb_u8(nv12, geometry)
         new_w, new_h = geometry.new_wh
         if (new_w, new_h) != geometry.source_wh:
@@ -287,7 +288,7 @@ class ReferenceDecodeNms:
             out_count.zero_()
             return
         constants = self._get_constants(raw, params)
-        with _OnStream(stream):
+        with on_stream(stream):
             self._run(raw.float(), params, constants, out_boxes, out_count)
 
     def _run(
@@ -395,7 +396,7 @@ def kernel_ops(device: int = 0) -> tuple[PreprocessFn, DecodeNmsFn]:
             workspace = workspaces.get(key)
             if workspace is None:
                 size = decode_nms_workspace_bytes(batch, anchors, params.top_k)
-                with _OnStream(stream):
+                with on_stream(stream):
                     workspace = torch.empty(size, dtype=torch.uint8, device=raw.device)
                 workspaces[key] = workspace
         ops.decode_nms(
@@ -403,21 +404,6 @@ def kernel_ops(device: int = 0) -> tuple[PreprocessFn, DecodeNmsFn]:
         )
 
     return preprocess, decode_nms
-
-
-class _OnStream:
-    """`torch.cuda.stream(stream)` when a stream is given, else nothing (CPU, current stream)."""
-
-    def __init__(self, stream: torch.cuda.Stream | None) -> None:
-        self._context = torch.cuda.stream(stream) if stream is not None else None
-
-    def __enter__(self) -> None:
-        if self._context is not None:
-            self._context.__enter__()  # type: ignore[no-untyped-call]
-
-    def __exit__(self, *exc: object) -> None:
-        if self._context is not None:
-            self._context.__exit__(*exc)
 
 
 def rows_to_arrays(rows: FloatArray, count: int) -> tuple[FloatArray, FloatArray, IntArray]:

@@ -24,8 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 
 from ..capture_guard import CUDA_WORK
+from ..cuda_stream import on_stream
 from ..types import ColourMatrix, ColourRange, Detections, FloatArray
 from .gpu_ops import (
     DETECTION_COLUMNS,
@@ -224,7 +224,7 @@ class _RunnerBase:
         self, geometry: Nv12Geometry | None, params: PostprocessParams, nv12: torch.Tensor | None
     ) -> _Slot:
         H, W = self.input_hw
-        with self._on_stream():
+        with on_stream(self.stream):
             net_in = torch.zeros((self.batch, 3, H, W), dtype=self.dtype, device=self.device)
             boxes = torch.zeros(
                 (self.batch, params.max_det, DETECTION_COLUMNS),
@@ -275,7 +275,7 @@ class _RunnerBase:
 
     def _prepare(self, slot: _Slot) -> None:
         """Warm up and capture a new slot; on failure mark it eager (logged once, counted)."""
-        with CUDA_WORK.work(), self._on_stream():
+        with CUDA_WORK.work(), on_stream(self.stream):
             # Warm-up outside capture: cuDNN/cuBLAS choose their kernels and allocate their
             # workspaces, and decode + NMS makes its device constants.
             for _ in range(2 if self._cuda else 1):
@@ -317,7 +317,7 @@ class _RunnerBase:
         Returns (replayed, host seconds spent enqueuing the work).
         """
         started = time.perf_counter()
-        with CUDA_WORK.work(), self._on_stream():
+        with CUDA_WORK.work(), on_stream(self.stream):
             if slot.graph is not None and not slot.eager:
                 slot.graph.replay()
                 if not slot.copies_in_graph:
@@ -360,14 +360,6 @@ class _RunnerBase:
         else:
             self.stream.wait_stream(torch.cuda.current_stream(nv12.device))
         nv12.record_stream(self.stream)
-
-    @contextmanager
-    def _on_stream(self) -> Iterator[None]:
-        if self.stream is None:
-            yield
-            return
-        with torch.cuda.stream(self.stream):
-            yield
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -454,7 +446,7 @@ class CudaGraphRunner(_RunnerBase):
             if slot is None:
                 slot = self._new_slot(geometry, params, nv12)
             assert slot.nv12 is not None
-            with CUDA_WORK.work(), self._on_stream():
+            with CUDA_WORK.work(), on_stream(self.stream):
                 self._wait_for(nv12, ready)
                 slot.nv12.copy_(nv12, non_blocking=True)
             if fresh:
@@ -526,7 +518,7 @@ class BatchedGraphRunner(_RunnerBase):
             fresh = slot is None
             if slot is None:
                 slot = self._new_slot(None, params, None)
-            with CUDA_WORK.work(), self._on_stream():
+            with CUDA_WORK.work(), on_stream(self.stream):
                 for i, (nv12, geometry, ready) in enumerate(frames):
                     if geometry.input_hw != self.input_hw:
                         raise ValueError(
