@@ -230,6 +230,14 @@ class GpuSettings(_Strict):
         description="Preprocess and decode+NMS ops: cuda (vdet's CUDA kernels, compiled by "
         "NVRTC), torch (reference torch ops), auto (cuda when cuda-python and NVRTC import).",
     )
+    host_wait: Literal["block", "spin", "yield", "auto"] = Field(
+        default="block",
+        description="How threads wait for the GPU (NVDEC calls, each frame's result): block "
+        "sleeps until the GPU signals (cores stay free for the streams with work; best with "
+        "many streams), spin busy-waits (a few microseconds sooner per wait, one core per "
+        "waiting thread), yield spins but yields, auto is CUDA's default (spin here). See "
+        "docs/gpu-data-path.md.",
+    )
 
     @field_validator("devices")
     @classmethod

@@ -430,6 +430,21 @@ class GpuPool:
             worker.close()
 
 
+def _apply_host_wait(index: int, mode: str) -> None:
+    """`gpu.host_wait` on one GPU; without cuda-python or a driver that takes it, CUDA's
+    default stays (logged: the service still runs, its waits spin)."""
+    from vdet.host_wait import set_host_wait
+
+    try:
+        set_host_wait(index, mode)
+    except (ImportError, RuntimeError) as exc:
+        log.warning(
+            "gpu.host_wait %r not applied on GPU %d (%s); CUDA's default stays", mode, index, exc
+        )
+        return
+    log.info("GPU %d: host threads wait for it the %r way", index, mode)
+
+
 def build_gpu_pool(
     settings: GpuSettings,
     backend: Any,
@@ -472,6 +487,7 @@ def build_gpu_pool(
 
     workers = []
     for index in devices:
+        _apply_host_wait(index, settings.host_wait)
         source = replica(index)
         tensorrt = isinstance(source, TensorRTBackend)
         workers.append(

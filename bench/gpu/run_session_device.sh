@@ -11,13 +11,21 @@
 # onnx2torch, pytest-asyncio, ultralytics, nvidia-ml-py, psutil, and what vdet.config needs
 # (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
 # python-dotenv, pyyaml).
-# JSON and logs go to $OUT; the last lines printed are a short summary.
-#   run: bash bench/gpu/run_session_device.sh tests|streams|stability|main|retest
+#   diagnose  install + the accuracy probe (bench/gpu/accuracy.py), the demo's graph launch,
+#             chosen many-stream runs ($VDET_RUNS, with thread-stack and GIL diagnostics) and
+#             the GPU tests in what is left
+# JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
+# transfer folder, which takes back only a few files), they come back as ONE tarball,
+# $OUT/results-<phase>.tgz. The last lines printed are a short summary.
+#   run: bash bench/gpu/run_session_device.sh tests|streams|stability|main|retest|diagnose
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-phase=${1:?tests, streams or stability}
-OUT=${OUT:-/tmp/vdet-out}
+phase=${1:?tests, streams, stability, main, retest or diagnose}
+DEST=${OUT:-}
+OUT=/tmp/vdet-out
 mkdir -p "$OUT"
+pack() { [ -n "$DEST" ] && tar czf "$DEST/results-$phase.tgz" -C "$OUT" . ; }
+trap pack EXIT
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 VDET_KERNEL_CACHE=/tmp/vdet-kernels
 SITE=/tmp/site
@@ -118,6 +126,24 @@ stability)
         | tail -n 3
     fi
   done
+  ;;
+diagnose)
+  timeout 100 python3 bench/gpu/accuracy.py --out "$OUT/accuracy.json" >"$OUT/accuracy.log" 2>&1
+  echo "accuracy rc=$? ($((SECONDS - started)) s)"
+  tail -n 3 "$OUT/accuracy.log"
+  timeout 60 python3 bench/gpu/pipeline.py --no-yolov8s --sections graph_cuda,eager_cuda \
+    --out "$OUT/gpu_pipeline_demo.json" >"$OUT/pipeline.log" 2>&1
+  echo "pipeline rc=$? ($((SECONDS - started)) s)"
+  tail -n 5 "$OUT/pipeline.log"
+  runs=${VDET_RUNS:-"decode_only:64:u:-:spin:diag decode_only:64:u:-:block:diag vdet:64:p:1:block:diag vdet:64:p:8:block vdet:64:u:8:block vdet:1:p:1:block vdet:64:p:1:spin vdet:32:p:1:block"}
+  timeout $((420 - (SECONDS - started))) python3 bench/gpu/streams.py --runs "$runs" \
+    --seconds 8 --run-timeout 50 --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
+  echo "streams rc=$? ($((SECONDS - started)) s)"
+  tail -n 14 "$OUT/streams.log"
+  timeout $((575 - (SECONDS - started))) python3 -m pytest -m gpu tests/gpu -q -rs \
+    -p no:cacheprovider --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
   ;;
 *)
   echo "unknown phase $phase" >&2

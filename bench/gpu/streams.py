@@ -85,6 +85,87 @@ def _latency_summary(values_s: list[float]) -> tuple[dict[str, float] | None, li
     return summary, [round(float(v), 3) for v in np.sort(ms)[::step]]
 
 
+class _Diagnostics:
+    """Where a run's threads spend their wall time, and how long a thread waits for the GIL.
+
+    Stack samples: every `period_s`, each thread's innermost Python frame (a thread inside a C
+    call that released the GIL shows the line that called it: `Decode`, `synchronize`, `sleep`)
+    and its innermost vdet frame, counted over the run. GIL wait: a probe thread sleeps 1 ms
+    in a loop; how late it wakes is the OS timer's slack plus the wait for the GIL.
+    """
+
+    def __init__(self, period_s: float = 0.005) -> None:
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._leaf: dict[str, int] = {}
+        self._ours: dict[str, int] = {}
+        self._samples = 0
+        self._late_us: list[float] = []
+        self._threads = [
+            threading.Thread(target=self._sample, name="diag-sampler", daemon=True),
+            threading.Thread(target=self._probe, name="diag-gil-probe", daemon=True),
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def _sample(self) -> None:
+        own = {t.ident for t in self._threads}
+        marker = os.sep + "vdet" + os.sep
+        while not self._stop.wait(self.period_s):
+            for ident, frame in sys._current_frames().items():
+                if ident in own:
+                    continue
+                code = frame.f_code
+                leaf = f"{Path(code.co_filename).name}:{frame.f_lineno} {code.co_name}"
+                self._leaf[leaf] = self._leaf.get(leaf, 0) + 1
+                f: Any = frame
+                while (
+                    f is not None
+                    and marker not in f.f_code.co_filename
+                    and "/service/" not in (f.f_code.co_filename)
+                ):
+                    f = f.f_back
+                if f is not None:
+                    key = f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}"
+                    self._ours[key] = self._ours.get(key, 0) + 1
+                self._samples += 1
+
+    def _probe(self) -> None:
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            time.sleep(0.001)
+            self._late_us.append((time.perf_counter() - started - 0.001) * 1e6)
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(2.0)
+
+        def top(counts: dict[str, int]) -> list[tuple[str, float]]:
+            total = max(1, sum(counts.values()))
+            ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:25]
+            return [(k, round(v / total, 4)) for k, v in ranked]
+
+        late = np.asarray(self._late_us or [0.0])
+        return {
+            "thread_samples": self._samples,
+            "innermost_frames": top(self._leaf),
+            "innermost_vdet_frames": top(self._ours),
+            "gil_probe_late_us": {
+                "p50": float(np.percentile(late, 50)),
+                "p99": float(np.percentile(late, 99)),
+                "mean": float(late.mean()),
+                "n": int(late.size),
+            },
+        }
+
+
+def _host_wait(spec: dict[str, Any]) -> str:
+    return str(spec.get("host_wait") or "block")
+
+
 # ------------------------------------------------------------------------------ vdet itself
 
 
@@ -104,7 +185,12 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
         from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
 
         tune_interpreter_for_streams()  # as vdet serve does with GPU workers
-        settings = GpuSettings(decoder=decoder, batch=spec.get("batch") or 1, kernels="cuda")
+        settings = GpuSettings(
+            decoder=decoder,
+            batch=spec.get("batch") or 1,
+            kernels="cuda",
+            host_wait=_host_wait(spec),
+        )
         pool = build_gpu_pool(settings, detector.backend)
     # The service's own replay buffers for the long run (its memory must not grow); room for
     # the whole window otherwise, so every frame's latency is read back.
@@ -138,6 +224,9 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
                 sum(v.status.frames_decoded for v in views),
             )
 
+        diagnostics = _Diagnostics() if spec.get("diagnose") else None
+        if diagnostics is not None:
+            diagnostics.start()
         dropped0, decoded0 = totals()
         seq0 = hub.last_seq
         cpu0, wall0 = _cpu_seconds(), time.monotonic()
@@ -158,6 +247,7 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
             time.sleep(min(0.2, max(0.0, duration - elapsed)))
         wall = time.monotonic() - wall0
         cpu = _cpu_seconds() - cpu0
+        diagnosis = diagnostics.stop() if diagnostics is not None else None
         dropped1, decoded1 = totals()
         results = [r for r in hub.since(seq0) if r.published_time >= window_start]
         latencies = [r.timings.end_to_end for r in results]
@@ -181,6 +271,8 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
         }
         if samples:
             run["samples"] = samples
+        if diagnosis is not None:
+            run["diagnosis"] = diagnosis
         return run
     finally:
         manager.close()
@@ -194,10 +286,12 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     from vdet.gpu_workers import tune_interpreter_for_streams
+    from vdet.host_wait import set_host_wait
     from vdet.ingest.nvdec import GpuVideoFrame
     from vdet.ingest.nvdec_reader import NvdecSourceReader
 
     tune_interpreter_for_streams()
+    set_host_wait(0, _host_wait(spec))
     sources, duration = spec["sources"], spec["seconds"]
     counts = [0] * sources
     stop = threading.Event()
@@ -223,11 +317,15 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     for thread in threads:
         thread.start()
     time.sleep(spec.get("warmup_s", 3.0))
+    diagnostics = _Diagnostics() if spec.get("diagnose") else None
+    if diagnostics is not None:
+        diagnostics.start()
     cpu0, wall0 = _cpu_seconds(), time.monotonic()
     counting.set()
     time.sleep(duration)
     counting.clear()
     wall, cpu = time.monotonic() - wall0, _cpu_seconds() - cpu0
+    diagnosis = diagnostics.stop() if diagnostics is not None else None
     gpu_mib = _gpu_used_mib()
     stop.set()
     for thread in threads:
@@ -246,6 +344,7 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_percent": 100.0 * cpu / wall,
         "rss_mib": _rss_mib(),
         "errors": errors[:5],
+        **({"diagnosis": diagnosis} if diagnosis is not None else {}),
     }
 
 
@@ -330,11 +429,38 @@ def _name(spec: dict[str, Any]) -> str:
     pace = "paced" if spec["paced"] else "unpaced"
     batch = f" b{spec['batch']}" if spec.get("batch") else ""
     long_run = " stability" if spec.get("stability") else ""
-    return f"{spec['system']} {pace} {spec['sources']}{batch}{long_run}"
+    wait = f" {spec['host_wait']}" if spec.get("host_wait") not in (None, "block") else ""
+    return f"{spec['system']} {pace} {spec['sources']}{batch}{wait}{long_run}"
+
+
+def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
+    """Runs named `system:sources:p|u[:batch[:host_wait[:diag]]]`, space-separated."""
+    plan = []
+    for item in text.split():
+        parts = item.split(":")
+        system, sources, pace = parts[0], int(parts[1]), parts[2]
+        if system not in RUNNERS or pace not in ("p", "u"):
+            raise SystemExit(f"bad run {item!r}: system:sources:p|u[:batch[:host_wait[:diag]]]")
+        batch = int(parts[3]) if len(parts) > 3 and parts[3] not in ("", "-") else None
+        spec: dict[str, Any] = {
+            "system": system,
+            "sources": sources,
+            "paced": pace == "p",
+            "batch": batch if system != "decode_only" else None,
+            "seconds": seconds,
+        }
+        if len(parts) > 4 and parts[4]:
+            spec["host_wait"] = parts[4]
+        if len(parts) > 5 and parts[5] == "diag":
+            spec["diagnose"] = True
+        plan.append(spec)
+    return plan
 
 
 def _plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     seconds = args.seconds
+    if args.runs:
+        return _listed_runs(args.runs, seconds)
     plan: list[dict[str, Any]] = []
 
     def add(system: str, sources: int, paced: bool, batch: int | None = None, **extra: Any) -> None:
@@ -542,6 +668,11 @@ def main() -> int:
     parser.add_argument("--stability-sources", type=int, default=32)
     parser.add_argument("--stability-batch", type=int, default=1)
     parser.add_argument("--only", help="run only the runs whose name contains this")
+    parser.add_argument(
+        "--runs",
+        help="exactly these runs instead of the default plan, space-separated "
+        "system:sources:p|u[:batch[:host_wait[:diag]]], e.g. 'decode_only:64:u:-:spin:diag'",
+    )
     parser.add_argument("--run-timeout", type=float, default=150.0)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--run-out", type=Path, help=argparse.SUPPRESS)

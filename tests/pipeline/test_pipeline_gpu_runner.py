@@ -221,3 +221,14 @@ def test_batched_runner_matches_the_per_frame_runner() -> None:
     assert batched.captures == 1  # one graph for the batch, whatever the frames' sizes
     with pytest.raises(ValueError, match=r"1\.\.4 frames"):
         batched.run_batch([], PARAMS)
+
+
+def test_graph_launcher_replays_graphs_torch_does_not_make() -> None:
+    from vdet.pipeline.gpu_runner import graph_launcher
+
+    ran: list[int] = []
+    graph = _FakeGraph(lambda: ran.append(1))
+    launch = graph_launcher(graph, None)
+    launch()
+    launch()
+    assert graph.replays == 2 and ran == [1, 1]
