@@ -10,64 +10,124 @@ short. So: a readers-writer lock, `CUDA_WORK`. Every piece of per-frame CUDA wor
 decode call, a runner's replay or eager frame) holds it shared, many at once; a capture holds
 it exclusively, waiting for work in flight to finish and holding new work back until done.
 
-This module only coordinates; it touches no CUDA itself. Not reentrant: a thread holding the
-shared side must not ask for the exclusive side.
+The shared side must cost next to nothing: it is taken several times per frame by every
+stream's threads, and one lock shared by them all became the bottleneck (64 streams: half of all
+thread samples waited on it, each holder queueing for the GIL before it could let go). So each
+thread has a lock of its own, which only a capture ever contends: `work()` takes the calling
+thread's lock, `capture()` takes every thread's (and holds back threads not seen before).
+
+This module only coordinates; it touches no CUDA itself. `work()` may nest within a thread; a
+thread holding the shared side must not ask for the exclusive side.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import TracebackType
+
+
+class _ThreadWork:
+    """One thread's side of the guard: its own lock, taken around each piece of CUDA work."""
+
+    __slots__ = ("depth", "guard", "ident", "lock", "locked_by_me", "thread")
+
+    def __init__(self, guard: CaptureGuard) -> None:
+        self.guard = guard
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.locked_by_me = False
+        self.thread = weakref.ref(threading.current_thread())
+        self.ident = threading.get_ident()
+
+    def __enter__(self) -> None:
+        if self.depth == 0:
+            guard = self.guard
+            # The capturing thread already holds every lock, its own included.
+            if guard._capturer != self.ident:
+                if guard._capture_wanted:  # a capture is taking every lock: let it have ours
+                    guard._no_capture_wanted.wait()
+                self.lock.acquire()
+                self.locked_by_me = True
+        self.depth += 1
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.depth -= 1
+        if self.depth == 0 and self.locked_by_me:
+            self.locked_by_me = False
+            self.lock.release()
 
 
 class CaptureGuard:
-    """A writer-preferring readers-writer lock: `work()` shared, `capture()` exclusive."""
+    """A readers-writer lock built from per-thread locks: `work()` shared, `capture()` exclusive."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._workers = 0
+        self._local = threading.local()
+        self._threads: list[_ThreadWork] = []
+        self._registry = threading.Lock()  # held by a capture: no new thread starts work
+        self._one_capture = threading.Lock()
         self._capturing = False
-        self._captures_waiting = 0
+        self._capturer: int | None = None
+        self._capture_wanted = False
+        self._no_capture_wanted = threading.Event()
+        self._no_capture_wanted.set()
 
-    @contextmanager
-    def work(self) -> Iterator[None]:
-        """Per-frame CUDA work; waits while a capture runs or is waiting to run."""
-        with self._cond:
-            while self._capturing or self._captures_waiting:
-                self._cond.wait()
-            self._workers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._workers -= 1
-                if not self._workers:
-                    self._cond.notify_all()
+    def work(self) -> _ThreadWork:
+        """Per-frame CUDA work (a context manager); waits while a capture runs."""
+        mine: _ThreadWork | None = getattr(self._local, "work", None)
+        if mine is None:
+            mine = _ThreadWork(self)
+            with self._registry:
+                self._threads.append(mine)
+            self._local.work = mine
+        return mine
 
     @contextmanager
     def capture(self) -> Iterator[None]:
         """A CUDA-graph capture: alone, once the work in flight has finished."""
-        with self._cond:
-            self._captures_waiting += 1
+        with self._one_capture:
+            self._capture_wanted = True
+            self._no_capture_wanted.clear()
+            held: list[threading.Lock] = []
             try:
-                while self._capturing or self._workers:
-                    self._cond.wait()
+                with self._registry:
+                    for work in self._threads:
+                        work.lock.acquire()  # waits for that thread's work in flight
+                        held.append(work.lock)
+                    self._capturing = True
+                    self._capturer = threading.get_ident()
+                    try:
+                        yield
+                    finally:
+                        self._capturer = None
+                        self._capturing = False
+                        # Threads that ended leave the registry (their locks are free).
+                        self._threads = [w for w in self._threads if _alive(w)]
             finally:
-                self._captures_waiting -= 1
-            self._capturing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._capturing = False
-                self._cond.notify_all()
+                for lock in held:
+                    lock.release()
+                self._capture_wanted = False
+                self._no_capture_wanted.set()
 
     @property
     def busy(self) -> tuple[int, bool]:
-        """(work in flight, capture running), for tests and diagnostics."""
-        with self._cond:
-            return self._workers, self._capturing
+        """(threads with work in flight, capture running), for tests and diagnostics."""
+        if self._capturing:
+            return 0, True
+        with self._registry:
+            return sum(w.lock.locked() for w in self._threads), False
+
+
+def _alive(work: _ThreadWork) -> bool:
+    thread = work.thread()
+    return thread is not None and thread.is_alive()
 
 
 CUDA_WORK = CaptureGuard()

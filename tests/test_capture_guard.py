@@ -55,8 +55,19 @@ def test_a_capture_waits_for_work_in_flight_and_holds_new_work_back() -> None:
 
 def test_work_runs_side_by_side_and_a_failed_capture_releases_the_guard() -> None:
     guard = CaptureGuard()
-    with guard.work(), guard.work():
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with guard.work():
+            inside.set()
+            leave.wait(5)
+
+    with guard.work():
+        other = _in_thread(hold)
+        inside.wait(5)
         assert guard.busy == (2, False)
+        leave.set()
+        other.join(5)
     with pytest.raises(RuntimeError), guard.capture():
         raise RuntimeError("capture invalidated")
     assert guard.busy == (0, False)
@@ -94,3 +105,99 @@ def test_the_graph_runner_captures_alone() -> None:
     result = runner.run(nv12, geometry, PostprocessParams())
     assert result.replayed and seen == [(0, True)]
     assert CUDA_WORK.busy == (0, False)
+
+
+def test_work_nests_and_a_capture_waits_for_every_thread_seen_so_far() -> None:
+    guard = CaptureGuard()
+    with guard.work(), guard.work():  # nested in one thread: one hold
+        assert guard.busy == (1, False)
+    assert guard.busy == (0, False)
+    release = threading.Event()
+    started = threading.Event()
+
+    def long_work() -> None:
+        with guard.work():
+            started.set()
+            release.wait(5)
+
+    worker = _in_thread(long_work)
+    started.wait(5)
+    captured = threading.Event()
+
+    def capture() -> None:
+        with guard.capture():
+            captured.set()
+
+    capturing = _in_thread(capture)
+    time.sleep(0.05)
+    assert not captured.is_set()  # the other thread's work is still in flight
+    release.set()
+    for thread in (worker, capturing):
+        thread.join(5)
+    assert captured.is_set() and guard.busy == (0, False)
+
+
+def test_a_thread_first_seen_during_a_capture_waits_for_it() -> None:
+    guard = CaptureGuard()
+    order: list[str] = []
+    inside = threading.Event()
+    finish = threading.Event()
+
+    def capture() -> None:
+        with guard.capture():
+            inside.set()
+            finish.wait(5)
+            order.append("capture end")
+
+    def newcomer() -> None:
+        with guard.work():
+            order.append("new work")
+
+    capturing = _in_thread(capture)
+    inside.wait(5)
+    late = _in_thread(newcomer)
+    time.sleep(0.05)
+    assert order == []
+    finish.set()
+    for thread in (capturing, late):
+        thread.join(5)
+    assert order == ["capture end", "new work"]
+
+
+def test_work_inside_a_capture_on_the_capturing_thread_does_not_deadlock() -> None:
+    guard = CaptureGuard()
+    with guard.work():
+        pass  # this thread is known to the guard
+    with guard.capture(), guard.work():
+        assert guard.busy == (0, True)
+    assert guard.busy == (0, False)
+
+
+def test_many_threads_working_and_capturing_end_with_the_guard_free() -> None:
+    guard = CaptureGuard()
+    active = [0]
+    violations: list[str] = []
+    stop = threading.Event()
+
+    def work() -> None:
+        while not stop.is_set():
+            with guard.work():
+                active[0] += 1
+                time.sleep(0.0005)
+                active[0] -= 1
+
+    def capture() -> None:
+        for _ in range(20):
+            with guard.capture():
+                if active[0]:
+                    violations.append(f"{active[0]} working during a capture")
+                time.sleep(0.001)
+
+    workers = [_in_thread(work) for _ in range(8)]
+    capturer = _in_thread(capture)
+    capturer.join(20)
+    stop.set()
+    for thread in workers:
+        thread.join(5)
+    assert not capturer.is_alive() and violations == []
+    assert guard.busy == (0, False)
