@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -47,6 +48,18 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 @dataclass
+class _FrameSeries:
+    """One source's children of the series every frame updates, looked up once when the source
+    is added: `labels()` costs microseconds per call, and every stream's pipeline thread would
+    otherwise make seven of them per frame."""
+
+    stages: tuple[Any, ...]  # Histogram children, in STAGES order
+    end_to_end: Any
+    processed: Any
+    gpu_processed: Any
+
+
+@dataclass
 class _SourceTotals:
     """The last cumulative counts seen for one source, to turn snapshots into increments."""
 
@@ -54,6 +67,7 @@ class _SourceTotals:
     dropped: int = 0
     reconnects: int = 0
     gpu: str = "cpu"
+    series: _FrameSeries | None = None
 
 
 class Metrics:
@@ -147,20 +161,23 @@ class Metrics:
     # --- pipeline --------------------------------------------------------------------------
 
     def observe_result(self, result: DetectionResult) -> None:
-        """Record one published result: its stage latencies, end-to-end latency and count."""
-        source = result.source_id
-        t = result.timings
-        with self._lock:
-            totals = self._totals.get(source)
-            if totals is None:
-                return
-            self.gpu_frames_processed.labels(totals.gpu).inc()
-            for stage, seconds in zip(
-                STAGES, (t.decode, t.preprocess, t.inference, t.postprocess), strict=True
-            ):
-                self.stage_latency.labels(source, stage).observe(seconds)
-            self.end_to_end_latency.labels(source).observe(t.end_to_end)
-            self.frames_processed.labels(source).inc()
+        """Record one published result: its stage latencies, end-to-end latency and count.
+
+        Called by every stream's pipeline thread for every frame, so it takes no lock of ours
+        (a dict read; the children have their own): a result racing its source's removal
+        updates children already detached from the registry, which nobody sees.
+        """
+        totals = self._totals.get(result.source_id)
+        if totals is None or totals.series is None:
+            return
+        series, t = totals.series, result.timings
+        series.gpu_processed.inc()
+        for child, seconds in zip(
+            series.stages, (t.decode, t.preprocess, t.inference, t.postprocess), strict=True
+        ):
+            child.observe(seconds)
+        series.end_to_end.observe(t.end_to_end)
+        series.processed.inc()
 
     # --- sources ---------------------------------------------------------------------------
 
@@ -173,9 +190,14 @@ class Metrics:
         `gpu` labels the worker running it: a GPU index, or "cpu".
         """
         with self._lock:
-            self._totals[source_id] = _SourceTotals(gpu=gpu)
+            series = _FrameSeries(
+                stages=tuple(self.stage_latency.labels(source_id, s) for s in STAGES),
+                end_to_end=self.end_to_end_latency.labels(source_id),
+                processed=self.frames_processed.labels(source_id),
+                gpu_processed=self.gpu_frames_processed.labels(gpu),
+            )
+            self._totals[source_id] = _SourceTotals(gpu=gpu, series=series)
             self.source_gpu.labels(source_id, gpu).set(1.0)
-            self.gpu_frames_processed.labels(gpu)
             for counter in (
                 self.frames_decoded,
                 self.frames_processed,

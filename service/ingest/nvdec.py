@@ -224,15 +224,25 @@ def nal_type(unit: bytes, codec: str) -> int:
 
 
 _SPS_TYPE = {"h264": 7, "hevc": 33}
+# Slice (VCL) NAL unit types: H.264 1-5, HEVC 0-31.
+_FIRST_NON_VCL = {"h264": 6, "hevc": 32}
 
 
 def sequence_header(data: bytes, codec: str) -> bytes | None:
-    """The first SPS NAL unit in an Annex B packet, or None."""
+    """The SPS NAL unit of an Annex B access unit, or None.
+
+    Parameter sets come before an access unit's first slice (H.264 7.4.1.2.3, HEVC 7.4.2.4.4),
+    so the scan stops there: every packet is checked, and most hold one slice and nothing else.
+    """
     if _START_CODE not in data:
         return None
+    sps, first_non_vcl = _SPS_TYPE[codec], _FIRST_NON_VCL[codec]
     for unit in nal_units(data):
-        if nal_type(unit, codec) == _SPS_TYPE[codec]:
+        kind = nal_type(unit, codec)
+        if kind == sps:
             return unit
+        if kind < first_non_vcl and (codec == "hevc" or kind >= 1):
+            return None
     return None
 
 

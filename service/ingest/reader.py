@@ -431,6 +431,10 @@ class _Timeline:
 
     def __init__(self, time_base: Fraction, frame_period_s: float) -> None:
         self.time_base = time_base
+        # Integer numerator and denominator: `ts * num / den` is rounded once, exactly as
+        # float(ts * time_base), without Fraction arithmetic (microseconds a packet).
+        self._tb_num = time_base.numerator
+        self._tb_den = time_base.denominator
         self.frame_period_s = frame_period_s
         self.pass_index = 0
         self.pass_frames = 0  # frames decoded in this pass (placed with `place_frame`)
@@ -448,7 +452,7 @@ class _Timeline:
         presentation time, else one frame after the previous packet."""
         ts = packet.dts if packet.dts is not None else packet.pts
         if ts is not None:
-            due_s = float(ts * self.time_base) + self._offset_s
+            due_s = self._seconds(ts) + self._offset_s
         elif self._last_due_s is not None:
             due_s = self._last_due_s + self.frame_period_s
         else:
@@ -477,14 +481,17 @@ class _Timeline:
         self.pass_frames += 1
         if pts is None:
             return None, packet_arrival
-        pts_s = float(pts * self.time_base) + self._offset_s
+        pts_s = self._seconds(pts) + self._offset_s
         return pts_s, self._arrivals.pop(pts, packet_arrival)
+
+    def _seconds(self, ticks: int) -> float:
+        return ticks * self._tb_num / self._tb_den
 
     def next_pass(self) -> None:
         """Start the next pass, whose timestamps continue from where this one ended."""
         first, end = self._first_pts, self._end_pts
         if first is not None and end is not None and end > first:
-            self._offset_s += float((end - first) * self.time_base)
+            self._offset_s += self._seconds(end - first)
         else:  # no usable timestamps: the pass lasted its frames at the nominal rate
             self._offset_s += self.pass_frames * self.frame_period_s
         self.pass_index += 1

@@ -29,6 +29,7 @@ result exact within its fixed work and the caller must run the host reference on
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Protocol
@@ -110,27 +111,48 @@ class Nv12Geometry:
         matrix: ColourMatrix = ColourMatrix.BT709,
         colour_range: ColourRange = ColourRange.LIMITED,
     ) -> Nv12Geometry:
-        t = compute_letterbox(source_wh, input_hw)
-        return cls(
-            source_wh=(int(source_wh[0]), int(source_wh[1])),
-            input_hw=t.input_hw,
-            new_wh=t.resized_wh,
-            left=t.pad_x,
-            top=t.pad_y,
-            matrix=ColourMatrix(matrix),
-            colour_range=ColourRange(colour_range),
+        # Every frame asks; a stream has one geometry (per resolution): computed once.
+        return _geometry(
+            (int(source_wh[0]), int(source_wh[1])),
+            (int(input_hw[0]), int(input_hw[1])),
+            ColourMatrix(matrix),
+            ColourRange(colour_range),
         )
 
     @property
     def transform(self) -> LetterboxTransform:
         """The CPU `LetterboxTransform` of this geometry, to map boxes back to source pixels."""
-        return compute_letterbox(self.source_wh, self.input_hw)
+        return _letterbox(self.source_wh, self.input_hw)
 
     @property
     def nv12_shape(self) -> tuple[int, int]:
         """(rows, columns) of the frame's NV12 buffer: h luma rows, then h / 2 rows of UV."""
         w, h = self.source_wh
         return h * 3 // 2, w
+
+
+@functools.lru_cache(maxsize=256)
+def _letterbox(source_wh: tuple[int, int], input_hw: tuple[int, int]) -> LetterboxTransform:
+    return compute_letterbox(source_wh, input_hw)
+
+
+@functools.lru_cache(maxsize=256)
+def _geometry(
+    source_wh: tuple[int, int],
+    input_hw: tuple[int, int],
+    matrix: ColourMatrix,
+    colour_range: ColourRange,
+) -> Nv12Geometry:
+    t = _letterbox(source_wh, input_hw)
+    return Nv12Geometry(
+        source_wh=source_wh,
+        input_hw=t.input_hw,
+        new_wh=t.resized_wh,
+        left=t.pad_x,
+        top=t.pad_y,
+        matrix=matrix,
+        colour_range=colour_range,
+    )
 
 
 class PreprocessFn(Protocol):

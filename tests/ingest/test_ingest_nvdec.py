@@ -126,6 +126,18 @@ def test_annexb_parameter_sets() -> None:
     assert not is_length_prefixed(first) and not is_length_prefixed(None)
 
 
+def test_the_parameter_set_scan_ends_at_the_first_slice() -> None:
+    sc = b"\x00\x00\x00\x01"
+    sps, pps, sei = b"\x67\x42\x00\x1f", b"\x68\xce\x38\x80", b"\x06\x05\x01\x00"
+    idr, p_slice = b"\x65\x88\x84\x00", b"\x41\x9a\x02\x00"
+    assert sequence_header(sc + sei + sc + sps + sc + pps + sc + idr, "h264") == sps
+    assert sequence_header(sc + p_slice + sc + sps, "h264") is None  # the next unit's SPS
+    assert sequence_header(sc + p_slice, "h264") is None
+    hevc_trail, hevc_sps = b"\x02\x01\xd0\x00", b"\x42\x01\x01\x01"  # TRAIL_R, SPS
+    assert sequence_header(sc + hevc_sps + sc + hevc_trail, "hevc") == hevc_sps
+    assert sequence_header(sc + hevc_trail + sc + hevc_sps, "hevc") is None
+
+
 def test_detect_b_frames() -> None:
     assert detect_b_frames([0, 512, 2048, 1024, 1536])
     assert not detect_b_frames([0, 1, 2, 3]) and not detect_b_frames([])
