@@ -14,6 +14,8 @@
 #   diagnose  install + the accuracy probe (bench/gpu/accuracy.py), the demo's graph launch,
 #             chosen many-stream runs ($VDET_RUNS, with thread-stack and GIL diagnostics) and
 #             the GPU tests in what is left
+#   verify    the GPU tests, then $VDET_RUNS (default: 64 streams in one and in several
+#             processes, their ceilings, one stream against Ultralytics)
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -144,6 +146,19 @@ diagnose)
     -p no:cacheprovider --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - started)) s)"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
+  ;;
+verify)
+  # The GPU tests first (the code under test changed), then the many-stream runs, single
+  # process and split over processes, in what is left.
+  timeout 150 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
+  runs=${VDET_RUNS:-"vdet:64:p:x4 decode_only:64:u:x4 vdet:64:u:x4 vdet:64:p:diag vdet:1:p ultralytics:1:p decode_only:64:u vdet:64:p:x8 vdet:32:p vdet:64:p:b8:x4"}
+  timeout $((580 - (SECONDS - started))) python3 bench/gpu/streams.py --runs "$runs" \
+    --seconds 8 --run-timeout 50 --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
+  echo "streams rc=$? ($((SECONDS - started)) s)"
+  tail -n 20 "$OUT/streams.log"
   ;;
 *)
   echo "unknown phase $phase" >&2

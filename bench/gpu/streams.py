@@ -162,6 +162,24 @@ class _Diagnostics:
         }
 
 
+def _start_window(spec: dict[str, Any]) -> None:
+    """Warm up; in a run of several processes, also wait until every process is warm and
+    start the measured window at the time the orchestrator gives them all."""
+    time.sleep(spec.get("warmup_s", 3.0))
+    sync = spec.get("sync_dir")
+    if not sync:
+        return
+    Path(sync, f"ready-{spec['rank']}").touch()
+    go = Path(sync, "go")
+    deadline = time.monotonic() + 120
+    while not go.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other processes of this run never got ready")
+        time.sleep(0.05)
+    start = float(go.read_text() or 0.0)
+    time.sleep(max(0.0, start - time.time()))
+
+
 def _host_wait(spec: dict[str, Any]) -> str:
     return str(spec.get("host_wait") or "block")
 
@@ -215,7 +233,7 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
             time.sleep(0.1)
         else:
             raise RuntimeError("not every stream published a result within 60 s")
-        time.sleep(spec.get("warmup_s", 3.0))
+        _start_window(spec)
 
         def totals() -> tuple[int, int]:
             views = [manager.get(i) for i in ids]
@@ -252,6 +270,8 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
         results = [r for r in hub.since(seq0) if r.published_time >= window_start]
         latencies = [r.timings.end_to_end for r in results]
         summary, kept = _latency_summary(latencies)
+        if spec.get("sync_dir"):  # the orchestrator merges every process's latencies
+            kept = [round(v * 1e3, 3) for v in latencies]
         eager = metrics.registry.get_sample_value("vdet_inference_eager_fallbacks_total")
         run = {
             "frames": len(results),
@@ -316,7 +336,7 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     threads = [threading.Thread(target=decode, args=(i,), daemon=True) for i in range(sources)]
     for thread in threads:
         thread.start()
-    time.sleep(spec.get("warmup_s", 3.0))
+    _start_window(spec)
     diagnostics = _Diagnostics() if spec.get("diagnose") else None
     if diagnostics is not None:
         diagnostics.start()
@@ -425,34 +445,123 @@ def _child(spec: dict[str, Any], out: Path) -> int:
     os._exit(rc)  # skip destructors that could abort after a CUDA fault (see pipeline.py)
 
 
+def _run_child(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
+    """One run in a child process of its own; its result, or an error."""
+    out.unlink(missing_ok=True)
+    command = [sys.executable, __file__, "--run", json.dumps(spec), "--run-out", str(out)]
+    try:
+        rc: int | None = subprocess.run(command, timeout=timeout, check=False).returncode
+    except subprocess.TimeoutExpired:
+        rc = None
+    result = json.loads(out.read_text()) if out.exists() else {}
+    if rc != 0:
+        result.setdefault(
+            "error", f"timed out after {timeout:.0f} s" if rc is None else f"exit code {rc}"
+        )
+    return dict(result)
+
+
+def _run_sharded(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The run's sources split over `processes` processes (each its own GIL, GPU worker and
+    model replica) measured over one common window; their results merged."""
+    import tempfile
+
+    processes = int(spec["processes"])
+    base, extra = divmod(int(spec["sources"]), processes)
+    sync = Path(tempfile.mkdtemp(prefix="vdet-sync-"))
+    children = []
+    for rank in range(processes):
+        child = dict(spec, sources=base + (rank < extra), rank=rank, sync_dir=str(sync))
+        child.pop("processes")
+        out = sync / f"result-{rank}.json"
+        command = [sys.executable, __file__, "--run", json.dumps(child), "--run-out", str(out)]
+        children.append((subprocess.Popen(command), out))
+    deadline = time.monotonic() + timeout
+    while len(list(sync.glob("ready-*"))) < processes:
+        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p, _ in children):
+            break
+        time.sleep(0.1)
+    (sync / "go").write_text(str(time.time() + 1.0))
+    results = []
+    for process, out in children:
+        try:
+            rc = process.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            rc = None
+        result = json.loads(out.read_text()) if out.exists() else {}
+        if rc != 0:
+            result.setdefault("error", "timed out" if rc is None else f"exit code {rc}")
+        results.append(result)
+    failed = [r["error"] for r in results if "error" in r]
+    if failed:
+        return {"error": f"{len(failed)} of {processes} processes failed: {failed[0]}"}
+    wall = max(r["duration_s"] for r in results)
+    frames = sum(r["frames"] for r in results)
+    latencies = [v / 1e3 for r in results for v in (r.get("latency_samples_ms") or [])]
+    summary, kept = _latency_summary(latencies)
+    merged: dict[str, Any] = {
+        "processes": processes,
+        "frames": frames,
+        "duration_s": wall,
+        "fps_aggregate": sum(r["fps_aggregate"] for r in results),
+        "fps_per_source": sum(r["fps_aggregate"] for r in results) / spec["sources"],
+        "dropped": sum(r["dropped"] for r in results),
+        "latency_ms": summary,
+        "latency_samples_ms": kept,
+        "gpu_memory_mib": max((r.get("gpu_memory_mib") or 0.0) for r in results),
+        "cpu_percent": sum(r.get("cpu_percent") or 0.0 for r in results),
+        "rss_mib": sum(r.get("rss_mib") or 0.0 for r in results),
+        "per_process_fps": [round(r["fps_aggregate"], 1) for r in results],
+    }
+    if all("decoded_fps" in r for r in results):
+        merged["decoded_fps"] = sum(r["decoded_fps"] for r in results)
+        decoded = sum(r["decoded_fps"] * r["duration_s"] for r in results)
+        merged["drop_rate"] = merged["dropped"] / max(1.0, decoded)
+    else:
+        merged["drop_rate"] = 0.0
+    return merged
+
+
 def _name(spec: dict[str, Any]) -> str:
     pace = "paced" if spec["paced"] else "unpaced"
     batch = f" b{spec['batch']}" if spec.get("batch") else ""
     long_run = " stability" if spec.get("stability") else ""
     wait = f" {spec['host_wait']}" if spec.get("host_wait") not in (None, "block") else ""
-    return f"{spec['system']} {pace} {spec['sources']}{batch}{wait}{long_run}"
+    procs = f" x{spec['processes']}proc" if spec.get("processes", 1) > 1 else ""
+    return f"{spec['system']} {pace} {spec['sources']}{batch}{procs}{wait}{long_run}"
 
 
 def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
-    """Runs named `system:sources:p|u[:batch[:host_wait[:diag]]]`, space-separated."""
+    """Runs named `system:sources:p|u[:option...]`, space-separated; options: a batch (`8` or
+    `b8`), processes (`x4`: the sources split over 4 processes), a host wait (block, spin,
+    yield, auto) and `diag` (thread-stack and GIL diagnostics); `-` is no option."""
     plan = []
     for item in text.split():
-        parts = item.split(":")
-        system, sources, pace = parts[0], int(parts[1]), parts[2]
+        system, sources, pace, *options = item.split(":")
         if system not in RUNNERS or pace not in ("p", "u"):
-            raise SystemExit(f"bad run {item!r}: system:sources:p|u[:batch[:host_wait[:diag]]]")
-        batch = int(parts[3]) if len(parts) > 3 and parts[3] not in ("", "-") else None
+            raise SystemExit(f"bad run {item!r}: system:sources:p|u[:option...]")
         spec: dict[str, Any] = {
             "system": system,
-            "sources": sources,
+            "sources": int(sources),
             "paced": pace == "p",
-            "batch": batch if system != "decode_only" else None,
+            "batch": None if system == "decode_only" else 1,
             "seconds": seconds,
         }
-        if len(parts) > 4 and parts[4]:
-            spec["host_wait"] = parts[4]
-        if len(parts) > 5 and parts[5] == "diag":
-            spec["diagnose"] = True
+        for option in options:
+            if option in ("", "-"):
+                continue
+            if option == "diag":
+                spec["diagnose"] = True
+            elif option in ("block", "spin", "yield", "auto"):
+                spec["host_wait"] = option
+            elif option.startswith("x") and option[1:].isdigit():
+                spec["processes"] = int(option[1:])
+            elif option.lstrip("b").isdigit():
+                if system != "decode_only":
+                    spec["batch"] = int(option.lstrip("b"))
+            else:
+                raise SystemExit(f"bad option {option!r} in run {item!r}")
         plan.append(spec)
     return plan
 
@@ -692,19 +801,11 @@ def main() -> int:
     for i, spec in enumerate(plan, 1):
         name = _name(spec)
         _progress(f"run {i}/{len(plan)}: {name}")
-        out = Path(f"/tmp/vdet-stream-run-{i}.json")
-        out.unlink(missing_ok=True)
         timeout = args.run_timeout + spec["seconds"]
-        command = [sys.executable, __file__, "--run", json.dumps(spec), "--run-out", str(out)]
-        try:
-            rc: int | None = subprocess.run(command, timeout=timeout, check=False).returncode
-        except subprocess.TimeoutExpired:
-            rc = None
-        result = json.loads(out.read_text()) if out.exists() else {}
-        if rc != 0:
-            result.setdefault(
-                "error", f"timed out after {timeout:.0f} s" if rc is None else f"exit code {rc}"
-            )
+        if spec.get("processes", 1) > 1:
+            result = _run_sharded(spec, timeout)
+        else:
+            result = _run_child(spec, Path(f"/tmp/vdet-stream-run-{i}.json"), timeout)
         run = {
             "name": name,
             **{k: spec[k] for k in ("system", "sources", "paced", "batch")},

@@ -4,11 +4,13 @@ kernel -> results. The same flow with stand-ins on the CPU is tests/test_gpu_wor
 
 Needs a CUDA GPU, PyNvVideoCodec, PyAV, onnx2torch and cuda-python (skipped otherwise).
 
-Recall bound: on the H200 (2026-12-02) the FP16 torch network scored 0.89 (one stream) and
-0.88 (batched) on the clip's truth, against 0.93 for the same frames through the NV12 path in
-FP32 on the CPU and 0.93 through the CPU path: the ~4-point gap is FP16 (or CUDA conv
-numerics), an open accuracy finding, not wiring. These tests check the wiring (a wrong frame,
-colour or box mapping scores near 0), so they hold the GPU path to 0.85.
+Recall: the serve path is scored on the frames it published against the CPU path (FFmpeg
+decode, ONNX Runtime FP32) on exactly those frames, and must not fall more than 2 points
+behind it; which frames a run publishes varies (the mailbox skips frames while the GPU warms
+up), and their recall with them (0.88 to 1.0 on the clip's early frames). On the H200
+(2026-12-02) bench/gpu/accuracy.py scored all 300 frames: GPU FP16 0.927, GPU FP32 0.927,
+CPU 0.928: FP16 costs nothing here. An absolute floor (0.85) still catches a broken frame,
+colour or box mapping, which scores near 0.
 """
 
 from __future__ import annotations
@@ -48,13 +50,43 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "assets" / "demo.onnx"
 SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
-RECALL_FLOOR = 0.85  # see the module docstring
+RECALL_FLOOR = 0.85  # a broken mapping scores near 0 (module docstring)
 
 
 @pytest.fixture(scope="module")
 def detector() -> Iterator[Detector]:
     with Detector.open(DEMO, "torch") as d:
         yield d
+
+
+@pytest.fixture(scope="module")
+def cpu_reference() -> dict[int, list[dict[str, Any]]]:
+    """The CPU path's detections of every clip frame, by frame index."""
+    from vdet.ingest.reader import SourceReader
+    from vdet.types import VideoFrame
+
+    out: dict[int, list[dict[str, Any]]] = {}
+    with Detector.open(DEMO, "onnxruntime") as cpu:
+        reader = SourceReader(str(SAMPLE), source_id="reference")
+        with reader:
+            reader.open()
+            for item in reader.frames():
+                if isinstance(item, VideoFrame):
+                    ((d, _),) = cpu.detect([item.image_bgr], cpu.params)
+                    out[item.index] = [
+                        {"class_id": int(c), "box": [float(v) for v in b]}
+                        for b, c in zip(d.xyxy, d.class_ids, strict=True)
+                    ]
+    return out
+
+
+def _check_recall(
+    results: list[DetectionResult], reference: dict[int, list[dict[str, Any]]]
+) -> None:
+    ours = _recall(results)
+    theirs = truth.recall([(r.frame_index, reference[r.frame_index]) for r in results])
+    assert ours >= RECALL_FLOOR, (ours, theirs)
+    assert ours >= theirs - 0.02, f"GPU path {ours:.3f} against the CPU path's {theirs:.3f}"
 
 
 def _run(detector: Detector, settings: GpuSettings, streams: int, frames: int) -> dict[str, Any]:
@@ -104,25 +136,27 @@ def _recall(results: list[DetectionResult]) -> float:
 
 
 def test_one_stream_finds_the_clip_objects_through_graphs_and_our_kernels(
-    detector: Detector,
+    detector: Detector, cpu_reference: dict[int, list[dict[str, Any]]]
 ) -> None:
     out = _run(detector, GpuSettings(kernels="cuda"), streams=1, frames=60)
     view = out["views"]["cam0"]
     assert view.pipeline_error is None and view.frames_processed >= 60
     assert isinstance(out["snapshot"].frame, GpuVideoFrame)
-    assert _recall(out["results"]["cam0"]) >= RECALL_FLOOR
+    _check_recall(out["results"]["cam0"], cpu_reference)
     assert "vdet_inference_eager_fallbacks_total 0.0" in out["metrics"]
     assert 'vdet_source_gpu{gpu="0",source="cam0"} 1.0' in out["metrics"]
     bgr, _ = out["image"]
     assert bgr.shape == (1080, 1920, 3) and bgr.dtype == np.uint8 and bgr.std() > 10
 
 
-def test_batched_streams_find_the_same_objects(detector: Detector) -> None:
+def test_batched_streams_find_the_same_objects(
+    detector: Detector, cpu_reference: dict[int, list[dict[str, Any]]]
+) -> None:
     settings = GpuSettings(kernels="cuda", batch=4, batch_wait_ms=2)
     out = _run(detector, settings, streams=4, frames=30)
     for stream_id, view in out["views"].items():
         assert view.pipeline_error is None and view.frames_processed >= 30, stream_id
-        assert _recall(out["results"][stream_id]) >= RECALL_FLOOR, stream_id
+        _check_recall(out["results"][stream_id], cpu_reference)
     assert "vdet_inference_eager_fallbacks_total 0.0" in out["metrics"]
 
 
