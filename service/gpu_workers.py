@@ -283,6 +283,7 @@ class GpuWorker:
             "use_graphs": self.settings.cuda_graphs,
             "on_eager_fallback": self._on_eager_fallback,
             "name": name,
+            "blocking_wait": self.settings.host_wait == "block",
         }
 
     # --- ingest -----------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #   diagnose  install + the accuracy probe (bench/gpu/accuracy.py), the demo's graph launch,
 #             chosen many-stream runs ($VDET_RUNS, with thread-stack and GIL diagnostics) and
 #             the GPU tests in what is left
+#   final     wait probe (who spins), memcheck, the stability run, 64 streams x 8 processes
 #   verify    the GPU tests, then $VDET_RUNS (default: 64 streams in one and in several
 #             processes, their ceilings, one stream against Ultralytics)
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
@@ -159,6 +160,31 @@ verify)
     --seconds 8 --run-timeout 50 --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
   echo "streams rc=$? ($((SECONDS - started)) s)"
   tail -n 20 "$OUT/streams.log"
+  ;;
+final)
+  # Who spins while waiting for the GPU, memcheck of the kernels, the 5-minute stability run,
+  # then 64 streams over 8 processes in what is left.
+  timeout 100 python3 bench/gpu/wait_probe.py --out "$OUT/wait_probe.json" \
+    >"$OUT/wait_probe.log" 2>&1
+  echo "wait probe rc=$? ($((SECONDS - started)) s)"
+  tail -n 12 "$OUT/wait_probe.log"
+  timeout 45 compute-sanitizer --tool memcheck python3 bench/gpu/sanitize_check.py \
+    >"$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$? ($((SECONDS - started)) s)"
+  tail -n 3 "$OUT/memcheck.log"
+  timeout 370 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
+    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
+    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" --run-timeout 60 \
+    >"$OUT/stability.log" 2>&1
+  echo "stability rc=$? ($((SECONDS - started)) s)"
+  tail -n 6 "$OUT/stability.log"
+  if (( SECONDS - started < 500 )); then
+    timeout $((585 - (SECONDS - started))) python3 bench/gpu/streams.py \
+      --runs "${VDET_RUNS:-vdet:64:p:x8}" --seconds 8 --run-timeout 45 \
+      --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
+    echo "streams rc=$? ($((SECONDS - started)) s)"
+    tail -n 6 "$OUT/streams.log"
+  fi
   ;;
 *)
   echo "unknown phase $phase" >&2

@@ -222,6 +222,7 @@ class _RunnerBase:
         on_eager_fallback: Callable[[], None] | None,
         capture: CaptureFn | None,
         name: str,
+        blocking_wait: bool = False,
     ) -> None:
         self.network = network
         self.input_hw = (int(input_hw[0]), int(input_hw[1]))
@@ -242,7 +243,13 @@ class _RunnerBase:
         self.stream: torch.cuda.Stream | None = (
             torch.cuda.Stream(device=self.device) if self._cuda else None  # type: ignore[no-untyped-call]
         )
-        self._done = torch.cuda.Event() if self._cuda else None  # type: ignore[no-untyped-call]
+        # blocking_wait: the thread waiting for a frame's result sleeps until the GPU signals
+        # (cudaEventBlockingSync) instead of spinning on a core (vdet.host_wait).
+        self._done = (
+            torch.cuda.Event(blocking=blocking_wait)  # type: ignore[no-untyped-call]
+            if self._cuda
+            else None
+        )
         self._lock = threading.Lock()
         self._logged_failure = False
         self.eager_runs = 0
@@ -437,6 +444,7 @@ class CudaGraphRunner(_RunnerBase):
         on_eager_fallback: Callable[[], None] | None = None,
         capture: CaptureFn | None = None,
         name: str = "gpu runner",
+        blocking_wait: bool = False,
     ) -> None:
         super().__init__(
             network,
@@ -452,6 +460,7 @@ class CudaGraphRunner(_RunnerBase):
             on_eager_fallback=on_eager_fallback,
             capture=capture,
             name=name,
+            blocking_wait=blocking_wait,
         )
 
     def _preprocess_into(self, slot: _Slot) -> None:
@@ -524,6 +533,7 @@ class BatchedGraphRunner(_RunnerBase):
         on_eager_fallback: Callable[[], None] | None = None,
         capture: CaptureFn | None = None,
         name: str = "batched gpu runner",
+        blocking_wait: bool = False,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
@@ -541,6 +551,7 @@ class BatchedGraphRunner(_RunnerBase):
             on_eager_fallback=on_eager_fallback,
             capture=capture,
             name=name,
+            blocking_wait=blocking_wait,
         )
 
     def run_batch(

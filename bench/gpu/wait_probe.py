@@ -1,0 +1,108 @@
+"""Which waits for the GPU burn CPU? CPU time against wall time per call, single thread.
+
+Run on the GPU machine: python3 bench/gpu/wait_probe.py --out wait_probe.json
+
+For each `gpu.host_wait` mode (the primary context's scheduling flag, vdet.host_wait):
+- `event`: a ~1 ms GPU sleep kernel, then a torch event's `synchronize()`, with a default
+  event and with a blocking-sync event;
+- `nvdec`: `NvdecDecoder.decode` of the sample clip's packets (PyNvVideoCodec's `Decode`
+  waits for each frame in LOW latency mode);
+- `runner`: `CudaGraphRunner.run_frame` of decoded frames (demo model, vdet's kernels).
+A CPU/wall ratio near 1 means the thread spun through the wait; near 0, that it slept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from nvdec_scaling import _packets_pyav
+
+from vdet.host_wait import set_host_wait
+from vdet.ingest.nvdec import NvdecDecoder, decode_file
+from vdet.pipeline.backends.torch import TorchBackend
+from vdet.pipeline.gpu_ops import kernel_ops
+from vdet.pipeline.gpu_runner import CudaGraphRunner
+from vdet.pipeline.postprocess import PostprocessParams
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "service" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+
+
+def _measure(call: Any, n: int) -> dict[str, float]:
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for i in range(n):
+        call(i)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    return {
+        "cpu_us_per_call": 1e6 * cpu / n,
+        "wall_us_per_call": 1e6 * wall / n,
+        "cpu_over_wall": cpu / wall,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, default=Path("wait_probe.json"))
+    args = parser.parse_args()
+    torch.cuda.init()
+    packets = _packets_pyav()
+    frames = list(decode_file(str(SAMPLE)))[:100]
+    backend = TorchBackend(DEMO, cuda_graph=False)
+    preprocess, decode_nms = kernel_ops(0)
+    runner = CudaGraphRunner(
+        backend.network_for_batch(1),
+        input_hw=backend.info.input_hw,
+        dtype=backend.dtype,
+        preprocess=preprocess,
+        decode_nms=decode_nms,
+    )
+    params = PostprocessParams()
+    runner.run_frame(frames[0], params)  # capture
+    report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "modes": {}}
+    for mode in ("spin", "block", "auto"):
+        set_host_wait(0, mode)
+        row: dict[str, Any] = {}
+        for blocking in (False, True):
+            event = torch.cuda.Event(blocking=blocking)
+
+            def sleep_and_wait(_: int, event: Any = event) -> None:
+                torch.cuda._sleep(2_000_000)  # ~1 ms at ~2 GHz
+                event.record()
+                event.synchronize()
+
+            row[f"event_blocking_{blocking}"] = _measure(sleep_and_wait, 200)
+        decoder = NvdecDecoder("h264")
+
+        def decode(i: int, decoder: NvdecDecoder = decoder) -> None:
+            data, pts, key = packets[i % len(packets)]
+            if i and i % len(packets) == 0:
+                decoder.flush()
+            decoder.decode(data, pts, key)
+
+        row["nvdec_decode"] = _measure(decode, 290)
+        decoder.close()
+        row["runner_frame"] = _measure(lambda i: runner.run_frame(frames[i % 100], params), 300)
+        report["modes"][mode] = row
+        print(mode, json.dumps(row), flush=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    for mode, row in report["modes"].items():
+        for what, m in row.items():
+            print(
+                f"{mode:<6}{what:<22} cpu {m['cpu_us_per_call']:8.0f} us  "
+                f"wall {m['wall_us_per_call']:8.0f} us  cpu/wall {m['cpu_over_wall']:.2f}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
