@@ -178,8 +178,8 @@ final)
     >"$OUT/stability.log" 2>&1
   echo "stability rc=$? ($((SECONDS - started)) s)"
   tail -n 6 "$OUT/stability.log"
-  if (( SECONDS - started < 500 )); then
-    timeout $((585 - (SECONDS - started))) python3 bench/gpu/streams.py \
+  if (( SECONDS - started < 470 )); then
+    timeout $((545 - (SECONDS - started))) python3 bench/gpu/streams.py \
       --runs "${VDET_RUNS:-vdet:64:p:x8}" --seconds 8 --run-timeout 45 \
       --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
     echo "streams rc=$? ($((SECONDS - started)) s)"
