@@ -630,6 +630,21 @@ def plot_latency_cdf(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
     return True
 
 
+def _variant(run: Mapping[str, Any]) -> str:
+    """What sets a run apart beyond system, pacing and batch: its processes (a run split over
+    several) and a host wait other than the default."""
+    parts = []
+    processes = _number(run.get("processes"))
+    if processes is not None and processes > 1:
+        parts.append(f" x{processes:.0f} processes")
+    wait = run.get("host_wait")
+    if wait is None:  # files written before runs recorded it name it instead
+        wait = next((w for w in ("spin", "yield", "auto") if f" {w}" in str(run.get("name"))), None)
+    if wait not in (None, "block"):
+        parts.append(f" {wait}")
+    return "".join(parts)
+
+
 def _scaling_groups(
     runs: Sequence[Mapping[str, Any]],
 ) -> list[tuple[str, list[Mapping[str, Any]]]]:
@@ -638,14 +653,15 @@ def _scaling_groups(
     A group where one source count occurs more than once (batch sizes compared) is split by
     batch, so that each line is one configuration.
     """
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
     for run in runs:
         if _number(run.get("sources")) is None:
             continue
-        groups.setdefault((_text(run.get("system")), _paced_word(run)), []).append(run)
+        key = (_text(run.get("system")), _paced_word(run), _variant(run))
+        groups.setdefault(key, []).append(run)
     out: list[tuple[str, list[Mapping[str, Any]]]] = []
-    for (system, paced), members in groups.items():
-        label = f"{system} {paced}".strip()
+    for (system, paced, variant), members in groups.items():
+        label = f"{system} {paced}{variant}".strip()
         sources = [m["sources"] for m in members]
         if len(set(sources)) == len(sources):
             out.append((label, sorted(members, key=lambda m: float(m["sources"]))))

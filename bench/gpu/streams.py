@@ -809,6 +809,8 @@ def main() -> int:
         run = {
             "name": name,
             **{k: spec[k] for k in ("system", "sources", "paced", "batch")},
+            "processes": spec.get("processes", 1),
+            "host_wait": _host_wait(spec),
             **({"stability": True} if spec.get("stability") else {}),
             **result,
         }
