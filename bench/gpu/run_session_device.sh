@@ -162,6 +162,46 @@ verify)
   tail -n 20 "$OUT/streams.log"
   ;;
 final)
+  # Who spins while waiting for the GPU, the 5-minute stability run, memcheck of the kernels,
+  # then 64 streams over 8 processes if time is left.
+  timeout 70 python3 bench/gpu/wait_probe.py --out "$OUT/wait_probe.json" \
+    >"$OUT/wait_probe.log" 2>&1
+  echo "wait probe rc=$? ($((SECONDS - started)) s)"
+  tail -n 12 "$OUT/wait_probe.log"
+  timeout 345 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
+    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
+    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" --run-timeout 40 \
+    >"$OUT/stability.log" 2>&1
+  echo "stability rc=$? ($((SECONDS - started)) s)"
+  tail -n 6 "$OUT/stability.log"
+  if (( SECONDS - started < 430 )); then
+    timeout 35 compute-sanitizer --tool memcheck python3 bench/gpu/sanitize_check.py \
+      >"$OUT/memcheck.log" 2>&1
+    echo "memcheck rc=$? ($((SECONDS - started)) s)"
+    tail -n 3 "$OUT/memcheck.log"
+  fi
+  if (( SECONDS - started < 400 )); then
+    timeout $((480 - (SECONDS - started))) python3 bench/gpu/streams.py \
+      --runs "${VDET_RUNS:-vdet:64:p:x8}" --seconds 8 --run-timeout 45 \
+      --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
+    echo "streams rc=$? ($((SECONDS - started)) s)"
+    tail -n 6 "$OUT/streams.log"
+  fi
+  ;;
+verify)
+  # The GPU tests first (the code under test changed), then the many-stream runs, single
+  # process and split over processes, in what is left.
+  timeout 150 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
+  runs=${VDET_RUNS:-"vdet:64:p:x4 decode_only:64:u:x4 vdet:64:u:x4 vdet:64:p:diag vdet:1:p ultralytics:1:p decode_only:64:u vdet:64:p:x8 vdet:32:p vdet:64:p:b8:x4"}
+  timeout $((580 - (SECONDS - started))) python3 bench/gpu/streams.py --runs "$runs" \
+    --seconds 8 --run-timeout 50 --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
+  echo "streams rc=$? ($((SECONDS - started)) s)"
+  tail -n 20 "$OUT/streams.log"
+  ;;
+final)
   # Who spins while waiting for the GPU, memcheck of the kernels, the 5-minute stability run,
   # then 64 streams over 8 processes in what is left.
   timeout 100 python3 bench/gpu/wait_probe.py --out "$OUT/wait_probe.json" \
