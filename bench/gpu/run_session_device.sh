@@ -168,9 +168,9 @@ final)
     >"$OUT/wait_probe.log" 2>&1
   echo "wait probe rc=$? ($((SECONDS - started)) s)"
   tail -n 12 "$OUT/wait_probe.log"
-  timeout 345 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
+  timeout 360 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
     --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
-    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" --run-timeout 40 \
+    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" --run-timeout 55 \
     >"$OUT/stability.log" 2>&1
   echo "stability rc=$? ($((SECONDS - started)) s)"
   tail -n 6 "$OUT/stability.log"
