@@ -63,7 +63,8 @@ def _scores(per_frame: list[Detections]) -> dict[str, Any]:
     return out
 
 
-def _gpu_run(frames: list[Any], fp16: bool) -> tuple[list[Detections], Any]:
+def demo_runner(fp16: bool = True) -> tuple[CudaGraphRunner, TorchBackend]:
+    """The demo network in a `CudaGraphRunner` with vdet's kernels on GPU 0, as a stream's."""
     backend = TorchBackend(DEMO, fp16=fp16, cuda_graph=False)
     preprocess, decode_nms = kernel_ops(0)
     runner = CudaGraphRunner(
@@ -74,6 +75,11 @@ def _gpu_run(frames: list[Any], fp16: bool) -> tuple[list[Detections], Any]:
         decode_nms=decode_nms,
         channels_last=backend.channels_last,
     )
+    return runner, backend
+
+
+def _gpu_run(frames: list[Any], fp16: bool) -> tuple[list[Detections], Any]:
+    runner, backend = demo_runner(fp16)
     results = [runner.run_frame(f, LOW).detections for f in frames]
     return results, backend
 

@@ -40,14 +40,38 @@ started=$SECONDS
     --target "$SITE" .
 } >"$OUT/install-$phase.log" 2>&1 || { echo "install failed"; tail -n 20 "$OUT/install-$phase.log"; }
 export PYTHONPATH=$SITE
+
+# gpu_tests SECONDS: pytest -m gpu tests/gpu, its summary printed.
+gpu_tests() {
+  timeout "$1" python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
+}
+
+# stream_runs SECONDS RUNS LINES: bench/gpu/streams.py --runs RUNS, 8 s windows.
+stream_runs() {
+  timeout "$1" python3 bench/gpu/streams.py --runs "$2" --seconds 8 --run-timeout 50 \
+    --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
+  echo "streams rc=$? ($((SECONDS - started)) s)"
+  tail -n "$3" "$OUT/streams.log"
+}
+# stability_run SECONDS RUN_TIMEOUT: 32 paced streams in one process for
+# $VDET_STABILITY_SECONDS (default 300), sampling RSS and GPU memory.
+stability_run() {
+  timeout "$1" python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
+    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
+    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" --run-timeout "$2" \
+    >"$OUT/stability.log" 2>&1
+  echo "stability rc=$? ($((SECONDS - started)) s)"
+  tail -n 6 "$OUT/stability.log"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader
 echo "install: $((SECONDS - started)) s"
 
 case $phase in
 tests)
-  timeout 230 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
-    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
-  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  gpu_tests 230
   if [ -d .trt-include ]; then
     timeout 120 bash bench/gpu/run_plugin_device.sh >"$OUT/plugin_run.log" 2>&1
     echo "plugin harness rc=$? ($((SECONDS - started)) s)"
@@ -58,8 +82,6 @@ tests)
     --sections graph,graph_cuda,eager_cuda,ultralytics,memory,nvdec \
     --out "$OUT/gpu_pipeline.json" >"$OUT/pipeline.log" 2>&1
   echo "pipeline rc=$? ($((SECONDS - started)) s)"
-  echo "== pytest"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 15
   echo "== plugin"
   tail -n 12 "$OUT/plugin_run.log" 2>/dev/null
   echo "== kernels"
@@ -75,10 +97,7 @@ streams)
   ;;
 main)
   # The GPU tests, the YOLOv8s frame -> detections figures and the main many-stream runs.
-  timeout 200 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
-    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
-  echo "pytest rc=$? ($((SECONDS - started)) s)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 15
+  gpu_tests 200
   timeout 75 python3 bench/gpu/kernels.py --out "$OUT/kernels.json" >"$OUT/kernels.log" 2>&1
   echo "kernels rc=$? ($((SECONDS - started)) s)"
   grep -E "decode_nms/vdet_dense|kernel_breakdown_dense" "$OUT/kernels.log"
@@ -95,15 +114,8 @@ main)
 retest)
   # The long stability run first (it needs its whole duration), then the GPU tests and the
   # YOLOv8s pipeline sections in what is left of the call.
-  timeout 380 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
-    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
-    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" >"$OUT/stability.log" 2>&1
-  echo "stability rc=$? ($((SECONDS - started)) s)"
-  tail -n 6 "$OUT/stability.log"
-  timeout $((480 - (SECONDS - started))) python3 -m pytest -m gpu tests/gpu -q -rs \
-    -p no:cacheprovider --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
-  echo "pytest rc=$? ($((SECONDS - started)) s)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 15
+  stability_run 380 60
+  gpu_tests $((480 - (SECONDS - started)))
   timeout $((585 - (SECONDS - started))) python3 bench/gpu/pipeline.py --no-demo \
     --sections graph_cuda,ultralytics,graph \
     --out "$OUT/gpu_pipeline_yolov8s.json" >"$OUT/pipeline.log" 2>&1
@@ -113,11 +125,7 @@ retest)
 stability)
   # The long run first, then (the launcher changed with the faster top-k) the plugin harness
   # and compute-sanitizer on the kernels, in what is left.
-  timeout 380 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
-    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
-    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" >"$OUT/stability.log" 2>&1
-  echo "stability rc=$? ($((SECONDS - started)) s)"
-  tail -n 12 "$OUT/stability.log"
+  stability_run 380 60
   if [ -d .trt-include ] && (( SECONDS - started < 480 )); then
     timeout 90 bash bench/gpu/run_plugin_device.sh >"$OUT/plugin_run.log" 2>&1
     echo "plugin harness rc=$? ($((SECONDS - started)) s)"
@@ -138,28 +146,18 @@ diagnose)
     --out "$OUT/gpu_pipeline_demo.json" >"$OUT/pipeline.log" 2>&1
   echo "pipeline rc=$? ($((SECONDS - started)) s)"
   tail -n 5 "$OUT/pipeline.log"
-  runs=${VDET_RUNS:-"decode_only:64:u:-:spin:diag decode_only:64:u:-:block:diag vdet:64:p:1:block:diag vdet:64:p:8:block vdet:64:u:8:block vdet:1:p:1:block vdet:64:p:1:spin vdet:32:p:1:block"}
-  timeout $((420 - (SECONDS - started))) python3 bench/gpu/streams.py --runs "$runs" \
-    --seconds 8 --run-timeout 50 --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
-  echo "streams rc=$? ($((SECONDS - started)) s)"
-  tail -n 14 "$OUT/streams.log"
-  timeout $((575 - (SECONDS - started))) python3 -m pytest -m gpu tests/gpu -q -rs \
-    -p no:cacheprovider --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
-  echo "pytest rc=$? ($((SECONDS - started)) s)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
+  stream_runs $((420 - (SECONDS - started))) "${VDET_RUNS:-decode_only:64:u:spin:diag \
+decode_only:64:u:block:diag vdet:64:p:1:block:diag vdet:64:p:8 vdet:64:u:8 vdet:1:p \
+vdet:64:p:1:spin vdet:32:p}" 14
+  gpu_tests $((575 - (SECONDS - started)))
   ;;
 verify)
   # The GPU tests first (the code under test changed), then the many-stream runs, single
   # process and split over processes, in what is left.
-  timeout 150 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
-    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
-  echo "pytest rc=$? ($((SECONDS - started)) s)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
-  runs=${VDET_RUNS:-"vdet:64:p:x4 decode_only:64:u:x4 vdet:64:u:x4 vdet:64:p:diag vdet:1:p ultralytics:1:p decode_only:64:u vdet:64:p:x8 vdet:32:p vdet:64:p:b8:x4"}
-  timeout $((580 - (SECONDS - started))) python3 bench/gpu/streams.py --runs "$runs" \
-    --seconds 8 --run-timeout 50 --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
-  echo "streams rc=$? ($((SECONDS - started)) s)"
-  tail -n 20 "$OUT/streams.log"
+  gpu_tests 150
+  stream_runs $((580 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:p:x4 decode_only:64:u:x4 \
+vdet:64:u:x4 vdet:64:p:diag vdet:1:p ultralytics:1:p decode_only:64:u vdet:64:p:x8 vdet:32:p \
+vdet:64:p:b8:x4}" 20
   ;;
 final)
   # Who spins while waiting for the GPU, the 5-minute stability run, memcheck of the kernels,
@@ -168,12 +166,7 @@ final)
     >"$OUT/wait_probe.log" 2>&1
   echo "wait probe rc=$? ($((SECONDS - started)) s)"
   tail -n 12 "$OUT/wait_probe.log"
-  timeout 360 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
-    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
-    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" --run-timeout 55 \
-    >"$OUT/stability.log" 2>&1
-  echo "stability rc=$? ($((SECONDS - started)) s)"
-  tail -n 6 "$OUT/stability.log"
+  stability_run 360 55
   if (( SECONDS - started < 430 )); then
     timeout 35 compute-sanitizer --tool memcheck python3 bench/gpu/sanitize_check.py \
       >"$OUT/memcheck.log" 2>&1
@@ -181,49 +174,7 @@ final)
     tail -n 3 "$OUT/memcheck.log"
   fi
   if (( SECONDS - started < 400 )); then
-    timeout $((480 - (SECONDS - started))) python3 bench/gpu/streams.py \
-      --runs "${VDET_RUNS:-vdet:64:p:x8}" --seconds 8 --run-timeout 45 \
-      --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
-    echo "streams rc=$? ($((SECONDS - started)) s)"
-    tail -n 6 "$OUT/streams.log"
-  fi
-  ;;
-verify)
-  # The GPU tests first (the code under test changed), then the many-stream runs, single
-  # process and split over processes, in what is left.
-  timeout 150 python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
-    --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
-  echo "pytest rc=$? ($((SECONDS - started)) s)"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
-  runs=${VDET_RUNS:-"vdet:64:p:x4 decode_only:64:u:x4 vdet:64:u:x4 vdet:64:p:diag vdet:1:p ultralytics:1:p decode_only:64:u vdet:64:p:x8 vdet:32:p vdet:64:p:b8:x4"}
-  timeout $((580 - (SECONDS - started))) python3 bench/gpu/streams.py --runs "$runs" \
-    --seconds 8 --run-timeout 50 --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
-  echo "streams rc=$? ($((SECONDS - started)) s)"
-  tail -n 20 "$OUT/streams.log"
-  ;;
-final)
-  # Who spins while waiting for the GPU, memcheck of the kernels, the 5-minute stability run,
-  # then 64 streams over 8 processes in what is left.
-  timeout 100 python3 bench/gpu/wait_probe.py --out "$OUT/wait_probe.json" \
-    >"$OUT/wait_probe.log" 2>&1
-  echo "wait probe rc=$? ($((SECONDS - started)) s)"
-  tail -n 12 "$OUT/wait_probe.log"
-  timeout 45 compute-sanitizer --tool memcheck python3 bench/gpu/sanitize_check.py \
-    >"$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$? ($((SECONDS - started)) s)"
-  tail -n 3 "$OUT/memcheck.log"
-  timeout 370 python3 bench/gpu/streams.py --out "$OUT/stability.json" --only stability \
-    --sources 32 --decode-sources "" --unpaced-sources "" --no-peers \
-    --stability-seconds "${VDET_STABILITY_SECONDS:-300}" --run-timeout 60 \
-    >"$OUT/stability.log" 2>&1
-  echo "stability rc=$? ($((SECONDS - started)) s)"
-  tail -n 6 "$OUT/stability.log"
-  if (( SECONDS - started < 470 )); then
-    timeout $((545 - (SECONDS - started))) python3 bench/gpu/streams.py \
-      --runs "${VDET_RUNS:-vdet:64:p:x8}" --seconds 8 --run-timeout 45 \
-      --out "$OUT/streams.json" >"$OUT/streams.log" 2>&1
-    echo "streams rc=$? ($((SECONDS - started)) s)"
-    tail -n 6 "$OUT/streams.log"
+    stream_runs $((480 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:p:x8}" 6
   fi
   ;;
 *)

@@ -24,17 +24,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from accuracy import demo_runner
 from nvdec_scaling import _packets_pyav
 
 from vdet.host_wait import set_host_wait
 from vdet.ingest.nvdec import NvdecDecoder, decode_file
-from vdet.pipeline.backends.torch import TorchBackend
-from vdet.pipeline.gpu_ops import kernel_ops
-from vdet.pipeline.gpu_runner import CudaGraphRunner
 from vdet.pipeline.postprocess import PostprocessParams
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
 SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
 
 
@@ -57,15 +54,7 @@ def main() -> int:
     torch.cuda.init()
     packets = _packets_pyav()
     frames = list(decode_file(str(SAMPLE)))[:100]
-    backend = TorchBackend(DEMO, cuda_graph=False)
-    preprocess, decode_nms = kernel_ops(0)
-    runner = CudaGraphRunner(
-        backend.network_for_batch(1),
-        input_hw=backend.info.input_hw,
-        dtype=backend.dtype,
-        preprocess=preprocess,
-        decode_nms=decode_nms,
-    )
+    runner, _ = demo_runner()
     params = PostprocessParams()
     runner.run_frame(frames[0], params)  # capture
     report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "modes": {}}
