@@ -1,0 +1,84 @@
+"""The stream manager's publisher thread: per-stream order, nothing after removal, and one
+failing result does not stop publishing. Stand-in detector (DetectorLike) on real video."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from support.truth import SAMPLE
+from support.waiting import wait_until
+
+from vdet.config import StreamSpec
+from vdet.hub import ResultsHub
+from vdet.metrics import Metrics
+from vdet.pipeline.postprocess import PostprocessParams
+from vdet.streams import StreamManager
+from vdet.types import DetectionResult, Detections, ImageArray, StageTimings
+
+
+class _NoBoxes:
+    """A detector that finds nothing, quickly: the test is about what happens after it."""
+
+    def detect(
+        self, images: Sequence[ImageArray], params: PostprocessParams
+    ) -> list[tuple[Detections, StageTimings]]:
+        empty = Detections(
+            np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
+        )
+        return [(empty, StageTimings(inference=0.001)) for _ in images]
+
+
+def _manager(hub: ResultsHub) -> StreamManager:
+    return StreamManager(_NoBoxes(), ("a", "b"), hub, Metrics(), max_streams=4)
+
+
+def test_each_stream_publishes_in_frame_order_and_nothing_after_removal() -> None:
+    hub = ResultsHub(capacity_per_source=4096, capacity_total=8192)
+    manager = _manager(hub)
+    try:
+        for sid in ("one", "two"):
+            manager.add(StreamSpec(id=sid, url=str(SAMPLE), realtime=False, loop=True))
+        wait_until(
+            lambda: min(manager.get(s).frames_processed for s in ("one", "two")) >= 20,
+            120,
+            what="20 results per stream",
+        )
+        for sid in ("one", "two"):
+            results = hub.since(0, sid)
+            assert [r.frame_index for r in results] == sorted(r.frame_index for r in results)
+            assert [r.seq for r in results] == sorted(r.seq for r in results)
+            assert all(r.published_time >= r.arrival_time for r in results)
+        manager.remove("one")
+        last = hub.last_seq
+        wait_until(lambda: hub.last_seq > last + 10, 60, what="more results of 'two'")
+        assert not [r for r in hub.since(last) if r.source_id == "one"]
+    finally:
+        manager.close()
+
+
+def test_a_result_that_fails_to_publish_is_logged_and_publishing_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    hub = ResultsHub(capacity_per_source=4096, capacity_total=8192)
+    original = hub.publish
+    failed = threading.Event()
+
+    def publish_once_failing(result: DetectionResult) -> DetectionResult:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("hub refused the result")
+        return original(result)
+
+    hub.publish = publish_once_failing  # type: ignore[method-assign]
+    manager = _manager(hub)
+    try:
+        with caplog.at_level(logging.ERROR, logger="vdet.streams"):
+            manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False, loop=True))
+            wait_until(lambda: manager.get("cam").frames_processed >= 5, 60, what="5 results")
+        assert failed.is_set() and "publishing a result of cam failed" in caplog.text
+    finally:
+        manager.close()
