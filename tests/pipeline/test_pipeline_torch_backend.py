@@ -93,3 +93,42 @@ def test_onnx2torch_imports_without_torchvision() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_yolov8_silu_is_one_module_and_a_shared_sigmoid_is_left_alone() -> None:
+    from vdet.pipeline.backends.torch import _fuse_silu
+
+    network = load_onnx_network(
+        DEMO, batch=1, input_hw=(640, 640), device="cpu", fp16=False, channels_last=False
+    )
+    kinds = [type(m).__name__ for m in network.modules()]
+    # 57 Sigmoid + Mul pairs of the backbone and head became SiLU; the class scores keep theirs.
+    assert kinds.count("SiLU") == 57 and kinds.count("Sigmoid") == 1
+
+    from onnx2torch.node_converters.binary_math_operations import OnnxBinaryMathOperation
+
+    class Gated(torch.nn.Module):
+        def __init__(self, share: bool) -> None:
+            super().__init__()
+            self.share = share
+            self.gate = torch.nn.Sigmoid()
+            self.mul = OnnxBinaryMathOperation("Mul")
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            g = self.gate(x)
+            # Shared: the sigmoid is an output too, so x * g must stay as it is.
+            return self.mul(x, g), (g if self.share else x)
+
+    class AsOnnx2Torch(torch.fx.Tracer):  # every module a node, as in onnx2torch's graphs
+        def is_leaf_module(self, m: torch.nn.Module, qualified_name: str) -> bool:
+            return isinstance(m, OnnxBinaryMathOperation) or super().is_leaf_module(
+                m, qualified_name
+            )
+
+    x = torch.randn(8)
+    for share, expected in ((True, 0), (False, 1)):
+        root = Gated(share)
+        traced = torch.fx.GraphModule(root, AsOnnx2Torch().trace(root))
+        assert _fuse_silu(traced) == expected
+        product, _ = traced(x)
+        torch.testing.assert_close(product, x * torch.sigmoid(x))

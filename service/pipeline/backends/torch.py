@@ -231,6 +231,52 @@ def _static_slices(module: Any) -> int:
     return replaced
 
 
+def _fuse_silu(module: Any) -> int:
+    """Replace each `x * sigmoid(x)` (ONNX has no SiLU before opset 22; YOLOv8 exports it as
+    Sigmoid + Mul) with one `SiLU`: a kernel and a pass over the activation less each time,
+    about a quarter of the demo network's kernels, which a CUDA graph then has fewer of to
+    launch. Only where the sigmoid feeds nothing else. Returns how many were fused."""
+    import torch
+
+    graph = module.graph
+    fused = 0
+    for node in list(graph.nodes):
+        if node.op != "call_module" or not _is_module(module, node, "OnnxBinaryMathOperation"):
+            continue
+        if getattr(module.get_submodule(node.target), "math_op_function", None) is not torch.mul:
+            continue
+        if len(node.args) != 2 or node.kwargs:
+            continue
+        first, second = node.args
+        for gate, value in ((second, first), (first, second)):
+            if (
+                getattr(gate, "op", None) == "call_module"
+                and _is_module(module, gate, "Sigmoid")
+                and len(gate.args) == 1
+                and gate.args[0] is value
+                and len(gate.users) == 1
+            ):
+                break
+        else:
+            continue
+        name = f"vdet_silu_{fused}"
+        module.add_submodule(name, torch.nn.SiLU())
+        with graph.inserting_after(node):
+            silu = graph.call_module(name, (value,))
+        node.replace_all_uses_with(silu)
+        graph.erase_node(node)
+        graph.erase_node(gate)
+        fused += 1
+    graph.eliminate_dead_code()
+    module.delete_all_unused_submodules()
+    module.recompile()
+    return fused
+
+
+def _is_module(module: Any, node: Any, kind: str) -> bool:
+    return type(module.get_submodule(node.target)).__name__ == kind
+
+
 def _attr(module: Any, target: str) -> Any:
     owner_path, _, name = target.rpartition(".")
     owner = module.get_submodule(owner_path) if owner_path else module
@@ -257,6 +303,7 @@ def load_onnx_network(
     folded = fold_static_onnx(onnx.load(str(path)), batch, input_hw)
     module = onnx2torch.convert(folded)
     _static_slices(module)
+    _fuse_silu(module)
     _host_constant_args(module)
     module = module.eval().requires_grad_(False)
     if fp16:
