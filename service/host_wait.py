@@ -3,13 +3,18 @@
 Every stream has threads that wait for the GPU many times a frame: inside NVDEC's `Decode`
 (PyNvVideoCodec maps the decoded surface and synchronises), and on the event after a frame's
 graph. CUDA's default (`auto`) spins while waiting whenever the process has fewer contexts than
-the machine has cores, which is always for us: one spinning thread per waiting stream. With
-dozens of streams that means dozens of busy threads competing for the cores with the few that
-have work to do, among them the one holding Python's GIL that all others queue behind.
-`block` makes a waiting thread sleep on an OS primitive until the GPU signals, at the price of
-a wake-up (microseconds) per wait. The flag is per context and PyTorch, PyNvVideoCodec
-(`cudacontext=0`) and vdet's kernels share the device's primary context, so one call covers
-every wait in the process on that GPU.
+the machine has cores, which is always for us: one spinning thread per waiting stream, and
+dozens of busy threads competing for the cores with the few that have work to do. `block`
+asks CUDA to make a waiting thread sleep until the GPU signals instead. The flag is per
+context, and PyTorch, PyNvVideoCodec (`cudacontext=0`) and vdet's kernels share the device's
+primary context.
+
+What it does and does not reach, measured on an H200 (driver 580, bench/gpu/wait_probe.py):
+a default torch event's `synchronize()` spun in every mode, and NVDEC's `Decode` cost the same
+CPU in every mode. So the per-frame wait that matters is made blocking where it happens: the
+graph runners wait on a blocking-sync event under `gpu.host_wait: block`
+(vdet.pipeline.gpu_runner). This flag covers the rest (stream and device synchronisations,
+device-to-host copies) and costs nothing.
 
 Set while the context may already be active (the model is usually loaded first): then through
 `cuCtxSetFlags` (CUDA 12.1+), else for when it is created (`cuDevicePrimaryCtxSetFlags`).
