@@ -14,7 +14,7 @@ a default torch event's `synchronize()` spun in every mode, and NVDEC's `Decode`
 CPU in every mode. So the per-frame wait that matters is made blocking where it happens: the
 graph runners wait on a blocking-sync event under `gpu.host_wait: block`
 (vdet.pipeline.gpu_runner). This flag covers the rest (stream and device synchronisations,
-device-to-host copies) and costs nothing.
+device-to-host copies), with the same wake-up cost.
 
 Set while the context may already be active (the model is usually loaded first): then through
 `cuCtxSetFlags` (CUDA 12.1+), else for when it is created (`cuDevicePrimaryCtxSetFlags`).
