@@ -41,21 +41,16 @@ THRESHOLDS = (0.1, 0.25, 0.4, 0.5)
 LOW = PostprocessParams(conf_threshold=min(THRESHOLDS))
 
 
-def _as_dicts(d: Detections, threshold: float) -> list[dict[str, Any]]:
-    return [
-        {"class_id": int(c), "box": [float(v) for v in b]}
-        for b, s, c in zip(d.xyxy, d.scores, d.class_ids, strict=True)
-        if s >= threshold
-    ]
-
-
 def _scores(per_frame: list[Detections]) -> dict[str, Any]:
     """Recall per threshold (aligned), and at 0.25 with the truth shifted by -1..+1 frames."""
     out: dict[str, Any] = {}
     for t in THRESHOLDS:
-        out[f"recall@{t}"] = truth.recall([(i, _as_dicts(d, t)) for i, d in enumerate(per_frame)])
+        pairs = [(i, truth.as_dicts(d, t)) for i, d in enumerate(per_frame)]
+        out[f"recall@{t}"] = truth.recall(pairs)
     for shift in (-1, 1):
-        pairs = [(i + shift, _as_dicts(d, 0.25)) for i, d in enumerate(per_frame) if i + shift >= 0]
+        pairs = [
+            (i + shift, truth.as_dicts(d, 0.25)) for i, d in enumerate(per_frame) if i + shift >= 0
+        ]
         out[f"recall@0.25_shift{shift:+d}"] = truth.recall(pairs)
     out["detections_per_frame@0.25"] = float(
         np.mean([int((d.scores >= 0.25).sum()) for d in per_frame])
@@ -82,23 +77,6 @@ def _gpu_run(frames: list[Any], fp16: bool) -> tuple[list[Detections], Any]:
     runner, backend = demo_runner(fp16)
     results = [runner.run_frame(f, LOW).detections for f in frames]
     return results, backend
-
-
-def _cpu_run() -> list[Detections]:
-    from vdet.ingest.reader import SourceReader
-    from vdet.pipeline.detector import Detector
-    from vdet.types import VideoFrame
-
-    out = []
-    with Detector.open(DEMO, "onnxruntime") as detector:
-        reader = SourceReader(str(SAMPLE), source_id="cpu")
-        with reader:
-            reader.open()
-            for item in reader.frames():
-                if isinstance(item, VideoFrame):
-                    ((d, _),) = detector.detect([item.image_bgr], LOW)
-                    out.append(d)
-    return out
 
 
 def _head_comparison(frames: list[Any], fp32: Any, fp16: Any) -> dict[str, Any]:
@@ -166,7 +144,8 @@ def main() -> int:
     report["gpu_fp16"] = _scores(gpu16)
     report["heads"] = _head_comparison(frames, backend32, backend16)
     print(json.dumps(report, indent=1), flush=True)
-    cpu = _cpu_run()
+    by_index = truth.cpu_path_detections(LOW)
+    cpu = [by_index[i] for i in sorted(by_index)]
     report["cpu_onnxruntime_fp32"] = _scores(cpu)
     report["cpu_frames"] = len(cpu)
     report["seconds"] = round(time.perf_counter() - started, 1)

@@ -62,22 +62,7 @@ def detector() -> Iterator[Detector]:
 @pytest.fixture(scope="module")
 def cpu_reference() -> dict[int, list[dict[str, Any]]]:
     """The CPU path's detections of every clip frame, by frame index."""
-    from vdet.ingest.reader import SourceReader
-    from vdet.types import VideoFrame
-
-    out: dict[int, list[dict[str, Any]]] = {}
-    with Detector.open(DEMO, "onnxruntime") as cpu:
-        reader = SourceReader(str(SAMPLE), source_id="reference")
-        with reader:
-            reader.open()
-            for item in reader.frames():
-                if isinstance(item, VideoFrame):
-                    ((d, _),) = cpu.detect([item.image_bgr], cpu.params)
-                    out[item.index] = [
-                        {"class_id": int(c), "box": [float(v) for v in b]}
-                        for b, c in zip(d.xyxy, d.class_ids, strict=True)
-                    ]
-    return out
+    return {i: truth.as_dicts(d) for i, d in truth.cpu_path_detections().items()}
 
 
 def _check_recall(
@@ -123,16 +108,8 @@ def _run(detector: Detector, settings: GpuSettings, streams: int, frames: int) -
 
 
 def _recall(results: list[DetectionResult]) -> float:
-    pairs = []
-    for r in results:
-        d = r.detections
-        dicts = [
-            {"class_id": int(c), "box": [float(v) for v in b]}
-            for b, c in zip(d.xyxy, d.class_ids, strict=True)
-        ]
-        # NVDEC decodes the file from its first frame; the result's index is the clip's frame.
-        pairs.append((r.frame_index, dicts))
-    return float(truth.recall(pairs))
+    # NVDEC decodes the file from its first frame; the result's index is the clip's frame.
+    return float(truth.recall([(r.frame_index, truth.as_dicts(r.detections)) for r in results]))
 
 
 def test_one_stream_finds_the_clip_objects_through_graphs_and_our_kernels(

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from vdet.cli import asset_path
+from vdet.pipeline.postprocess import PostprocessParams
+from vdet.types import Detections
 
 SAMPLE = asset_path("sample.mp4")
 TRUTH: dict[str, Any] = json.loads(asset_path("sample.json").read_text())
@@ -56,3 +58,31 @@ def best_aligned_frame(detections: Sequence[dict[str, Any]]) -> int:
     """The truth frame these detections match best: a live stream's frame 0 is not the clip's."""
     scores = [hits(i, detections) for i in range(len(TRUTH["frames"]))]
     return max(range(len(scores)), key=lambda i: scores[i][0] / max(scores[i][1], 1))
+
+
+def as_dicts(detections: Detections, min_score: float = 0.0) -> list[dict[str, Any]]:
+    """Detections as the {"class_id", "box"} dicts `hits` and `recall` score."""
+    return [
+        {"class_id": int(c), "box": [float(v) for v in b]}
+        for b, s, c in zip(detections.xyxy, detections.scores, detections.class_ids, strict=True)
+        if s >= min_score
+    ]
+
+
+def cpu_path_detections(params: PostprocessParams | None = None) -> dict[int, Detections]:
+    """Every clip frame through the CPU path (FFmpeg decode, ONNX Runtime FP32 on the demo
+    model), by frame index: the reference the GPU path is held to."""
+    from vdet.ingest.reader import SourceReader
+    from vdet.pipeline.detector import Detector
+    from vdet.types import VideoFrame
+
+    out: dict[int, Detections] = {}
+    with Detector.open(asset_path("demo.onnx"), "onnxruntime") as cpu:
+        reader = SourceReader(str(SAMPLE), source_id="reference")
+        with reader:
+            reader.open()
+            for item in reader.frames():
+                if isinstance(item, VideoFrame):
+                    ((d, _),) = cpu.detect([item.image_bgr], params or cpu.params)
+                    out[item.index] = d
+    return out
