@@ -58,8 +58,11 @@ def _scores(per_frame: list[Detections]) -> dict[str, Any]:
     return out
 
 
-def demo_runner(fp16: bool = True) -> tuple[CudaGraphRunner, TorchBackend]:
-    """The demo network in a `CudaGraphRunner` with vdet's kernels on GPU 0, as a stream's."""
+def demo_runner(
+    fp16: bool = True, blocking_wait: bool = False
+) -> tuple[CudaGraphRunner, TorchBackend]:
+    """The demo network in a `CudaGraphRunner` with vdet's kernels on GPU 0, as a stream's
+    (`blocking_wait` as the service sets it with `gpu.host_wait: block`)."""
     backend = TorchBackend(DEMO, fp16=fp16, cuda_graph=False)
     preprocess, decode_nms = kernel_ops(0)
     runner = CudaGraphRunner(
@@ -69,6 +72,7 @@ def demo_runner(fp16: bool = True) -> tuple[CudaGraphRunner, TorchBackend]:
         preprocess=preprocess,
         decode_nms=decode_nms,
         channels_last=backend.channels_last,
+        blocking_wait=blocking_wait,
     )
     return runner, backend
 

@@ -17,6 +17,8 @@
 #   final     wait probe (who spins), memcheck, the stability run, 64 streams x 8 processes
 #   verify    the GPU tests, then $VDET_RUNS (default: 64 streams in one and in several
 #             processes, their ceilings, one stream against Ultralytics)
+#   scale     the GPU tests, then 64 streams over processes with and without MPS
+#   gil       which calls hold the GIL while waiting; 64 streams over 16 and 8 MPS processes
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -158,6 +160,24 @@ verify)
   stream_runs $((580 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:p:x4 decode_only:64:u:x4 \
 vdet:64:u:x4 vdet:64:p:diag vdet:1:p ultralytics:1:p decode_only:64:u vdet:64:p:x8 vdet:32:p \
 vdet:64:p:b8:x4}" 20
+  ;;
+scale)
+  # The GPU tests, then 64 streams over several processes with and without MPS (one GPU
+  # context shared by the processes), beside the decode-only ceiling, GPU and NVDEC busy.
+  command -v nvidia-cuda-mps-control || echo "nvidia-cuda-mps-control: not found"
+  gpu_tests 150
+  stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:p:x8:mps vdet:64:p:x8 \
+decode_only:64:u:x8 vdet:64:u:x8:mps decode_only:64:p:x8 vdet:64:p:x4:mps vdet:64:p:b8:x8:mps}" 24
+  ;;
+gil)
+  # Does a call hold the GIL while it waits (NVDEC Decode, a stream's frame), then 64 streams
+  # over 16 processes (4 streams each) beside 8, with MPS, and their decode-only peers.
+  timeout 90 python3 bench/gpu/wait_probe.py --sections gil --out "$OUT/gil_probe.json" \
+    >"$OUT/gil_probe.log" 2>&1
+  echo "gil probe rc=$? ($((SECONDS - started)) s)"
+  tail -n 4 "$OUT/gil_probe.log"
+  stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:p:x16:mps \
+decode_only:64:p:x16 vdet:64:p:x8:mps vdet:64:u:x16:mps decode_only:64:u:x16 vdet:32:p:x8:mps}" 22
   ;;
 final)
   # Who spins while waiting for the GPU, the 5-minute stability run, memcheck of the kernels,

@@ -25,15 +25,18 @@ Output follows the schema `vdet bench report` reads (vdet.bench_report).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "assets" / "demo.onnx"
 SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
 LATENCY_SAMPLES_KEPT = 2000
+_LAUNCH_STAGGER_S = 0.5  # between the processes of a run split over several
 
 
 def _progress(message: str) -> None:
@@ -184,6 +188,87 @@ def _host_wait(spec: dict[str, Any]) -> str:
     return str(spec.get("host_wait") or "block")
 
 
+class _GpuSampler:
+    """SM and NVDEC utilization read from NVML every `period_s` by the orchestrating process,
+    so that one sampler covers a run split over several processes; `window` averages the
+    samples of a run's measured window. NVML's figures are the share of the last sample
+    period in which any kernel (any decode) was running, not how full the GPU was."""
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.period_s = period_s
+        self._samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml: Any = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as exc:  # no NVML: runs go on without utilization figures
+            _progress(f"no GPU utilization sampling: {exc}")
+            self._nvml = None
+            return
+        threading.Thread(target=self._sample, name="gpu-sampler", daemon=True).start()
+
+    def _sample(self) -> None:
+        nvml, handle = self._nvml, self._handle
+        while not self._stop.wait(self.period_s):
+            try:
+                sm = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                dec = nvml.nvmlDeviceGetDecoderUtilization(handle)[0]
+            except Exception:
+                continue
+            self._samples.append((time.time(), int(sm), int(dec)))
+
+    def window(self, start: float | None, seconds: float | None) -> dict[str, float] | None:
+        if start is None or seconds is None:
+            return None
+        inside = [s for s in list(self._samples) if start <= s[0] <= start + seconds]
+        if not inside:
+            return None
+        return {
+            "sm_busy_pct_mean": float(np.mean([s[1] for s in inside])),
+            "nvdec_busy_pct_mean": float(np.mean([s[2] for s in inside])),
+            "samples": len(inside),
+        }
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+@contextlib.contextmanager
+def _mps_daemon() -> Iterator[tuple[dict[str, str], Path]]:
+    """An MPS control daemon of our own (private pipe and log folders) for one run: CUDA
+    processes started with the yielded environment share one GPU context through it, so the
+    kernels of several processes run concurrently instead of time-sliced."""
+    import tempfile
+
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise RuntimeError("nvidia-cuda-mps-control not found: MPS is not available here")
+    base = Path(tempfile.mkdtemp(prefix="vdet-mps-"))
+    (base / "pipe").mkdir()
+    (base / "log").mkdir()
+    env = dict(
+        os.environ,
+        CUDA_MPS_PIPE_DIRECTORY=str(base / "pipe"),
+        CUDA_MPS_LOG_DIRECTORY=str(base / "log"),
+    )
+    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+    try:
+        yield env, base / "log"
+    finally:
+        subprocess.run([control], input="quit\n", text=True, env=env, timeout=30, check=False)
+
+
+def _mps_clients(log_dir: Path) -> int:
+    """How many client processes the MPS server accepted (its control log says each)."""
+    log = log_dir / "control.log"
+    if not log.exists():
+        return 0
+    return sum("NEW CLIENT" in line.upper() for line in log.read_text().splitlines())
+
+
 # ------------------------------------------------------------------------------ vdet itself
 
 
@@ -278,6 +363,7 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
         # recent results (the service's own buffers), which then give the latencies.
         processed = processed1 - processed0
         run = {
+            "window_start": window_start,
             "frames": processed,
             "latency_from_results": len(results),
             "duration_s": round(wall, 2),
@@ -346,6 +432,7 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     if diagnostics is not None:
         diagnostics.start()
     cpu0, wall0 = _cpu_seconds(), time.monotonic()
+    window_start = time.time()
     counting.set()
     time.sleep(duration)
     counting.clear()
@@ -357,6 +444,7 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
         thread.join(10)
     total = sum(counts)
     return {
+        "window_start": window_start,
         "frames": total,
         "duration_s": round(wall, 2),
         "fps_aggregate": total / wall,
@@ -450,12 +538,14 @@ def _child(spec: dict[str, Any], out: Path) -> int:
     os._exit(rc)  # skip destructors that could abort after a CUDA fault (see pipeline.py)
 
 
-def _run_child(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any]:
+def _run_child(
+    spec: dict[str, Any], out: Path, timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """One run in a child process of its own; its result, or an error."""
     out.unlink(missing_ok=True)
     command = [sys.executable, __file__, "--run", json.dumps(spec), "--run-out", str(out)]
     try:
-        rc: int | None = subprocess.run(command, timeout=timeout, check=False).returncode
+        rc: int | None = subprocess.run(command, timeout=timeout, check=False, env=env).returncode
     except subprocess.TimeoutExpired:
         rc = None
     result = json.loads(out.read_text()) if out.exists() else {}
@@ -466,7 +556,9 @@ def _run_child(spec: dict[str, Any], out: Path, timeout: float) -> dict[str, Any
     return dict(result)
 
 
-def _run_sharded(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
+def _run_sharded(
+    spec: dict[str, Any], timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """The run's sources split over `processes` processes (each its own GIL, GPU worker and
     model replica) measured over one common window; their results merged."""
     import tempfile
@@ -480,7 +572,10 @@ def _run_sharded(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
         child.pop("processes")
         out = sync / f"result-{rank}.json"
         command = [sys.executable, __file__, "--run", json.dumps(child), "--run-out", str(out)]
-        children.append((subprocess.Popen(command), out))
+        children.append((subprocess.Popen(command, env=env), out))
+        # Staggered, so that 16 processes do not create their CUDA contexts, model replicas
+        # and NVDEC sessions in the same second (their connect watchdogs fired at x16).
+        time.sleep(_LAUNCH_STAGGER_S)
     deadline = time.monotonic() + timeout
     while len(list(sync.glob("ready-*"))) < processes:
         if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p, _ in children):
@@ -506,6 +601,7 @@ def _run_sharded(spec: dict[str, Any], timeout: float) -> dict[str, Any]:
     latencies = [v / 1e3 for r in results for v in (r.get("latency_samples_ms") or [])]
     summary, kept = _latency_summary(latencies)
     merged: dict[str, Any] = {
+        "window_start": min(r.get("window_start", float("inf")) for r in results),
         "processes": processes,
         "frames": frames,
         "duration_s": wall,
@@ -534,13 +630,15 @@ def _name(spec: dict[str, Any]) -> str:
     long_run = " stability" if spec.get("stability") else ""
     wait = f" {spec['host_wait']}" if spec.get("host_wait") not in (None, "block") else ""
     procs = f" x{spec['processes']}proc" if spec.get("processes", 1) > 1 else ""
-    return f"{spec['system']} {pace} {spec['sources']}{batch}{procs}{wait}{long_run}"
+    mps = " mps" if spec.get("mps") else ""
+    return f"{spec['system']} {pace} {spec['sources']}{batch}{procs}{mps}{wait}{long_run}"
 
 
 def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
     """Runs named `system:sources:p|u[:option...]`, space-separated; options: a batch (`8` or
-    `b8`), processes (`x4`: the sources split over 4 processes), a host wait (block, spin,
-    yield, auto) and `diag` (thread-stack and GIL diagnostics); `-` is no option."""
+    `b8`), processes (`x4`: the sources split over 4 processes), `mps` (those processes share
+    the GPU through an MPS daemon started for the run), a host wait (block, spin, yield,
+    auto) and `diag` (thread-stack and GIL diagnostics); `-` is no option."""
     plan = []
     for item in text.split():
         system, sources, pace, *options = item.split(":")
@@ -558,6 +656,8 @@ def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
                 continue
             if option == "diag":
                 spec["diagnose"] = True
+            elif option == "mps":
+                spec["mps"] = True
             elif option in ("block", "spin", "yield", "auto"):
                 spec["host_wait"] = option
             elif option.startswith("x") and option[1:].isdigit():
@@ -744,19 +844,21 @@ def _summarise(report: dict[str, Any]) -> None:
 
 def _print_table(report: dict[str, Any]) -> None:
     print(
-        f"\n{'run':<28}{'fps':>8}{'fps/src':>9}{'drop':>7}{'p50':>8}{'p99':>8}{'GPU MiB':>9}"
-        f"{'CPU%':>7}"
+        f"\n{'run':<34}{'fps':>8}{'fps/src':>9}{'drop':>7}{'p50':>8}{'p99':>8}{'GPU MiB':>9}"
+        f"{'CPU%':>7}{'SM%':>5}{'DEC%':>5}"
     )
     for r in report["runs"]:
         if "error" in r:
-            print(f"{r['name']:<28} FAILED: {r['error'].strip().splitlines()[-1][:60]}")
+            print(f"{r['name']:<34} FAILED: {r['error'].strip().splitlines()[-1][:60]}")
             continue
         lat = r.get("latency_ms") or {}
+        use = r.get("gpu_utilization") or {}
         print(
-            f"{r['name']:<28}{r['fps_aggregate']:>8.0f}{r['fps_per_source']:>9.1f}"
+            f"{r['name']:<34}{r['fps_aggregate']:>8.0f}{r['fps_per_source']:>9.1f}"
             f"{r['dropped']:>7}{lat.get('p50', float('nan')):>8.1f}"
             f"{lat.get('p99', float('nan')):>8.1f}{r.get('gpu_memory_mib') or 0:>9.0f}"
-            f"{r.get('cpu_percent') or 0:>7.0f}"
+            f"{r.get('cpu_percent') or 0:>7.0f}{use.get('sm_busy_pct_mean', -1):>5.0f}"
+            f"{use.get('nvdec_busy_pct_mean', -1):>5.0f}"
         )
     for t in report.get("targets", []):
         print(f"  [{'met' if t['met'] else 'MISSED'}] {t['what']}: {t['value']}")
@@ -803,20 +905,34 @@ def main() -> int:
         "runs": [],
     }
     plan = _plan(args)
+    sampler = _GpuSampler()
     for i, spec in enumerate(plan, 1):
         name = _name(spec)
         _progress(f"run {i}/{len(plan)}: {name}")
         timeout = args.run_timeout + spec["seconds"]
-        if spec.get("processes", 1) > 1:
-            result = _run_sharded(spec, timeout)
-        else:
-            result = _run_child(spec, Path(f"/tmp/vdet-stream-run-{i}.json"), timeout)
+        with contextlib.ExitStack() as stack:
+            try:
+                env, mps_log = (
+                    stack.enter_context(_mps_daemon()) if spec.get("mps") else (None, None)
+                )
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                result = {"error": f"MPS daemon: {exc}"}
+            else:
+                if spec.get("processes", 1) > 1:
+                    result = _run_sharded(spec, timeout, env)
+                else:
+                    result = _run_child(spec, Path(f"/tmp/vdet-stream-run-{i}.json"), timeout, env)
+                if mps_log is not None:
+                    result["mps_clients"] = _mps_clients(mps_log)
+        utilization = sampler.window(result.get("window_start"), result.get("duration_s"))
         run = {
             "name": name,
             **{k: spec[k] for k in ("system", "sources", "paced", "batch")},
             "processes": spec.get("processes", 1),
             "host_wait": _host_wait(spec),
             **({"stability": True} if spec.get("stability") else {}),
+            **({"mps": True} if spec.get("mps") else {}),
+            **({"gpu_utilization": utilization} if utilization else {}),
             **result,
         }
         report["runs"].append(run)
@@ -831,6 +947,7 @@ def main() -> int:
         )
         _summarise(report)
         args.out.write_text(json.dumps(report, indent=1))
+    sampler.close()
     _print_table(report)
     return 0
 

@@ -9,6 +9,11 @@ For each `gpu.host_wait` mode (the primary context's scheduling flag, vdet.host_
   waits for each frame in LOW latency mode);
 - `runner`: `CudaGraphRunner.run_frame` of decoded frames (demo model, vdet's kernels).
 A CPU/wall ratio near 1 means the thread spun through the wait; near 0, that it slept.
+
+`--sections gil` asks the other question of a many-stream process: does a call hold the GIL
+while it waits? A second Python thread counts in a loop, alone and then while the main thread
+makes the calls; the share of its solo rate it keeps is the share of the GIL the calls leave
+to the other threads of the process (controls: a sleep keeps ~1, a pure-Python loop ~0.5).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -47,10 +53,66 @@ def _measure(call: Any, n: int) -> dict[str, float]:
     }
 
 
+def _gil_left(call: Any, n: int) -> dict[str, float]:
+    """The counting thread's rate while `call` runs n times, as a share of its solo rate."""
+    count = 0
+    stop = threading.Event()
+
+    def counter() -> None:
+        nonlocal count
+        while not stop.is_set():
+            count += 1
+
+    thread = threading.Thread(target=counter, daemon=True)
+    thread.start()
+    time.sleep(0.5)
+    c0, t0 = count, time.perf_counter()
+    time.sleep(0.5)
+    solo = (count - c0) / (time.perf_counter() - t0)
+    c0, t0 = count, time.perf_counter()
+    for i in range(n):
+        call(i)
+    wall = time.perf_counter() - t0
+    during = (count - c0) / wall
+    stop.set()
+    thread.join()
+    return {"gil_left_share": during / solo, "wall_us_per_call": 1e6 * wall / n}
+
+
+def _gil_section(frames: list[Any], packets: list[Any]) -> dict[str, Any]:
+    set_host_wait(0, "block")
+    runner, _ = demo_runner(blocking_wait=True)  # as `vdet serve` runs a stream's frames
+    params = PostprocessParams()
+    runner.run_frame(frames[0], params)  # capture
+    decoder = NvdecDecoder("h264")
+
+    def decode(i: int) -> None:
+        data, pts, key = packets[i % len(packets)]
+        if i and i % len(packets) == 0:
+            decoder.flush()
+        decoder.decode(data, pts, key)
+
+    def python_loop(_: int) -> None:
+        end = time.perf_counter() + 0.002
+        while time.perf_counter() < end:
+            pass
+
+    row = {
+        "control_sleep_2ms": _gil_left(lambda _: time.sleep(0.002), 200),
+        "control_python_loop_2ms": _gil_left(python_loop, 200),
+        "nvdec_decode": _gil_left(decode, 290),
+        "runner_frame": _gil_left(lambda i: runner.run_frame(frames[i % 100], params), 300),
+    }
+    decoder.close()
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("wait_probe.json"))
+    parser.add_argument("--sections", default="waits,gil", help="waits, gil or both")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     torch.cuda.init()
     packets = _packets_pyav()
     frames = list(decode_file(str(SAMPLE)))[:100]
@@ -58,7 +120,15 @@ def main() -> int:
     params = PostprocessParams()
     runner.run_frame(frames[0], params)  # capture
     report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "modes": {}}
-    for mode in ("spin", "block", "auto"):
+    if "gil" in sections:
+        report["gil"] = _gil_section(frames, packets)
+        for what, m in report["gil"].items():
+            print(
+                f"gil   {what:<24} left to other threads {m['gil_left_share']:.2f}  "
+                f"wall {m['wall_us_per_call']:8.0f} us",
+                flush=True,
+            )
+    for mode in ("spin", "block", "auto") if "waits" in sections else ():
         set_host_wait(0, mode)
         row: dict[str, Any] = {}
         for blocking in (False, True):
