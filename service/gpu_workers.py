@@ -268,6 +268,7 @@ class GpuWorker:
                 network_factory(settings.batch),
                 **self._runner_options(f"gpu {self.label} batched runner"),
                 batch=settings.batch,
+                network_for_batch=network_factory,  # a graph per batch-size bucket
             )
             self._batcher = _Batcher(
                 runner, settings.batch_wait_ms / 1000.0, f"vdet-batcher-gpu{self.label}"

@@ -196,6 +196,7 @@ class _Slot:
     host_boxes: torch.Tensor
     host_count: torch.Tensor
     raw: torch.Tensor | None = None
+    network: Network | None = None  # the runner's own when None (a batch bucket's otherwise)
     graph: Replayable | None = None
     launch: Callable[[], None] | None = None  # graph_launcher(graph, stream)
     copies_in_graph: bool = False
@@ -262,17 +263,23 @@ class _RunnerBase:
         return torch.zeros(shape, dtype=dtype, pin_memory=self._cuda)
 
     def _new_slot(
-        self, geometry: Nv12Geometry | None, params: PostprocessParams, nv12: torch.Tensor | None
+        self,
+        geometry: Nv12Geometry | None,
+        params: PostprocessParams,
+        nv12: torch.Tensor | None,
+        batch: int | None = None,
+        network: Network | None = None,
     ) -> _Slot:
         H, W = self.input_hw
+        batch = self.batch if batch is None else batch
         with on_stream(self.stream):
-            net_in = torch.zeros((self.batch, 3, H, W), dtype=self.dtype, device=self.device)
+            net_in = torch.zeros((batch, 3, H, W), dtype=self.dtype, device=self.device)
             boxes = torch.zeros(
-                (self.batch, params.max_det, DETECTION_COLUMNS),
+                (batch, params.max_det, DETECTION_COLUMNS),
                 dtype=torch.float32,
                 device=self.device,
             )
-            count = torch.zeros((self.batch,), dtype=torch.int32, device=self.device)
+            count = torch.zeros((batch,), dtype=torch.int32, device=self.device)
             static_nv12 = None if nv12 is None else torch.zeros_like(nv12, device=self.device)
         return _Slot(
             geometry=geometry,
@@ -283,6 +290,7 @@ class _RunnerBase:
             count=count,
             host_boxes=self._host(tuple(boxes.shape), torch.float32),
             host_count=self._host(tuple(count.shape), torch.int32),
+            network=network,
         )
 
     @staticmethod
@@ -302,7 +310,8 @@ class _RunnerBase:
             net_in = slot.net_in
             if self.channels_last:
                 net_in = net_in.contiguous(memory_format=torch.channels_last)
-            raw = self.network(net_in)
+            network = self.network if slot.network is None else slot.network
+            raw = network(net_in)
             slot.raw = raw
             self.decode_nms(raw, slot.params, slot.boxes, slot.count, self.stream)
             if copies:
@@ -510,11 +519,26 @@ class CudaGraphRunner(_RunnerBase):
         return self.run(frame.nv12, geometry, params, frame.ready)
 
 
+def batch_buckets(batch: int) -> tuple[int, ...]:
+    """The batch sizes a batched runner keeps graphs for: powers of two below `batch`, and
+    `batch` (8 -> 1, 2, 4, 8; 6 -> 1, 2, 4, 6)."""
+    sizes, size = [], 1
+    while size < batch:
+        sizes.append(size)
+        size *= 2
+    return (*sizes, batch)
+
+
 class BatchedGraphRunner(_RunnerBase):
     """Up to `batch` frames of any sources per call: eager preprocess into a static batch, then
-    one batch-`batch` graph of network + decode + NMS + copy (padded: unused slots are ignored).
+    one graph of network + decode + NMS + copy for the whole batch.
 
-    One graph per params; `network` maps (batch, 3, H, W) -> (batch, 4 + nc, N).
+    `network` maps (batch, 3, H, W) -> (batch, 4 + nc, N). Without `network_for_batch` every
+    call replays the batch-`batch` graph, padded (unused slots are ignored). With it (a network
+    per batch size, as backends' `network_for_batch`), a call of n frames replays the graph of
+    the smallest bucket of `batch_buckets(batch)` that holds n: under real-time load most
+    gathers hold a few frames, and a padded batch-8 graph costs the GPU several batch-1 graphs.
+    One graph per (params, bucket).
     """
 
     def __init__(
@@ -534,9 +558,11 @@ class BatchedGraphRunner(_RunnerBase):
         capture: CaptureFn | None = None,
         name: str = "batched gpu runner",
         blocking_wait: bool = False,
+        network_for_batch: Callable[[int], Network] | None = None,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
+        buckets = batch_buckets(batch) if network_for_batch is not None else (batch,)
         super().__init__(
             network,
             input_hw=input_hw,
@@ -547,12 +573,22 @@ class BatchedGraphRunner(_RunnerBase):
             decode_nms=decode_nms,
             channels_last=channels_last,
             use_graphs=use_graphs,
-            cache_size=cache_size,
+            cache_size=cache_size * len(buckets),
             on_eager_fallback=on_eager_fallback,
             capture=capture,
             name=name,
             blocking_wait=blocking_wait,
         )
+        # Built now, not at a bucket's first use: loading a network mid-stream stalls it.
+        self._networks: dict[int, Network] = {batch: network}
+        if network_for_batch is not None:
+            for size in buckets[:-1]:
+                self._networks[size] = network_for_batch(size)
+        self.buckets = buckets
+
+    def bucket_of(self, frames: int) -> int:
+        """The batch size of the graph that runs `frames` frames."""
+        return next(size for size in self.buckets if size >= frames)
 
     def run_batch(
         self,
@@ -563,11 +599,13 @@ class BatchedGraphRunner(_RunnerBase):
         if not 1 <= len(frames) <= self.batch:
             raise ValueError(f"run_batch takes 1..{self.batch} frames, got {len(frames)}")
         started = time.perf_counter()
+        size = self.bucket_of(len(frames))
+        key = (params, size)
         with self._lock:
-            slot = self._slots.get(params)
+            slot = self._slots.get(key)
             fresh = slot is None
             if slot is None:
-                slot = self._new_slot(None, params, None)
+                slot = self._new_slot(None, params, None, size, self._networks[size])
             with CUDA_WORK.work(), on_stream(self.stream):
                 for i, (nv12, geometry, ready) in enumerate(frames):
                     if geometry.input_hw != self.input_hw:
@@ -578,7 +616,7 @@ class BatchedGraphRunner(_RunnerBase):
                     self.preprocess(nv12, geometry, slot.net_in[i], self.stream)
             if fresh:
                 self._prepare(slot)
-                self._slots.put(params, slot)
+                self._slots.put(key, slot)
             replayed, launch = self._execute(slot)
             detections = [
                 self._detections(slot, i, geometry) for i, (_, geometry, _) in enumerate(frames)
@@ -604,5 +642,6 @@ __all__ = [
     "Replayable",
     "RunResult",
     "as_numpy_rows",
+    "batch_buckets",
     "capture_cuda_graph",
 ]

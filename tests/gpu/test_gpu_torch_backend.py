@@ -242,6 +242,25 @@ def test_batched_runner_matches_per_source_runners(backend: TorchBackend) -> Non
     assert batched.captures == 1
 
 
+def test_batched_runner_buckets_match_per_source_runners(backend: TorchBackend) -> None:
+    """A graph per batch-size bucket: 1, 3 and 5 frames replay buckets 1, 4 and 8."""
+    batched = BatchedGraphRunner(
+        backend.network_for_batch(8),
+        input_hw=(640, 640),
+        batch=8,
+        network_for_batch=backend.network_for_batch,
+    )
+    single = _runner(backend)
+    frames = _frames(5, offset=60)
+    for n in (1, 3, 5, 3):
+        inputs = [(torch.from_numpy(nv12).cuda(), g, None) for nv12, g in frames[:n]]
+        results = batched.run_batch(inputs, PARAMS)
+        assert len(results) == n and all(r.replayed for r in results)
+        for result, (nv12, geometry) in zip(results, frames, strict=False):
+            _assert_matches(result.detections, _run(single, nv12, geometry).detections)
+    assert batched.captures == 3 and len(batched.cached_keys) == 3  # buckets 1, 4 and 8
+
+
 def test_nvdec_frames_through_the_runner(backend: TorchBackend) -> None:
     """End to end on the GPU: NVDEC frames of the sample clip -> one graph per frame."""
     pytest.importorskip("PyNvVideoCodec")

@@ -22,6 +22,7 @@ from vdet.pipeline.gpu_runner import (
     GraphCache,
     RunResult,
     as_numpy_rows,
+    batch_buckets,
 )
 from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
 from vdet.pipeline.preprocess import letterbox
@@ -221,6 +222,50 @@ def test_batched_runner_matches_the_per_frame_runner() -> None:
     assert batched.captures == 1  # one graph for the batch, whatever the frames' sizes
     with pytest.raises(ValueError, match=r"1\.\.4 frames"):
         batched.run_batch([], PARAMS)
+
+
+def test_batch_buckets_are_powers_of_two_up_to_the_batch() -> None:
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert batch_buckets(16) == (1, 2, 4, 8, 16)
+
+
+def test_batched_runner_replays_the_smallest_bucket_that_holds_the_frames() -> None:
+    capture = _FakeCapture()
+    seen: list[int] = []  # the batch each network call got
+
+    def network_for_batch(size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def network(x: torch.Tensor) -> torch.Tensor:
+            assert x.shape[0] == size, "a bucket's network gets its own batch size"
+            seen.append(size)
+            return _network(x)
+
+        return network
+
+    batched = BatchedGraphRunner(
+        network_for_batch(8),
+        input_hw=INPUT_HW,
+        batch=8,
+        dtype=torch.float32,
+        device="cpu",
+        channels_last=False,
+        capture=capture,
+        network_for_batch=network_for_batch,
+    )
+    assert batched.buckets == (1, 2, 4, 8)
+    single = _runner(use_graphs=False)
+    sizes = [(96, 48), (64, 64), (128, 32), (64, 96), (80, 48)]
+    frames = [(_frame(w, h, i), _geometry(w, h)) for i, (w, h) in enumerate(sizes)]
+    for n, bucket in ((1, 1), (3, 4), (5, 8), (2, 2), (4, 4)):
+        seen.clear()
+        results = batched.run_batch([(nv12, g, None) for nv12, g in frames[:n]], PARAMS)
+        assert set(seen) == {bucket} and len(results) == n
+        for result, (nv12, geometry) in zip(results, frames, strict=False):
+            expected: RunResult = single.run(nv12, geometry, PARAMS)
+            np.testing.assert_allclose(as_numpy_rows(result), as_numpy_rows(expected), atol=1e-5)
+    assert batched.captures == 4  # one graph per bucket; the second 4-frame call replayed
+    assert len(batched.cached_keys) == 4
 
 
 def test_graph_launcher_replays_graphs_torch_does_not_make() -> None:
