@@ -20,6 +20,7 @@
 #   scale     the GPU tests, then 64 streams over processes with and without MPS
 #   gil       which calls hold the GIL while waiting; 64 streams over 16 and 8 MPS processes
 #   buckets   the GPU tests, then batched (a graph per bucket) against batch-1 64-stream runs
+#   runs      only the many-stream runs named in $VDET_RUNS
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -186,6 +187,10 @@ buckets)
   gpu_tests 110
   stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:p:b8:x8:mps \
 vdet:64:p:x8:mps vdet:64:p:b8:x4:mps vdet:64:u:b8:x8:mps decode_only:64:u:x8}" 20
+  ;;
+runs)
+  # Only the many-stream runs named in $VDET_RUNS.
+  stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:?name the runs}" 20
   ;;
 final)
   # Who spins while waiting for the GPU, the 5-minute stability run, memcheck of the kernels,
