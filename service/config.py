@@ -213,8 +213,9 @@ class GpuSettings(_Strict):
         ge=1,
         le=64,
         description="1: each stream replays its own CUDA graph on its own CUDA stream (lowest "
-        "latency). K > 1: a GPU's ready frames, from any streams, are gathered into one "
-        "batch-K graph (more frames per second per GPU with many streams).",
+        "latency; also the most frames per second on an H200 today). K > 1: a GPU's ready "
+        "frames, from any streams, are gathered by one batcher thread and run as one graph "
+        "of the smallest batch-size bucket (1, 2, 4, .., K) that holds them.",
     )
     batch_wait_ms: float = Field(
         default=2.0,
