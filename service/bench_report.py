@@ -229,9 +229,22 @@ def _streams_markdown(data: Mapping[str, Any], stem: str, plots: Mapping[str, st
             "CPU %",
             "RSS MiB",
         ]
+        # Files whose runs sampled NVML also say how busy the GPU's kernels and NVDEC were.
+        busy = any(isinstance(r.get("gpu_utilization"), Mapping) for r in runs)
+        if busy:
+            headers += ["Kernels busy %", "NVDEC busy %"]
         rows = []
         for run in runs:
             latency = run.get("latency_ms")
+            use = run.get("gpu_utilization")
+            extra = (
+                [
+                    _fixed(_get(use, "sm_busy_pct_mean"), 0),
+                    _fixed(_get(use, "nvdec_busy_pct_mean"), 0),
+                ]
+                if busy
+                else []
+            )
             rows.append(
                 [
                     _run_label(run),
@@ -248,9 +261,10 @@ def _streams_markdown(data: Mapping[str, Any], stem: str, plots: Mapping[str, st
                     _fixed(run.get("gpu_memory_mib"), 0),
                     _fixed(run.get("cpu_percent"), 0),
                     _fixed(run.get("rss_mib"), 0),
+                    *extra,
                 ]
             )
-        lines += _table(headers, rows, align="llrlrrrrrrrrrr")
+        lines += _table(headers, rows, align="llrlrrrrrrrrrr" + "rr" * busy)
         noted = [(_run_label(r), r.get("notes")) for r in runs if r.get("notes")]
         if noted:
             lines += ["Run notes:", "", *_bullets(noted)]
@@ -298,10 +312,11 @@ def _streams_markdown(data: Mapping[str, Any], stem: str, plots: Mapping[str, st
             align="rrrrr",
         )
 
-    bottlenecks = data.get("bottlenecks")
-    if isinstance(bottlenecks, list) and bottlenecks:
-        lines += ["## Bottlenecks", ""]
-        lines += [f"- {_text(b)}" for b in bottlenecks] + [""]
+    for key, title in (("bottlenecks", "Bottlenecks"), ("findings", "Findings")):
+        items = data.get(key)
+        if isinstance(items, list) and items:
+            lines += [f"## {title}", ""]
+            lines += [f"- {_text(item)}" for item in items] + [""]
 
     if plots:
         titles = {
@@ -632,11 +647,13 @@ def plot_latency_cdf(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
 
 def _variant(run: Mapping[str, Any]) -> str:
     """What sets a run apart beyond system, pacing and batch: its processes (a run split over
-    several) and a host wait other than the default."""
+    several), whether they shared the GPU through MPS, and a host wait other than the default."""
     parts = []
     processes = _number(run.get("processes"))
     if processes is not None and processes > 1:
         parts.append(f" x{processes:.0f} processes")
+    if run.get("mps") is True:
+        parts.append(" mps")
     wait = run.get("host_wait")
     if wait is None:  # files written before runs recorded it name it instead
         wait = next((w for w in ("spin", "yield", "auto") if f" {w}" in str(run.get("name"))), None)

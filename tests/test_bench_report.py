@@ -176,6 +176,26 @@ def test_streams_markdown_has_runs_ceiling_and_targets(tmp_path: Path) -> None:
         assert f"]({STEM}-{key}.png)" in markdown
 
 
+def test_mps_runs_are_their_own_series_and_busy_columns_appear(tmp_path: Path) -> None:
+    from vdet.bench_report import _scaling_groups
+
+    busy = {"sm_busy_pct_mean": 93.4, "nvdec_busy_pct_mean": 35.0, "samples": 80}
+    shared = _run("vdet", 64, True, processes=8, mps=True, gpu_utilization=busy)
+    shared["name"] = "vdet paced 64 x8 mps"
+    sliced = _run("vdet", 64, True, processes=8)  # no NVML figures: dashes
+    sliced["name"] = "vdet paced 64 x8"
+    data = {"benchmark": "streams", "runs": [shared, sliced], "findings": ["MPS: +16%"]}
+    write_report([_write(tmp_path, data)], tmp_path / "out")
+    markdown = (tmp_path / "out" / f"{STEM}.md").read_text()
+    assert "## Findings\n\n- MPS: +16%\n" in markdown
+    rows = {r[0]: r for r in _rows(markdown)}
+    assert rows["Run"][-2:] == ["Kernels busy %", "NVDEC busy %"]
+    assert rows["vdet paced 64 x8 mps"][-2:] == ["93", "35"]
+    assert rows["vdet paced 64 x8"][-2:] == [DASH, DASH]
+    labels = [label for label, _ in _scaling_groups([shared, sliced])]
+    assert labels == ["vdet paced x8 processes mps", "vdet paced x8 processes"]
+
+
 def test_streams_plots_are_pngs_and_deterministic(tmp_path: Path) -> None:
     source = _write(tmp_path, streams_result())
     first = write_report([source], tmp_path / "a")
