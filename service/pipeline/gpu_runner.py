@@ -538,7 +538,8 @@ class BatchedGraphRunner(_RunnerBase):
     per batch size, as backends' `network_for_batch`), a call of n frames replays the graph of
     the smallest bucket of `batch_buckets(batch)` that holds n: under real-time load most
     gathers hold a few frames, and a padded graph spends GPU time on its empty slots (64
-    streams on an H200: kernels busy 70% with buckets, 85% padded).
+    streams over 8 processes on an H200, separate runs: kernels busy 70% at 1538 frames/s with
+    buckets, 85% at 1643 padded).
     One graph per (params, bucket).
     """
 
