@@ -41,6 +41,9 @@ def test_run_list_options(streams: ModuleType) -> None:
         "decode_only unpaced 64 x16proc",
         "vdet paced 1 b1 spin",
     ]
+    passes = streams._listed_runs("decode_only:64:p:x8:passsess", 8.0)[0]
+    assert passes["session_per_pass"] is True
+    assert streams._name(passes) == "decode_only paced 64 x8proc session-per-pass"
     with pytest.raises(SystemExit, match="bad option"):
         streams._listed_runs("vdet:64:p:mpx", 8.0)
     with pytest.raises(SystemExit, match="bad run"):

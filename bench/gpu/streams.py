@@ -395,6 +395,18 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- peers
 
 
+def _reader_totals(readers: list[Any]) -> dict[str, float]:
+    """What NVDEC readers did so far, summed: sessions created and the seconds that took,
+    pacing schedule restarts and the media seconds they skipped (a window's are the change)."""
+    decoders = [r.decoder for r in readers if r.decoder is not None]
+    return {
+        "nvdec_sessions": sum(d.sessions for d in decoders),
+        "session_create_s": sum(d.session_create_seconds for d in decoders),
+        "pacing_resets": sum(r.pacing_resets for r in readers),
+        "pacing_lag_dropped_s": sum(r.pacing_lag_dropped_s for r in readers),
+    }
+
+
 def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     from vdet.gpu_workers import tune_interpreter_for_streams
     from vdet.host_wait import set_host_wait
@@ -409,11 +421,14 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     counting = threading.Event()
     errors: list[str] = []
 
+    readers: list[NvdecSourceReader] = []
+
     def decode(index: int) -> None:
         try:
             reader = NvdecSourceReader(
                 str(SAMPLE), source_id=f"d{index}", loop=True, realtime=spec["paced"], strict=True
             )
+            readers.append(reader)
             with reader:
                 reader.open()
                 for item in reader.frames():
@@ -433,10 +448,12 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
         diagnostics.start()
     cpu0, wall0 = _cpu_seconds(), time.monotonic()
     window_start = time.time()
+    readers0 = _reader_totals(readers)
     counting.set()
     time.sleep(duration)
     counting.clear()
     wall, cpu = time.monotonic() - wall0, _cpu_seconds() - cpu0
+    reader_stats = {k: v - readers0[k] for k, v in _reader_totals(readers).items()}
     diagnosis = diagnostics.stop() if diagnostics is not None else None
     gpu_mib = _gpu_used_mib()
     stop.set()
@@ -457,6 +474,7 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
         "cpu_percent": 100.0 * cpu / wall,
         "rss_mib": _rss_mib(),
         "errors": errors[:5],
+        "readers": reader_stats,
         **({"diagnosis": diagnosis} if diagnosis is not None else {}),
     }
 
@@ -526,6 +544,10 @@ RUNNERS = {
 
 def _child(spec: dict[str, Any], out: Path) -> int:
     try:
+        if spec.get("session_per_pass"):
+            from vdet.ingest.nvdec import NvdecDecoder
+
+            NvdecDecoder.keep_session_across_passes = False
         result = RUNNERS[spec["system"]](spec)
         rc = 0
     except Exception:
@@ -615,6 +637,10 @@ def _run_sharded(
         "rss_mib": sum(r.get("rss_mib") or 0.0 for r in results),
         "per_process_fps": [round(r["fps_aggregate"], 1) for r in results],
     }
+    if all("readers" in r for r in results):
+        merged["readers"] = {
+            key: sum(r["readers"][key] for r in results) for key in results[0]["readers"]
+        }
     if all("decoded_fps" in r for r in results):
         merged["decoded_fps"] = sum(r["decoded_fps"] for r in results)
         decoded = sum(r["decoded_fps"] * r["duration_s"] for r in results)
@@ -631,14 +657,17 @@ def _name(spec: dict[str, Any]) -> str:
     wait = f" {spec['host_wait']}" if spec.get("host_wait") not in (None, "block") else ""
     procs = f" x{spec['processes']}proc" if spec.get("processes", 1) > 1 else ""
     mps = " mps" if spec.get("mps") else ""
-    return f"{spec['system']} {pace} {spec['sources']}{batch}{procs}{mps}{wait}{long_run}"
+    sessions = " session-per-pass" if spec.get("session_per_pass") else ""
+    return f"{spec['system']} {pace} {spec['sources']}{batch}{procs}{mps}{sessions}{wait}{long_run}"
 
 
 def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
     """Runs named `system:sources:p|u[:option...]`, space-separated; options: a batch (`8` or
     `b8`), processes (`x4`: the sources split over 4 processes), `mps` (those processes share
-    the GPU through an MPS daemon started for the run), a host wait (block, spin, yield,
-    auto) and `diag` (thread-stack and GIL diagnostics); `-` is no option."""
+    the GPU through an MPS daemon started for the run), `passsess` (a new NVDEC session for
+    every pass over the looped clip, as before sessions lived through loops), a host wait
+    (block, spin, yield, auto) and `diag` (thread-stack and GIL diagnostics); `-` is no
+    option."""
     plan = []
     for item in text.split():
         system, sources, pace, *options = item.split(":")
@@ -658,6 +687,8 @@ def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
                 spec["diagnose"] = True
             elif option == "mps":
                 spec["mps"] = True
+            elif option == "passsess":
+                spec["session_per_pass"] = True
             elif option in ("block", "spin", "yield", "auto"):
                 spec["host_wait"] = option
             elif option.startswith("x") and option[1:].isdigit():

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -270,7 +270,13 @@ class NvdecDecoder:
 
     Not thread-safe: one reader thread owns it. `nvc` replaces the PyNvVideoCodec module
     (tests); `device` "cpu" is for such tests only.
+
+    `keep_session_across_passes` (class-wide): whether a LOW-latency session outlives the end
+    of a pass over a looped file (`end_pass`); the streams benchmark turns it off to measure
+    what a new session per pass costs.
     """
+
+    keep_session_across_passes: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -303,6 +309,7 @@ class NvdecDecoder:
         self._wait_for_key = False
         self._buffer: np.ndarray[Any, np.dtype[np.uint8]] | None = None
         self.sessions = 0
+        self.session_create_seconds = 0.0  # summed over `sessions`
         self.dropped_packets = 0
 
     @property
@@ -312,6 +319,7 @@ class NvdecDecoder:
     def _create(self) -> Any:
         nvc = self._nvc
         latency = nvc.DisplayDecodeLatencyType
+        started = time.perf_counter()
         try:
             session = nvc.CreateDecoder(
                 gpuid=self.gpu,
@@ -324,6 +332,7 @@ class NvdecDecoder:
         except Exception as exc:
             raise NvdecError(f"cannot create an NVDEC {self.codec} session: {exc}") from exc
         self.sessions += 1
+        self.session_create_seconds += time.perf_counter() - started
         return session
 
     def decode(
@@ -367,6 +376,20 @@ class NvdecDecoder:
         finally:
             self._session = None
         return frames
+
+    def end_pass(self) -> list[DecodedNv12]:
+        """A looped source is back at its start: end this pass, return the frames it held.
+
+        A LOW-latency session has returned each frame with its own packet and holds none, and
+        the next pass starts at a keyframe with the same parameter sets, so the session stays
+        open: a new session per pass costs a session create (`session_create_seconds`) and the
+        frames the reader cannot decode meanwhile. With reordering (NATIVE) the frames held
+        back for display order are drained and the session ends (`flush`).
+        """
+        if self.b_frames or not self.keep_session_across_passes or self._session is None:
+            return self.flush()
+        self._max_pts = None  # the next pass restarts its times
+        return []
 
     def close(self) -> None:
         """End the session. Its frame pool is freed with it: zero-copy frames

@@ -174,8 +174,9 @@ class NvdecSourceReader(SourceReader):
                 index += 1
 
         # The MP4-to-Annex-B filter keeps state from packet to packet (such as whether it has
-        # put the parameter sets before a keyframe yet); each pass, a seek back to the start
-        # that the decoder meets with a new session, gets a fresh one, as a reopened file would.
+        # put the parameter sets before a keyframe yet); each pass, a seek back to the start,
+        # gets a fresh one, as a reopened file would, so every pass opens with its parameter
+        # sets (the decoder keeps its session across passes when nothing is held back).
         annexb: av.bitstream.BitStreamFilterContext | None = None
         annexb_pass = -1
         try:
@@ -185,7 +186,7 @@ class NvdecSourceReader(SourceReader):
                     started = time.perf_counter()
                     if packet.size == 0:  # end of this pass: drain the session
                         try:
-                            decoded = decoder.flush()
+                            decoded = decoder.end_pass() if self.loop else decoder.flush()
                         except NvdecError as exc:
                             self.decode_errors += 1
                             yield DecodeError(f"NvdecError: {exc}", consecutive_errors + 1)

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
@@ -223,6 +223,10 @@ class SourceReader:
         self.info: StreamInfo | None = None
         self.decode_errors = 0
         self.loops_completed = 0
+        # A paced file that fell more than _MAX_PACING_LAG_S behind restarts its schedule
+        # from now: how often, and the media seconds it never caught up on.
+        self.pacing_resets = 0
+        self.pacing_lag_dropped_s = 0.0
         self._container: av.container.InputContainer | None = None
         self._stream: av.VideoStream | None = None
         self._thread: int | None = None
@@ -344,7 +348,7 @@ class SourceReader:
         Close it in a `finally`: that closes the demuxer, which restores PyAV's timeout state.
         """
         container, stream = self._require_open()
-        pacer = _Pacer(self._interrupted) if self.realtime else None
+        pacer = _Pacer(self._interrupted, self._note_pacing_reset) if self.realtime else None
         while True:
             # PyAV's stubs say Iterator; it is a generator, and closing it matters.
             packets = cast("Generator[av.Packet[Any], None, None]", container.demux())
@@ -374,6 +378,10 @@ class SourceReader:
             container.seek(0)  # also flushes the decoder, which the size-0 packet drained
             self.loops_completed += 1
 
+    def _note_pacing_reset(self, lag_s: float) -> None:
+        self.pacing_resets += 1
+        self.pacing_lag_dropped_s += lag_s
+
     def interrupt(self) -> None:
         """Abort a blocking open/read in the reading thread and end `frames()`; any thread."""
         self._interrupted.set()
@@ -400,10 +408,18 @@ class SourceReader:
 
 
 class _Pacer:
-    """Releases media timestamps no faster than the wall clock; waits end on interrupt."""
+    """Releases media timestamps no faster than the wall clock; waits end on interrupt.
 
-    def __init__(self, interrupted: threading.Event) -> None:
+    Releases late by up to _MAX_PACING_LAG_S go at once (the reader catches up); one later
+    than that restarts the schedule from now (`on_reset` gets the lag) rather than sending
+    seconds of backlog in one burst.
+    """
+
+    def __init__(
+        self, interrupted: threading.Event, on_reset: Callable[[float], None] | None = None
+    ) -> None:
         self._interrupted = interrupted
+        self._on_reset = on_reset
         self._anchor: tuple[float, float] | None = None  # (monotonic, media seconds)
 
     def wait_until(self, media_s: float) -> bool:
@@ -413,6 +429,8 @@ class _Pacer:
             return not self._interrupted.is_set()
         target = self._anchor[0] + (media_s - self._anchor[1])
         if now - target > _MAX_PACING_LAG_S or media_s < self._anchor[1]:
+            if media_s >= self._anchor[1] and self._on_reset is not None:
+                self._on_reset(now - target)
             self._anchor = (now, media_s)
             return not self._interrupted.is_set()
         if target > now:

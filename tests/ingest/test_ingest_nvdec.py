@@ -285,21 +285,41 @@ def test_nvdec_source_reader_decodes_every_frame(name: str) -> None:
     )
 
 
-def test_nvdec_source_reader_loops_with_a_new_session_per_pass() -> None:
-    nvc = FakeNvc()
-    reader = NvdecSourceReader(str(DATA / "hevc.mp4"), loop=True, nvc=nvc, device="cpu")
+def _looped_frames(path: Path, nvc: FakeNvc, count: int) -> tuple[NvdecSourceReader, list[Any]]:
+    reader = NvdecSourceReader(str(path), loop=True, nvc=nvc, device="cpu")
     frames: list[GpuVideoFrame] = []
     with reader:
         reader.open()
         for item in reader.frames():
             assert isinstance(item, GpuVideoFrame)
             frames.append(item)
-            if len(frames) == 60:
+            if len(frames) == count:
                 break
-    assert reader.loops_completed == 2 and len(nvc.sessions) == 3
+    return reader, frames
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_nvdec_source_reader_loops_a_low_latency_clip_in_one_session(
+    keep: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without reordering nothing is held in the session at the end of a pass: it goes on into
+    # the next pass (the class switch restores a session per pass, for the benchmark).
+    monkeypatch.setattr(NvdecDecoder, "keep_session_across_passes", keep)
+    nvc = FakeNvc()
+    reader, frames = _looped_frames(DATA / "hevc.mp4", nvc, 60)
+    assert reader.loops_completed == 2 and len(nvc.sessions) == (1 if keep else 3)
+    assert reader.decoder is not None and reader.decoder.sessions == len(nvc.sessions)
     pts = [f.pts_seconds for f in frames]
     assert pts == sorted(pts)  # type: ignore[type-var]
     assert [_hashes(f.nv12, f.height) for f in frames[24:48]] == REFERENCE["hevc.mp4"]["frames"]
+
+
+def test_nvdec_source_reader_loops_a_reordered_clip_with_a_new_session_per_pass() -> None:
+    # NATIVE latency holds frames back for display order: each pass is drained and ended.
+    nvc = FakeNvc()
+    reader, frames = _looped_frames(DATA / "bframes.mp4", nvc, 110)
+    assert reader.loops_completed == 2 and len(nvc.sessions) == 3
+    assert [_hashes(f.nv12, f.height) for f in frames[48:96]] == REFERENCE["bframes.mp4"]["frames"]
 
 
 def test_nvdec_source_reader_reports_decoder_failures_as_decode_errors() -> None:

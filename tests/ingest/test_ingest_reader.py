@@ -118,6 +118,22 @@ def test_realtime_pacing_follows_the_frame_rate(h264_clip: Path) -> None:
     assert 0.75 <= arrivals[-1] - arrivals[0] <= 3.0
 
 
+def test_a_paced_reader_more_than_a_second_behind_restarts_its_schedule(h264_clip: Path) -> None:
+    with SourceReader(str(h264_clip), realtime=True, loop=True) as reader:
+        reader.open()
+        frames = reader.frames()
+        next(frames)
+        time.sleep(1.3)  # a consumer stall: the next packets are 1.3 s late
+        started = time.monotonic()
+        for _ in range(10):
+            next(frames)
+        # The backlog is not sent in a burst: 10 frames take their own ~0.3 s.
+        assert time.monotonic() - started >= 0.2
+        assert reader.pacing_resets == 1
+        assert 1.0 < reader.pacing_lag_dropped_s < 2.5
+        frames.close()
+
+
 def test_without_pacing_a_file_is_read_as_fast_as_it_decodes(h264_clip: Path) -> None:
     with SourceReader(str(h264_clip)) as reader:
         reader.open()
