@@ -20,6 +20,7 @@
 #   scale     the GPU tests, then 64 streams over processes with and without MPS
 #   gil       which calls hold the GIL while waiting; 64 streams over 16 and 8 MPS processes
 #   buckets   the GPU tests, then batched (a graph per bucket) against batch-1 64-stream runs
+#   loops     NVDEC GPU tests, then 64 paced streams: a session per looped pass against one
 #   runs      only the many-stream runs named in $VDET_RUNS
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
@@ -187,6 +188,17 @@ buckets)
   gpu_tests 110
   stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:p:b8:x8:mps \
 vdet:64:p:x8:mps vdet:64:p:b8:x4:mps vdet:64:u:b8:x8:mps decode_only:64:u:x8}" 20
+  ;;
+loops)
+  # NVDEC's GPU tests (a looped clip in one session), then paced 64 streams with a session
+  # per looped pass against one session throughout, decode-only and with inference (MPS).
+  timeout 120 python3 -m pytest -m gpu tests/gpu/test_gpu_nvdec.py -q -rs -p no:cacheprovider \
+    >"$OUT/pytest-nvdec.log" 2>&1
+  echo "pytest nvdec rc=$? ($((SECONDS - started)) s)"
+  tail -n 3 "$OUT/pytest-nvdec.log"
+  stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-decode_only:64:p:x8 \
+decode_only:64:p:x8:passsess vdet:64:p:x8:mps vdet:64:p:x8:mps:passsess vdet:64:p:x16:mps \
+decode_only:64:u:x16 vdet:64:u:x16:mps}" 22
   ;;
 runs)
   # Only the many-stream runs named in $VDET_RUNS.
