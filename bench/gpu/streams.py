@@ -417,6 +417,7 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     set_host_wait(0, _host_wait(spec))
     sources, duration = spec["sources"], spec["seconds"]
     counts = [0] * sources
+    decoding = [threading.Event() for _ in range(sources)]
     stop = threading.Event()
     counting = threading.Event()
     errors: list[str] = []
@@ -434,6 +435,7 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
                 for item in reader.frames():
                     if stop.is_set():
                         break
+                    decoding[index].set()
                     if isinstance(item, GpuVideoFrame) and counting.is_set():
                         counts[index] += 1
         except Exception as exc:  # reported in the run
@@ -442,6 +444,11 @@ def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     threads = [threading.Thread(target=decode, args=(i,), daemon=True) for i in range(sources)]
     for thread in threads:
         thread.start()
+    # As the vdet runs wait for every stream's first result: a window that opens while readers
+    # still start up counts their start (paced readers then restart their schedules).
+    deadline = time.monotonic() + 60
+    for event in decoding:
+        event.wait(max(0.0, deadline - time.monotonic()))
     _start_window(spec)
     diagnostics = _Diagnostics() if spec.get("diagnose") else None
     if diagnostics is not None:
