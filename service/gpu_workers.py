@@ -21,7 +21,6 @@ pixels). This module never decides whether to use the GPU (the app does) and spe
 from __future__ import annotations
 
 import logging
-import queue
 import sys
 import threading
 import time
@@ -46,6 +45,7 @@ from vdet.pipeline.gpu_ops import (
 )
 from vdet.pipeline.gpu_runner import (
     BatchedGraphRunner,
+    BatchOutput,
     CudaGraphRunner,
     Network,
     RunResult,
@@ -111,112 +111,138 @@ def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
 
 @dataclass
 class _Request:
-    """One frame waiting for the batcher, and where its answer goes."""
+    """One frame's place in a batch, and where that batch's output goes."""
 
-    frame: GpuVideoFrame
-    params: PostprocessParams
+    index: int
     done: threading.Event = field(default_factory=threading.Event)
-    result: RunResult | None = None
+    output: BatchOutput | None = None
     error: BaseException | None = None
 
 
 class _Batcher:
-    """Gathers up to `runner.batch` frames (waiting at most `wait_s` after the first) and runs
-    them as one batch per distinct params; callers block in `submit` until theirs is done."""
+    """Gathers up to `runner.batch` frames with the same params (waiting at most `wait_s` after
+    the first) and runs them as one batch; callers block in `submit` until theirs is done.
+
+    Per-frame host work stays in each frame's own thread, which `submit` runs in: it takes the
+    next index of the open batch, stages (preprocesses) its frame there and, once the batch is
+    done, reads its own detections. The batcher thread only seals the batch, launches its
+    graph and waits for it, and the next batch stages meanwhile (the stream runs it after
+    this one). One thread doing every frame's launches and row reading in series kept a GPU
+    12% busy at batch 8 (8 unpaced streams on an H200: 401 frames/s against 1039 at batch 1).
+    """
 
     def __init__(self, runner: BatchedGraphRunner, wait_s: float, name: str) -> None:
         self.runner = runner
         self.wait_s = wait_s
         self.batches = 0
         self.frames = 0
-        # SimpleQueue: put() takes no Python-level lock (every stream's thread puts here).
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
-        self._closed = threading.Event()
+        self._cond = threading.Condition()
+        self._open: list[_Request] = []  # the batch being gathered, in index order
+        self._params: PostprocessParams | None = None
+        self._opened_at = 0.0
+        self._staged = 0  # of the open batch's frames, how many are staged (or failed to be)
+        self._sealed = False  # the open batch takes no more frames: it is being launched
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, frame: GpuVideoFrame, params: PostprocessParams) -> RunResult:
-        if self._closed.is_set():
-            raise RuntimeError("the GPU worker is closed")
-        request = _Request(frame, params)
-        self._queue.put(request)
+        started = time.perf_counter()
+        geometry = Nv12Geometry.of(
+            frame.size_wh, self.runner.input_hw, frame.matrix, frame.colour_range
+        )
+        with self._cond:
+            while not self._closed and (
+                self._sealed
+                or len(self._open) >= self.runner.batch
+                or (self._open and self._params != params)
+            ):
+                self._cond.wait()
+            if self._closed:
+                raise RuntimeError("the GPU worker is closed")
+            request = _Request(len(self._open))
+            if not self._open:
+                self._params, self._opened_at = params, time.monotonic()
+            self._open.append(request)
+            self._cond.notify_all()
+        try:
+            self.runner.stage(request.index, frame.nv12, geometry, frame.ready)
+        except Exception as exc:  # this frame fails; the batch runs without its pixels
+            request.error = exc
+        finally:
+            with self._cond:
+                self._staged += 1
+                self._cond.notify_all()
         if not request.done.wait(_BATCH_REPLY_TIMEOUT_S):
             raise TimeoutError(f"no batched result within {_BATCH_REPLY_TIMEOUT_S:g} s")
         if request.error is not None:
             raise request.error
-        assert request.result is not None
-        return request.result
+        output = request.output
+        assert output is not None
+        detections = output.detections(request.index, geometry)
+        return RunResult(
+            detections, time.perf_counter() - started, output.replayed, output.launch_seconds
+        )
 
     def close(self) -> None:
-        self._closed.set()
-        self._queue.put(None)
+        """Run what is already gathered, refuse new frames, stop the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
         self._thread.join(5.0)
-        while True:  # whoever is still waiting gets an answer
-            try:
-                request = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if request is not None:
-                request.error = RuntimeError("the GPU worker is closed")
-                request.done.set()
+        with self._cond:  # a wedged batcher: whoever still waits gets an answer
+            stranded, self._open = self._open, []
+        for request in stranded:
+            request.error = RuntimeError("the GPU worker is closed")
+            request.done.set()
 
-    def _gather(self, first: _Request) -> tuple[list[_Request], bool]:
-        batch, deadline = [first], time.monotonic() + self.wait_s
-        while len(batch) < self.runner.batch:
-            remaining = deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=remaining) if remaining > 0 else None
-            except queue.Empty:
-                item = None
-            if item is None:
-                if remaining > 0 and self._closed.is_set():
-                    return batch, True
-                try:  # whatever is already queued still joins this batch
-                    item = self._queue.get_nowait()
-                except queue.Empty:
+    def _next_batch(self) -> tuple[list[_Request], PostprocessParams] | None:
+        """Wait for a batch to fill or time out, seal it, and take it once all of it is staged;
+        None once closed with nothing gathered."""
+        with self._cond:
+            while not self._open and not self._closed:
+                self._cond.wait()
+            if not self._open:
+                return None
+            deadline = self._opened_at + self.wait_s
+            while len(self._open) < self.runner.batch and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     break
-                if item is None:
-                    return batch, True
-            batch.append(item)
-        return batch, False
+                self._cond.wait(remaining)
+            self._sealed = True
+            while self._staged < len(self._open):
+                self._cond.wait()
+            requests, params = self._open, self._params
+            self._open, self._params, self._staged = [], None, 0
+        assert params is not None
+        return requests, params
 
     def _run(self) -> None:
-        stopping = False
-        while not stopping:
-            first = self._queue.get()
-            if first is None:
-                break
-            batch, stopping = self._gather(first)
-            by_params: dict[PostprocessParams, list[_Request]] = {}
-            for request in batch:
-                by_params.setdefault(request.params, []).append(request)
-            for params, requests in by_params.items():
-                self._run_group(params, requests)
-
-    def _run_group(self, params: PostprocessParams, requests: list[_Request]) -> None:
-        input_hw = self.runner.input_hw
-        try:
-            frames = [
-                (
-                    r.frame.nv12,
-                    Nv12Geometry.of(
-                        r.frame.size_wh, input_hw, r.frame.matrix, r.frame.colour_range
-                    ),
-                    r.frame.ready,
-                )
-                for r in requests
-            ]
-            results = self.runner.run_batch(frames, params)
-        except Exception as exc:  # every waiting stream gets the error, the batcher goes on
+        while (taken := self._next_batch()) is not None:
+            requests, params = taken
+            output: BatchOutput | None = None
+            error: Exception | None = None
+            try:
+                launched = self.runner.launch(len(requests), params)
+            except Exception as exc:  # every frame of the batch gets the error; we go on
+                error = exc
+            finally:
+                with self._cond:  # the next batch may stage: the stream orders it after this
+                    self._sealed = False
+                    self._cond.notify_all()
+            if error is None:
+                try:
+                    output = self.runner.finish(launched)
+                except Exception as exc:
+                    error = exc
+            if error is None:
+                self.batches += 1
+                self.frames += len(requests)
             for request in requests:
-                request.error = exc
+                if request.error is None:
+                    request.output, request.error = output, error
                 request.done.set()
-            return
-        self.batches += 1
-        self.frames += len(requests)
-        for request, result in zip(requests, results, strict=True):
-            request.result = result
-            request.done.set()
 
 
 class GpuWorker:

@@ -204,6 +204,25 @@ class _Slot:
     failure: str | None = None
 
 
+def _parse_rows(
+    count: int,
+    rows: FloatArray,
+    head: FloatArray | None,
+    params: PostprocessParams,
+    geometry: Nv12Geometry,
+) -> Detections:
+    """One image's detections in source pixels from decode + NMS's `count` and [max_det, 6]
+    `rows`; a negative count (decode + NMS could not prove its result within its fixed work)
+    decodes the network's raw `head` with the host reference instead."""
+    if count < 0:
+        assert head is not None
+        dets = decode_and_nms_image(head, params)[0]
+    else:
+        xyxy, scores, class_ids = rows_to_arrays(rows, count)
+        dets = Detections(xyxy, scores, class_ids)
+    return Detections(geometry.transform.to_source(dets.xyxy), dets.scores, dets.class_ids)
+
+
 class _RunnerBase:
     """Shared machinery: device, stream, capture with fallbacks, host buffers, result parsing."""
 
@@ -269,11 +288,13 @@ class _RunnerBase:
         nv12: torch.Tensor | None,
         batch: int | None = None,
         network: Network | None = None,
+        net_in: torch.Tensor | None = None,
     ) -> _Slot:
         H, W = self.input_hw
         batch = self.batch if batch is None else batch
         with on_stream(self.stream):
-            net_in = torch.zeros((batch, 3, H, W), dtype=self.dtype, device=self.device)
+            if net_in is None:
+                net_in = torch.zeros((batch, 3, H, W), dtype=self.dtype, device=self.device)
             boxes = torch.zeros(
                 (batch, params.max_det, DETECTION_COLUMNS),
                 dtype=torch.float32,
@@ -364,10 +385,16 @@ class _RunnerBase:
             )
 
     def _execute(self, slot: _Slot) -> tuple[bool, float]:
-        """Replay or run the slot's work on the stream, copy results to the host.
+        """Replay or run the slot's work on the stream, copy results to the host, wait.
 
         Returns (replayed, host seconds spent enqueuing the work).
         """
+        replayed, launch = self._enqueue(slot)
+        self._finish()
+        return replayed, launch
+
+    def _enqueue(self, slot: _Slot) -> tuple[bool, float]:
+        """Replay or run the slot's work and its copy to the host on the stream; no wait."""
         with CUDA_WORK.work():
             started = time.perf_counter()
             if slot.launch is not None and not slot.eager:
@@ -387,21 +414,23 @@ class _RunnerBase:
             self._on_eager_fallback()
         if self._done is not None and self.stream is not None:
             self._done.record(self.stream)
-            self._done.synchronize()
         return replayed, launch
+
+    def _finish(self) -> None:
+        """Wait until the work `_enqueue` put on the stream (and its host copy) is done."""
+        if self._done is not None:
+            self._done.synchronize()
 
     def _detections(self, slot: _Slot, index: int, geometry: Nv12Geometry) -> Detections:
         count = int(slot.host_count[index])
-        transform = geometry.transform
-        if count < 0:
-            # decode + NMS could not prove its result within its fixed work: host reference.
-            assert slot.raw is not None
-            head = slot.raw[index].float().cpu().numpy()
-            dets = decode_and_nms_image(head, slot.params)[0]
-        else:
-            xyxy, scores, class_ids = rows_to_arrays(slot.host_boxes[index].numpy(), count)
-            dets = Detections(xyxy, scores, class_ids)
-        return Detections(transform.to_source(dets.xyxy), dets.scores, dets.class_ids)
+        head = self._head(slot, index) if count < 0 else None
+        return _parse_rows(count, slot.host_boxes[index].numpy(), head, slot.params, geometry)
+
+    @staticmethod
+    def _head(slot: _Slot, index: int) -> FloatArray:
+        """The network's raw output for one image, on the host (the decode + NMS fallback)."""
+        assert slot.raw is not None
+        return np.asarray(slot.raw[index].float().cpu().numpy(), dtype=np.float32)
 
     def _wait_for(self, nv12: torch.Tensor, ready: torch.cuda.Event | None) -> None:
         """Order this runner's stream after the frame's producer; keep the frame's memory.
@@ -529,18 +558,64 @@ def batch_buckets(batch: int) -> tuple[int, ...]:
     return (*sizes, batch)
 
 
+@dataclass(frozen=True)
+class BatchOutput:
+    """What one batch's graph computed, copied off the runner's buffers for its frames' threads.
+
+    `counts` (n,) and `rows` (n, max_det, 6) are decode + NMS's output per frame in batch
+    order; `heads` the raw network output of the frames whose count is negative (decode + NMS
+    gave up: the host reference decodes them). Owned by the caller: the runner's buffers
+    are free for the next batch once this exists.
+    """
+
+    counts: np.ndarray
+    rows: FloatArray
+    heads: dict[int, FloatArray]
+    params: PostprocessParams
+    replayed: bool
+    launch_seconds: float
+
+    def detections(self, index: int, geometry: Nv12Geometry) -> Detections:
+        """Frame `index`'s detections in its source's pixels (any thread)."""
+        return _parse_rows(
+            int(self.counts[index]),
+            self.rows[index],
+            self.heads.get(index),
+            self.params,
+            geometry,
+        )
+
+
+@dataclass
+class _Launched:
+    """A batch on the GPU: what `finish` needs to collect it."""
+
+    slot: _Slot
+    frames: int
+    replayed: bool
+    launch_seconds: float
+
+
 class BatchedGraphRunner(_RunnerBase):
-    """Up to `batch` frames of any sources per call: eager preprocess into a static batch, then
-    one graph of network + decode + NMS + copy for the whole batch.
+    """Up to `batch` frames of any sources per call, preprocessed into one static batch that a
+    graph of network + decode + NMS + copy runs as a whole.
 
     `network` maps (batch, 3, H, W) -> (batch, 4 + nc, N). Without `network_for_batch` every
-    call replays the batch-`batch` graph, padded (unused slots are ignored). With it (a network
-    per batch size, as backends' `network_for_batch`), a call of n frames replays the graph of
-    the smallest bucket of `batch_buckets(batch)` that holds n: under real-time load most
-    gathers hold a few frames, and a padded graph spends GPU time on its empty slots (64
+    batch replays the batch-`batch` graph, padded (unused slots are ignored). With it (a
+    network per batch size, as backends' `network_for_batch`), a batch of n frames replays the
+    graph of the smallest bucket of `batch_buckets(batch)` that holds n: under real-time load
+    most gathers hold a few frames, and a padded graph spends GPU time on its empty slots (64
     streams over 8 processes on an H200, separate runs: kernels busy 70% at 1538 frames/s with
-    buckets, 85% at 1643 padded).
-    One graph per (params, bucket).
+    buckets, 85% at 1643 padded). One graph per (params, bucket); every bucket's graph reads
+    the first rows of one shared staging batch.
+
+    Two ways to drive it, one at a time: `run_batch` (all frames from one thread), or the
+    steps a batcher spreads over threads, so that per-frame host work runs in each frame's
+    own thread and the batching thread only launches and waits: each frame's thread
+    `stage`s it into its index (in parallel), then one thread `launch`es the batch and
+    `finish`es it into a `BatchOutput`, from which each frame's thread reads its detections.
+    Frames of the next batch may be staged once `launch` has returned (the stream orders them
+    after the running graph); the next `launch` must wait for `finish`.
     """
 
     def __init__(
@@ -587,10 +662,60 @@ class BatchedGraphRunner(_RunnerBase):
             for size in buckets[:-1]:
                 self._networks[size] = network_for_batch(size)
         self.buckets = buckets
+        H, W = self.input_hw
+        with on_stream(self.stream):
+            self._staging = torch.zeros((batch, 3, H, W), dtype=self.dtype, device=self.device)
 
     def bucket_of(self, frames: int) -> int:
         """The batch size of the graph that runs `frames` frames."""
         return next(size for size in self.buckets if size >= frames)
+
+    def stage(
+        self,
+        index: int,
+        nv12: torch.Tensor,
+        geometry: Nv12Geometry,
+        ready: torch.cuda.Event | None = None,
+    ) -> None:
+        """Preprocess one frame into position `index` of the next batch, on the runner's
+        stream after the frame's `ready` event; no wait. Threads may stage distinct indexes
+        at once."""
+        if not 0 <= index < self.batch:
+            raise ValueError(f"index must be in 0..{self.batch - 1}, got {index}")
+        if geometry.input_hw != self.input_hw:
+            raise ValueError(f"geometry is for input {geometry.input_hw}, runner {self.input_hw}")
+        with CUDA_WORK.work(), on_stream(self.stream):
+            self._wait_for(nv12, ready)
+            self.preprocess(nv12, geometry, self._staging[index], self.stream)
+
+    def launch(self, frames: int, params: PostprocessParams) -> _Launched:
+        """Run the graph of the bucket that holds the `frames` staged frames; no wait (a new
+        bucket or params is captured first, which does wait)."""
+        if not 1 <= frames <= self.batch:
+            raise ValueError(f"a batch holds 1..{self.batch} frames, got {frames}")
+        size = self.bucket_of(frames)
+        key = (params, size)
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                slot = self._new_slot(
+                    None, params, None, size, self._networks[size], self._staging[:size]
+                )
+                self._prepare(slot)
+                self._slots.put(key, slot)
+            replayed, launch = self._enqueue(slot)
+        return _Launched(slot, frames, replayed, launch)
+
+    def finish(self, launched: _Launched) -> BatchOutput:
+        """Wait for a launched batch and copy its results off the runner's buffers."""
+        self._finish()
+        slot, n = launched.slot, launched.frames
+        counts = slot.host_count[:n].numpy().copy()
+        rows = slot.host_boxes[:n].numpy().copy()
+        heads = {i: self._head(slot, i) for i in np.flatnonzero(counts < 0).tolist()}
+        return BatchOutput(
+            counts, rows, heads, slot.params, launched.replayed, launched.launch_seconds
+        )
 
     def run_batch(
         self,
@@ -601,30 +726,12 @@ class BatchedGraphRunner(_RunnerBase):
         if not 1 <= len(frames) <= self.batch:
             raise ValueError(f"run_batch takes 1..{self.batch} frames, got {len(frames)}")
         started = time.perf_counter()
-        size = self.bucket_of(len(frames))
-        key = (params, size)
-        with self._lock:
-            slot = self._slots.get(key)
-            fresh = slot is None
-            if slot is None:
-                slot = self._new_slot(None, params, None, size, self._networks[size])
-            with CUDA_WORK.work(), on_stream(self.stream):
-                for i, (nv12, geometry, ready) in enumerate(frames):
-                    if geometry.input_hw != self.input_hw:
-                        raise ValueError(
-                            f"geometry is for input {geometry.input_hw}, runner {self.input_hw}"
-                        )
-                    self._wait_for(nv12, ready)
-                    self.preprocess(nv12, geometry, slot.net_in[i], self.stream)
-            if fresh:
-                self._prepare(slot)
-                self._slots.put(key, slot)
-            replayed, launch = self._execute(slot)
-            detections = [
-                self._detections(slot, i, geometry) for i, (_, geometry, _) in enumerate(frames)
-            ]
+        for i, (nv12, geometry, ready) in enumerate(frames):
+            self.stage(i, nv12, geometry, ready)
+        output = self.finish(self.launch(len(frames), params))
+        detections = [output.detections(i, geometry) for i, (_, geometry, _) in enumerate(frames)]
         seconds = time.perf_counter() - started
-        return [RunResult(d, seconds, replayed, launch) for d in detections]
+        return [RunResult(d, seconds, output.replayed, output.launch_seconds) for d in detections]
 
 
 def as_numpy_rows(result: RunResult) -> FloatArray:
@@ -636,6 +743,7 @@ def as_numpy_rows(result: RunResult) -> FloatArray:
 
 
 __all__ = [
+    "BatchOutput",
     "BatchedGraphRunner",
     "CaptureFn",
     "CudaGraphRunner",
