@@ -21,6 +21,7 @@
 #   gil       which calls hold the GIL while waiting; 64 streams over 16 and 8 MPS processes
 #   buckets   the GPU tests, then batched (a graph per bucket) against batch-1 64-stream runs
 #   loops     NVDEC GPU tests, then 64 paced streams: a session per looped pass against one
+#   batcher   the GPU tests, then batched (threads stage their own frames) against batch 1
 #   runs      only the many-stream runs named in $VDET_RUNS
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
@@ -199,6 +200,14 @@ loops)
   stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-decode_only:64:p:x8 \
 decode_only:64:p:x8:passsess vdet:64:p:x8:mps vdet:64:p:x8:mps:passsess vdet:64:p:x16:mps \
 decode_only:64:u:x16 vdet:64:u:x16:mps}" 22
+  ;;
+batcher)
+  # The GPU tests (the batched runner's stage / launch / finish and the batcher behind the
+  # serve path), then batched against batch-1 runs beside the decode-only ceiling.
+  gpu_tests 170
+  stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-vdet:8:u:b8 vdet:8:u \
+decode_only:64:u:x16 vdet:64:u:b8:x8:mps vdet:64:u:x16:mps vdet:64:p:b8:x8:mps vdet:64:p:x8:mps \
+decode_only:64:p:x8}" 24
   ;;
 runs)
   # Only the many-stream runs named in $VDET_RUNS.
