@@ -22,6 +22,7 @@
 #   buckets   the GPU tests, then batched (a graph per bucket) against batch-1 64-stream runs
 #   loops     NVDEC GPU tests, then 64 paced streams: a session per looped pass against one
 #   batcher   the GPU tests, then batched (threads stage their own frames) against batch 1
+#   ceiling   the batched graphs alone (inference ceiling), then unpaced batched 64 streams
 #   runs      only the many-stream runs named in $VDET_RUNS
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
@@ -208,6 +209,16 @@ batcher)
   stream_runs $((585 - (SECONDS - started))) "${VDET_RUNS:-vdet:8:u:b8 vdet:8:u \
 decode_only:64:u:x16 vdet:64:u:b8:x8:mps vdet:64:u:x16:mps vdet:64:p:b8:x8:mps vdet:64:p:x8:mps \
 decode_only:64:p:x8}" 24
+  ;;
+ceiling)
+  # The batched graphs alone (no decode): how many frames per second the GPU infers, then
+  # unpaced 64 streams batched over 4 and 8 MPS processes beside the decode-only ceiling.
+  timeout 150 python3 bench/gpu/inference_ceiling.py --out "$OUT/ceiling.json" \
+    >"$OUT/ceiling.log" 2>&1
+  echo "ceiling rc=$? ($((SECONDS - started)) s)"
+  tail -n 14 "$OUT/ceiling.log"
+  stream_runs $((340 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:u:b16:x4:mps \
+decode_only:64:u:x8 vdet:64:u:b8:x8:mps}" 12
   ;;
 runs)
   # Only the many-stream runs named in $VDET_RUNS.
