@@ -647,13 +647,16 @@ def plot_latency_cdf(runs: Sequence[Mapping[str, Any]], path: Path) -> bool:
 
 def _variant(run: Mapping[str, Any]) -> str:
     """What sets a run apart beyond system, pacing and batch: its processes (a run split over
-    several), whether they shared the GPU through MPS, and a host wait other than the default."""
+    several), whether they shared the GPU through MPS, whether its readers made a new NVDEC
+    session per pass over the looped clip, and a host wait other than the default."""
     parts = []
     processes = _number(run.get("processes"))
     if processes is not None and processes > 1:
         parts.append(f" x{processes:.0f} processes")
     if run.get("mps") is True:
         parts.append(" mps")
+    if run.get("session_per_pass") is True:
+        parts.append(" session per pass")
     wait = run.get("host_wait")
     if wait is None:  # files written before runs recorded it name it instead
         wait = next((w for w in ("spin", "yield", "auto") if f" {w}" in str(run.get("name"))), None)

@@ -192,8 +192,13 @@ def test_mps_runs_are_their_own_series_and_busy_columns_appear(tmp_path: Path) -
     assert rows["Run"][-2:] == ["Kernels busy %", "NVDEC busy %"]
     assert rows["vdet paced 64 x8 mps"][-2:] == ["93", "35"]
     assert rows["vdet paced 64 x8"][-2:] == [DASH, DASH]
-    labels = [label for label, _ in _scaling_groups([shared, sliced])]
-    assert labels == ["vdet paced x8 processes mps", "vdet paced x8 processes"]
+    passes = _run("vdet", 64, True, processes=8, mps=True, session_per_pass=True)
+    labels = [label for label, _ in _scaling_groups([shared, sliced, passes])]
+    assert labels == [
+        "vdet paced x8 processes mps",
+        "vdet paced x8 processes",
+        "vdet paced x8 processes mps session per pass",
+    ]
 
 
 def test_streams_plots_are_pngs_and_deterministic(tmp_path: Path) -> None:

@@ -970,6 +970,7 @@ def main() -> int:
             "host_wait": _host_wait(spec),
             **({"stability": True} if spec.get("stability") else {}),
             **({"mps": True} if spec.get("mps") else {}),
+            **({"session_per_pass": True} if spec.get("session_per_pass") else {}),
             **({"gpu_utilization": utilization} if utilization else {}),
             **result,
         }
