@@ -213,9 +213,10 @@ class GpuSettings(_Strict):
         ge=1,
         le=64,
         description="1: each stream replays its own CUDA graph on its own CUDA stream (lowest "
-        "latency; also the most frames per second on an H200 today). K > 1: a GPU's ready "
-        "frames, from any streams, are gathered by one batcher thread and run as one graph "
-        "of the smallest batch-size bucket (1, 2, 4, .., K) that holds them.",
+        "latency). K > 1: up to K ready frames of a GPU's streams share one graph of the "
+        "smallest batch-size bucket (1, 2, 4, .., K) that holds them; each stream's thread "
+        "preprocesses its own frame into the batch. More frames per second where the GPU is "
+        "the limit (several processes sharing it through MPS), fewer within one busy process.",
     )
     batch_wait_ms: float = Field(
         default=2.0,

@@ -5,9 +5,10 @@ with NVDEC on that GPU (vdet.ingest.nvdec_reader; a stream NVDEC cannot decode f
 the CPU reader and then goes through the CPU `Detector`), and each NV12 frame becomes
 detections through a CUDA graph (vdet.pipeline.gpu_runner): per stream, a `CudaGraphRunner`
 on the stream's own CUDA stream (batch 1, lowest latency), or, with `gpu.batch` K > 1, one
-`BatchedGraphRunner` that a batcher thread feeds with up to K ready frames of any of the GPU's
-streams. `GpuPool` holds the workers and places each new stream with vdet.placement (pinned,
-sticky, least loaded), so a frame's whole life stays on one GPU.
+`BatchedGraphRunner` running up to K ready frames of any of the GPU's streams as one graph
+(each stream's thread stages its own frame; a batcher thread launches the batch). `GpuPool`
+holds the workers and places each new stream with vdet.placement (pinned, sticky, least
+loaded), so a frame's whole life stays on one GPU.
 
 Isolation: each worker has its own CUDA streams, runners and network replica; an exception on
 one GPU fails that frame only (the stream manager records it on the stream), and a GPU whose
