@@ -13,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from support.toy_network import toy_network as _network
 
 from vdet.gpu_workers import _Batcher
 from vdet.ingest.nvdec import GpuVideoFrame
@@ -25,18 +26,6 @@ INPUT_HW = (64, 64)
 LOOSE = PostprocessParams(conf_threshold=0.3, iou_threshold=0.5, max_det=10)
 STRICT = PostprocessParams(conf_threshold=0.6, iou_threshold=0.5, max_det=10)
 SIZES = [(96, 48), (64, 64), (128, 32), (64, 96), (80, 48)]
-
-
-def _network(x: torch.Tensor) -> torch.Tensor:
-    """A stand-in detector: 3 fixed boxes whose scores follow the image's channel means."""
-    means = x.float().mean(dim=(2, 3))  # (B, 3)
-    boxes = torch.tensor(
-        [[16.0, 16.0, 12.0, 12.0], [17.0, 17.0, 12.0, 12.0], [48.0, 40.0, 20.0, 10.0]]
-    ).T
-    scores = torch.stack(
-        (means, torch.stack((1 - means[:, 0], means[:, 2], 0.5 * means[:, 1]), dim=1)), dim=1
-    )  # (B, 2 classes, 3 anchors)
-    return torch.cat((boxes[None].expand(x.shape[0], 4, 3), scores), dim=1)
 
 
 def _frame(source: int, index: int) -> GpuVideoFrame:

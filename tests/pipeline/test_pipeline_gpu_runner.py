@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
+from support.toy_network import toy_network as _network
 
 from vdet.pipeline.gpu_ops import Nv12Geometry, nv12_to_rgb_u8
 from vdet.pipeline.gpu_runner import (
@@ -54,22 +55,6 @@ class _FakeCapture:
 
 def _failing_capture(work: Callable[[], None], stream: object) -> _FakeGraph:
     raise RuntimeError("operation not permitted when stream is capturing")
-
-
-def _network(x: torch.Tensor) -> torch.Tensor:
-    """A stand-in detector: 3 fixed boxes whose scores follow the image's channel means."""
-    means = x.float().mean(dim=(2, 3))  # (B, 3)
-    boxes = torch.tensor(
-        [[16.0, 16.0, 12.0, 12.0], [17.0, 17.0, 12.0, 12.0], [48.0, 40.0, 20.0, 10.0]]
-    ).T  # (4, 3)
-    scores = torch.stack(
-        (
-            torch.stack((means[:, 0], means[:, 1], means[:, 2]), dim=1),
-            torch.stack((1 - means[:, 0], means[:, 2], 0.5 * means[:, 1]), dim=1),
-        ),
-        dim=1,
-    )  # (B, 2 classes, 3 anchors)
-    return torch.cat((boxes[None].expand(x.shape[0], 4, 3), scores), dim=1)
 
 
 def _frame(w: int, h: int, seed: int) -> torch.Tensor:
