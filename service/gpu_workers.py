@@ -48,6 +48,7 @@ from vdet.pipeline.gpu_runner import (
     BatchedGraphRunner,
     BatchOutput,
     CudaGraphRunner,
+    LaunchedBatch,
     Network,
     RunResult,
 )
@@ -219,24 +220,25 @@ class _Batcher:
         assert params is not None
         return requests, params
 
+    def _launch(self, requests: list[_Request], params: PostprocessParams) -> LaunchedBatch:
+        """Launch a sealed batch, then let the next one stage (the stream orders it after this
+        one's graph), whether or not the launch worked."""
+        try:
+            return self.runner.launch(len(requests), params)
+        finally:
+            with self._cond:
+                self._sealed = False
+                self._cond.notify_all()
+
     def _run(self) -> None:
         while (taken := self._next_batch()) is not None:
             requests, params = taken
             output: BatchOutput | None = None
             error: Exception | None = None
             try:
-                launched = self.runner.launch(len(requests), params)
+                output = self.runner.finish(self._launch(requests, params))
             except Exception as exc:  # every frame of the batch gets the error; we go on
                 error = exc
-            finally:
-                with self._cond:  # the next batch may stage: the stream orders it after this
-                    self._sealed = False
-                    self._cond.notify_all()
-            if error is None:
-                try:
-                    output = self.runner.finish(launched)
-                except Exception as exc:
-                    error = exc
             if error is None:
                 self.batches += 1
                 self.frames += len(requests)

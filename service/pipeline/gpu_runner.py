@@ -587,8 +587,8 @@ class BatchOutput:
 
 
 @dataclass
-class _Launched:
-    """A batch on the GPU: what `finish` needs to collect it."""
+class LaunchedBatch:
+    """A batch on the GPU (from `launch`): what `finish` needs to collect it."""
 
     slot: _Slot
     frames: int
@@ -688,7 +688,7 @@ class BatchedGraphRunner(_RunnerBase):
             self._wait_for(nv12, ready)
             self.preprocess(nv12, geometry, self._staging[index], self.stream)
 
-    def launch(self, frames: int, params: PostprocessParams) -> _Launched:
+    def launch(self, frames: int, params: PostprocessParams) -> LaunchedBatch:
         """Run the graph of the bucket that holds the `frames` staged frames; no wait (a new
         bucket or params is captured first, which does wait)."""
         if not 1 <= frames <= self.batch:
@@ -704,9 +704,9 @@ class BatchedGraphRunner(_RunnerBase):
                 self._prepare(slot)
                 self._slots.put(key, slot)
             replayed, launch = self._enqueue(slot)
-        return _Launched(slot, frames, replayed, launch)
+        return LaunchedBatch(slot, frames, replayed, launch)
 
-    def finish(self, launched: _Launched) -> BatchOutput:
+    def finish(self, launched: LaunchedBatch) -> BatchOutput:
         """Wait for a launched batch and copy its results off the runner's buffers."""
         self._finish()
         slot, n = launched.slot, launched.frames
@@ -748,6 +748,7 @@ __all__ = [
     "CaptureFn",
     "CudaGraphRunner",
     "GraphCache",
+    "LaunchedBatch",
     "Nv12Frame",
     "Replayable",
     "RunResult",
