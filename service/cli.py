@@ -199,6 +199,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vdet.api.app import create_app
+    from vdet.api.limits import http_protocol
     from vdet.config import CONFIG_ENV_VAR, ConfigError, StreamSpec, load_settings
 
     if args.config is not None:
@@ -228,6 +229,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         ws_max_size=1 << 20,
+        http=http_protocol(settings.limits.header_timeout_s),
     )
     return 0
 

@@ -253,6 +253,46 @@ class GpuSettings(_Strict):
         return value
 
 
+class LimitSettings(_Strict):
+    """What one HTTP request may cost before it is refused (see vdet.api.limits).
+
+    Checked before the body is read or parsed: a request over a limit costs a few kilobytes
+    and a few microseconds of the event loop, whoever sends it.
+    """
+
+    max_json_body_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * MiB,
+        description="Largest body of the JSON endpoints (POST /v1/streams, PATCH); "
+        "POST /v1/detect has max_upload_bytes instead.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        ge=0.5,
+        le=300.0,
+        description="A connection that has not sent a complete request head this long after "
+        "connecting (or after starting its next request) is closed.",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=3600.0,
+        description="The whole request body must arrive within this many seconds of the "
+        "request head; else 408 and the connection is closed.",
+    )
+    max_concurrent_detect: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="POST /v1/detect requests handled at once (bodies being received "
+        "included); more get 503 with Retry-After.",
+    )
+    retry_after_s: int = Field(
+        default=1, ge=1, le=3600, description="Retry-After sent with a 503 for a busy detect."
+    )
+
+
 ENGINE_DIR_ENV = "ENGINE_DIR"
 
 
@@ -357,6 +397,10 @@ class Settings(BaseSettings):
         description="Whether POST /v1/streams may name local files. Anyone holding the API key "
         "can then have any video or image readable by the server decoded and shown in "
         "snapshots; set false on exposed deployments. Sources in this file are always allowed.",
+    )
+    limits: LimitSettings = Field(
+        default_factory=LimitSettings,
+        description="Request body sizes, read timeouts and the /v1/detect concurrency cap.",
     )
     model_path: Path = Field(
         default_factory=default_model_path,

@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from vdet.api import routes_detect, routes_events, routes_ops, routes_streams
+from vdet.api import limits, routes_detect, routes_events, routes_ops, routes_streams
 from vdet.api.auth import require_api_key
 from vdet.api.deps import Runtime
 from vdet.api.schemas import ErrorOut
@@ -110,6 +110,7 @@ def create_app(
     app.include_router(routes_events.router)  # WebSockets check the key in the handshake
     app.include_router(routes_ops.router)
     _add_exception_handlers(app)
+    limits.install(app, settings)  # body limits, read timeouts, key before body
     return app
 
 

@@ -11,6 +11,7 @@ Keys are compared in constant time. This module decides who may call; not what t
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import HTTPException, Security, status
@@ -33,6 +34,17 @@ def _matches(supplied: str | None, expected: str) -> bool:
     return supplied is not None and secrets.compare_digest(
         supplied.encode("utf-8", "replace"), expected.encode("utf-8")
     )
+
+
+def headers_carry_key(headers: Mapping[str, str], key: str) -> bool:
+    """Whether `X-API-Key` or `Authorization: Bearer` in `headers` is `key`.
+
+    For checks made before routing (vdet.api.limits), where FastAPI's security schemes
+    have not run yet.
+    """
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    bearer = token.strip() if scheme.lower() == "bearer" else None
+    return _matches(headers.get("x-api-key"), key) or _matches(bearer, key)
 
 
 def require_api_key(
@@ -67,10 +79,5 @@ def websocket_auth(ws: WebSocket) -> tuple[bool, str | None]:
             proto[len(KEY_SUBPROTOCOL_PREFIX) :], key
         ):
             return True, chosen or proto
-    header = ws.headers.get("x-api-key")
-    authorization = ws.headers.get("authorization", "")
-    scheme, _, token = authorization.partition(" ")
-    bearer = token.strip() if scheme.lower() == "bearer" else None
-    query = ws.query_params.get("api_key")
-    ok = _matches(header, key) or _matches(bearer, key) or _matches(query, key)
+    ok = headers_carry_key(ws.headers, key) or _matches(ws.query_params.get("api_key"), key)
     return ok, chosen

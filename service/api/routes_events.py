@@ -21,6 +21,7 @@ extension close with 1008 / 4404 / 1003 / 1013 instead.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 from typing import Literal
 
@@ -41,6 +42,10 @@ _CLOSE_CODES = {
     status.HTTP_422_UNPROCESSABLE_CONTENT: status.WS_1003_UNSUPPORTED_DATA,
     status.HTTP_503_SERVICE_UNAVAILABLE: status.WS_1013_TRY_AGAIN_LATER,
 }
+# Replays are encoded by at most two threads: however many clients ask for one at once, the
+# event loop competes for the GIL with no more than two encoders.
+_REPLAY_ENCODERS = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="ws-replay")
+_REPLAY_CHUNK = 64
 EndKind = Literal["lagging", "stream_removed", "shutdown"]
 _END: dict[SubscriptionEnd, tuple[EndKind, int]] = {
     SubscriptionEnd.LAGGING: ("lagging", status.WS_1013_TRY_AGAIN_LATER),
@@ -137,14 +142,20 @@ async def _drain(ws: WebSocket) -> None:
 
 async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int | None) -> None:
     last_sent = after if after is not None else sub.start_seq
+    names = rt.class_names
     replay = sub.replay
     if replay.gap and after is not None:
         gap = GapEvent(requested_after=after, oldest_seq=replay.oldest_seq)
         await ws.send_text(gap.model_dump_json())
     encoder = rt.encoder
-    for result in replay.results:
-        await ws.send_text(encoder.encode(result, rt.class_names))
-        last_sent = result.seq
+    loop = asyncio.get_running_loop()
+    for start in range(0, len(replay.results), _REPLAY_CHUNK):
+        chunk = replay.results[start : start + _REPLAY_CHUNK]
+        # A replay can be thousands of results: encoded off the event loop, a chunk at a time.
+        texts = await loop.run_in_executor(_REPLAY_ENCODERS, encoder.encode_many, chunk, names)
+        for text in texts:
+            await ws.send_text(text)
+        last_sent = chunk[-1].seq
     while True:
         try:
             result = await sub.get()
@@ -153,5 +164,5 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
             await ws.send_text(EndEvent(type=kind, resume_after=last_sent).model_dump_json())
             await ws.close(code)
             return
-        await ws.send_text(encoder.encode(result, rt.class_names))
+        await ws.send_text(encoder.encode(result, names))
         last_sent = result.seq
