@@ -288,6 +288,13 @@ class LimitSettings(_Strict):
         description="POST /v1/detect requests handled at once (bodies being received "
         "included); more get 503 with Retry-After.",
     )
+    max_image_pixels: int = Field(
+        default=1 << 24,
+        ge=1 << 16,
+        le=1 << 28,
+        description="Largest image POST /v1/detect decodes (width x height, read from the "
+        "header by the decoder before decoding; 16 MP by default, about 50 MB decoded).",
+    )
     retry_after_s: int = Field(
         default=1, ge=1, le=3600, description="Retry-After sent with a 503 for a busy detect."
     )

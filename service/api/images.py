@@ -1,24 +1,32 @@
 """Images at the API edge: recognising and decoding uploads, drawing results, encoding JPEG.
 
-Uploads are identified by their magic bytes, not by what the client claims, and only the
-formats below reach `cv2.imdecode`; the pixel count is read from the header first so a small
-file that decodes to a huge image is refused before it is decoded. CPU-bound: call these from a
+Uploads are identified by their magic bytes, not by what the client claims, and decoded by
+Pillow restricted to that one format. Pillow reads the header first (`Image.open` is lazy):
+the size it will decode to is checked against the pixel limit before any pixel is decoded,
+so a small file that would decode to a huge image costs a header parse. Its own
+decompression-bomb check (a warning, then an error, far above our limit) is refused the same
+way. EXIF orientation is applied, as cameras and phones expect. CPU-bound: call these from a
 worker thread, never on the event loop.
 """
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Sequence
 
 import cv2
 import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from vdet.types import Detections, ImageArray
 
 SUPPORTED_FORMATS = ("jpeg", "png", "bmp", "webp")
-# 64 megapixels: far above any camera, far below what would exhaust memory when decoded.
-MAX_IMAGE_PIXELS = 1 << 26
+# 16 megapixels (4096 x 4096): above every camera stream; a decode of that size takes about
+# 50 MB (Pillow's image, then the BGR copy). `limits.max_image_pixels` changes it.
+MAX_IMAGE_PIXELS = 1 << 24
+_PILLOW_FORMATS = {"jpeg": "JPEG", "png": "PNG", "bmp": "BMP", "webp": "WEBP"}
+_HIGH_BIT_DEPTH = {"I;16", "I;16B", "I;16L", "I;16N", "I", "F"}
 
 
 class UnsupportedImageError(ValueError):
@@ -38,68 +46,60 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def _header_size(data: bytes, fmt: str) -> tuple[int, int] | None:
-    """(width, height) from the header where it is cheap to read; None when unknown."""
-    try:
-        if fmt == "png" and len(data) >= 24:
-            w, h = struct.unpack(">II", data[16:24])
-            return int(w), int(h)
-        if fmt == "bmp":
-            w, h = struct.unpack("<ii", data[18:26])
-            return abs(int(w)), abs(int(h))
-        if fmt == "webp" and len(data) >= 30:
-            chunk = data[12:16]
-            if chunk == b"VP8X":
-                w = 1 + int.from_bytes(data[24:27], "little")
-                h = 1 + int.from_bytes(data[27:30], "little")
-                return w, h
-            if chunk == b"VP8L":
-                bits = int.from_bytes(data[21:25], "little")
-                return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
-            if chunk == b"VP8 ":
-                w, h = struct.unpack("<HH", data[26:30])
-                return int(w) & 0x3FFF, int(h) & 0x3FFF
-        if fmt == "jpeg":
-            return _jpeg_size(data)
-    except struct.error:
-        return None
-    return None
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    i = 2
-    while i + 9 < len(data):
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
-        # SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC) carry the frame size.
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
-            h, w = struct.unpack(">HH", data[i + 5 : i + 9])
-            return int(w), int(h)
-        i += 2 + length
-    return None
-
-
-def decode_image(data: bytes) -> ImageArray:
+def decode_image(data: bytes, max_pixels: int = MAX_IMAGE_PIXELS) -> ImageArray:
     """Decode an uploaded image to HxWx3 uint8 BGR; UnsupportedImageError otherwise."""
     fmt = sniff_format(data)
     if fmt is None:
         raise UnsupportedImageError(
             f"not a supported image; send one of: {', '.join(SUPPORTED_FORMATS)}"
         )
-    size = _header_size(data, fmt)
-    if size is not None and size[0] * size[1] > MAX_IMAGE_PIXELS:
+    try:
+        with Image.open(io.BytesIO(data), formats=[_PILLOW_FORMATS[fmt]]) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise _too_many_pixels(width, height, max_pixels)
+            image.load()
+            return _to_bgr(_upright(image))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise UnsupportedImageError(
-            f"image is {size[0]}x{size[1]}; at most {MAX_IMAGE_PIXELS} pixels are accepted"
-        )
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if image is None or image.ndim != 3 or image.shape[2] != 3:
-        raise UnsupportedImageError(f"the {fmt} data is corrupt or truncated")
-    return np.ascontiguousarray(image, dtype=np.uint8)
+            f"image has too many pixels; at most {max_pixels} are accepted"
+        ) from exc
+    except UnidentifiedImageError as exc:
+        raise UnsupportedImageError(f"the {fmt} data is corrupt or not decodable") from exc
+    except UnsupportedImageError:
+        raise
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error, Warning) as exc:
+        # Pillow's plugins report damaged data with any of these (a warning where the
+        # process turns warnings into errors).
+        raise UnsupportedImageError(f"the {fmt} data is corrupt or truncated") from exc
+
+
+def _upright(image: Image.Image) -> Image.Image:
+    """`image` turned as its EXIF orientation says; as stored when its EXIF is damaged."""
+    try:
+        return ImageOps.exif_transpose(image)
+    except (OSError, ValueError, SyntaxError, struct.error, Warning):
+        return image
+
+
+def _too_many_pixels(width: int, height: int, max_pixels: int) -> UnsupportedImageError:
+    return UnsupportedImageError(
+        f"image is {width}x{height}; at most {max_pixels} pixels are accepted"
+    )
+
+
+def _to_bgr(image: Image.Image) -> ImageArray:
+    """HxWx3 uint8 BGR of any Pillow mode (CMYK, palette, grey, alpha dropped, 16-bit)."""
+    if image.mode in _HIGH_BIT_DEPTH:
+        grey = np.asarray(image)
+        scale = 256.0 if image.mode.startswith("I;16") else max(1.0, float(grey.max()) / 255.0)
+        grey8 = np.clip(grey / scale, 0, 255).astype(np.uint8)
+        return np.ascontiguousarray(cv2.cvtColor(grey8, cv2.COLOR_GRAY2BGR))
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    # Pillow writes the BGR bytes itself: one copy of the pixels beside its own (read-only).
+    bgr = np.frombuffer(image.tobytes("raw", "BGR"), np.uint8)
+    return bgr.reshape(image.height, image.width, 3)
 
 
 def _colour(class_id: int) -> tuple[int, int, int]:

@@ -167,7 +167,7 @@ async def detect(
     data = await _read_upload(request, rt.settings.max_upload_bytes)
     started = time.perf_counter()
     try:
-        image = await run_in_threadpool(decode_image, data)
+        image = await run_in_threadpool(decode_image, data, rt.settings.limits.max_image_pixels)
     except UnsupportedImageError as exc:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail=str(exc)) from exc
     decoded = time.perf_counter()

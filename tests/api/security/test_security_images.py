@@ -1,0 +1,110 @@
+"""Abuse cases for uploaded images: sizes are read by the decoder (Pillow) before decoding.
+
+A file whose header says "huge" is refused before a pixel is decoded, whatever bytes come
+first; valid but unusual files (progressive, CMYK, EXIF-rotated) decode correctly; damaged
+files are 415, never a server error.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+
+import cv2
+import numpy as np
+import pytest
+from support.apptest import TestClient
+from support.crafted_images import (
+    cmyk_jpeg,
+    exif_rotated_jpeg,
+    fuzz_corpus,
+    jpeg_claiming,
+    png_claiming,
+    progressive_jpeg,
+    scene,
+)
+
+from vdet.api.images import MAX_IMAGE_PIXELS, UnsupportedImageError, decode_image
+
+HUGE = [
+    ("png 20000x20000", png_claiming(20000, 20000)),
+    ("png just over the limit", png_claiming(4097, 4096)),
+    ("jpeg 20000x20000", jpeg_claiming(20000, 20000)),
+    ("jpeg FF 01 after SOI", jpeg_claiming(20000, 20000, marker_after_soi=b"\xff\x01")),
+    ("jpeg fill bytes after SOI", jpeg_claiming(20000, 20000, marker_after_soi=b"\xff\xff")),
+    ("jpeg 65535x65535", jpeg_claiming(65535, 65535)),
+]
+
+
+@pytest.mark.parametrize("data", [d for _, d in HUGE], ids=[name for name, _ in HUGE])
+def test_a_header_saying_huge_is_refused_before_decoding(data: bytes) -> None:
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnsupportedImageError):
+            decode_image(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20  # a header parse, not a decode
+
+
+def test_the_limit_is_the_decoders_size_exactly() -> None:
+    def png(wh: tuple[int, int]) -> bytes:
+        ok, buf = cv2.imencode(".png", scene(wh))
+        assert ok
+        return buf.tobytes()
+
+    assert decode_image(png((64, 64)), max_pixels=64 * 64).shape == (64, 64, 3)
+    with pytest.raises(UnsupportedImageError, match="65x64"):
+        decode_image(png((65, 64)), max_pixels=64 * 64)
+    assert MAX_IMAGE_PIXELS == 4096 * 4096
+
+
+def _close_to_scene(image: np.ndarray, tolerance: float = 12.0) -> bool:
+    expected = scene().astype(np.float32)
+    return image.shape == expected.shape and float(np.abs(image - expected).mean()) < tolerance
+
+
+def test_progressive_jpeg_decodes() -> None:
+    assert _close_to_scene(decode_image(progressive_jpeg()))
+
+
+def test_cmyk_jpeg_decodes_to_the_right_colours() -> None:
+    image = decode_image(cmyk_jpeg())
+    assert _close_to_scene(image)
+    assert tuple(image[60, 80]) == pytest.approx((0, 0, 255), abs=40)  # the red disc, BGR
+
+
+def test_exif_orientation_is_applied() -> None:
+    image = decode_image(exif_rotated_jpeg(6))  # stored 160x120, shown rotated 90 cw
+    assert image.shape == (160, 120, 3)
+    assert _close_to_scene(np.rot90(image, 1))  # undo the rotation: the stored scene
+
+
+def test_fuzz_corpus_is_decoded_or_refused_never_crashes() -> None:
+    outcomes = {"decoded": 0, "refused": 0}
+    started = time.perf_counter()
+    for data in fuzz_corpus(300, seed=18):
+        try:
+            image = decode_image(data)
+        except UnsupportedImageError:
+            outcomes["refused"] += 1
+        else:
+            assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3
+            assert image.shape[0] * image.shape[1] <= MAX_IMAGE_PIXELS
+            outcomes["decoded"] += 1
+    assert outcomes["decoded"] > 0 and outcomes["refused"] > 0, outcomes
+    assert time.perf_counter() - started < 60  # a runaway decode, not a speed target
+
+
+@pytest.mark.parametrize("data", [d for _, d in HUGE[:4]], ids=[n for n, _ in HUGE[:4]])
+def test_huge_uploads_are_415_through_the_api(client: TestClient, data: bytes) -> None:
+    r = client.post("/v1/detect", content=data, headers={"content-type": "image/jpeg"})
+    assert r.status_code == 415
+    assert "pixels" in r.json()["detail"] or "not decodable" in r.json()["detail"]
+
+
+def test_fuzzed_uploads_never_answer_5xx(client: TestClient) -> None:
+    for data in fuzz_corpus(40, seed=7):
+        r = client.post("/v1/detect", content=data, headers={"content-type": "image/jpeg"})
+        assert r.status_code in (200, 415), (r.status_code, r.text)
