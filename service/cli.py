@@ -262,7 +262,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     from vdet.api.images import draw_detections
     from vdet.dataset.writers import ClipWriter
     from vdet.ingest.reader import DecodeError, SourceReader
-    from vdet.ingest.urls import validate_source_url
+    from vdet.ingest.urls import redact, validate_source_url
 
     detector, params = _detector(args)
     names = detector.info.names
@@ -291,7 +291,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
         try:
             info = reader.open()
         except Exception as exc:  # PyAV raises many types for an unopenable source
-            raise UsageError(f"cannot open {source}: {exc}") from None
+            raise UsageError(redact(f"cannot open {source}: {exc}")) from None
         for item in reader.frames():
             if isinstance(item, DecodeError):
                 print(f"decode error at frame {frames}: {item}", file=sys.stderr)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -33,6 +33,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from vdet.ingest.urls import SourcePolicy, redact
 from vdet.ingest.worker import IngestOptions
 
 CONFIG_ENV_VAR = "VDET_CONFIG"
@@ -144,6 +145,48 @@ def _ingest_field(name: str) -> Any:
     return Field(default=spec.default, ge=meta["min"], le=meta["max"], description=meta["doc"])
 
 
+SourceScheme = Literal["rtsp", "rtsps", "http", "https", "file"]
+
+
+class SourcePolicySettings(_Strict):
+    """Which sources may be added (see vdet.ingest.urls.SourcePolicy): configured ones and
+    those POSTed alike. The package's bundled demo clip is always allowed."""
+
+    schemes: list[SourceScheme] = Field(
+        default_factory=lambda: list(get_args(SourceScheme)),
+        min_length=1,
+        max_length=5,
+        description="URL schemes a source may use ('file' also covers plain paths).",
+    )
+    hosts: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        default=None,
+        max_length=1024,
+        description="Hosts network sources may name: host names ('cam.local', "
+        "'*.cams.example' for any subdomain) or IP addresses and networks ('10.0.0.0/8'). "
+        "Names are matched as written, never resolved. null: any host.",
+        examples=[["10.0.0.0/8", "cam.local"]],
+    )
+    file_roots: list[Path] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Folders whose files may be sources (symbolic links resolved). Empty: "
+        "only the bundled demo clip.",
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _valid_hosts(cls, value: list[str] | None) -> list[str] | None:
+        SourcePolicy(hosts=tuple(value) if value is not None else None)
+        return value
+
+    def policy(self) -> SourcePolicy:
+        return SourcePolicy(
+            schemes=tuple(dict.fromkeys(self.schemes)),
+            hosts=tuple(self.hosts) if self.hosts is not None else None,
+            file_roots=tuple(self.file_roots),
+        )
+
+
 class IngestSettings(_Strict):
     """How source workers open, read, watch and reconnect to sources (see IngestOptions)."""
 
@@ -155,6 +198,10 @@ class IngestSettings(_Strict):
     backoff_multiplier: float = _ingest_field("backoff_multiplier")
     jitter: float = _ingest_field("jitter")
     max_consecutive_decode_errors: int = _ingest_field("max_consecutive_decode_errors")
+    source_policy: SourcePolicySettings = Field(
+        default_factory=SourcePolicySettings,
+        description="Allowed schemes, hosts and file folders of sources.",
+    )
 
     @model_validator(mode="after")
     def _backoff_order(self) -> IngestSettings:
@@ -167,7 +214,12 @@ class IngestSettings(_Strict):
 
     def options(self, *, loop_files: bool, realtime: bool) -> IngestOptions:
         """The worker options for one stream."""
-        return IngestOptions(**self.model_dump(), loop_files=loop_files, realtime=realtime)
+        return IngestOptions(
+            **self.model_dump(exclude={"source_policy"}),
+            policy=self.source_policy.policy(),
+            loop_files=loop_files,
+            realtime=realtime,
+        )
 
 
 class HubSettings(_Strict):
@@ -401,9 +453,9 @@ class Settings(BaseSettings):
     )
     allow_file_sources: bool = Field(
         default=True,
-        description="Whether POST /v1/streams may name local files. Anyone holding the API key "
-        "can then have any video or image readable by the server decoded and shown in "
-        "snapshots; set false on exposed deployments. Sources in this file are always allowed.",
+        description="Whether POST /v1/streams may name local files at all (those within "
+        "ingest.source_policy.file_roots, or the bundled demo clip); their frames are shown "
+        "in snapshots. Sources in this file are not affected by it (the policy still is).",
     )
     limits: LimitSettings = Field(
         default_factory=LimitSettings,
@@ -518,5 +570,5 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
         elif "api_key" in key:  # never echo a secret
             lines.append(f"  {key}: {err['msg']}")
         else:
-            lines.append(f"  {key}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {key}: {err['msg']} (got {redact(repr(err.get('input')))})")
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from vdet.config import DetectionDefaults, IngestSettings, StreamSpec
 from vdet.hub import ResultsHub
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
-from vdet.ingest.urls import validate_source_url
+from vdet.ingest.urls import redact, validate_source_url
 from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
@@ -262,7 +262,7 @@ class StreamManager:
 
         Raises ValueError (bad URL or class names), DuplicateStreamError, LimitError.
         """
-        url = validate_source_url(spec.url)
+        url = validate_source_url(spec.url, self._ingest.source_policy.policy())
         params = self._params_for(spec)
         stream = _Stream(spec, params, url)
         with self._lock:
@@ -284,7 +284,7 @@ class StreamManager:
             self._stop(stream)
             raise
         self._metrics.streams.set(len(self))
-        log.info("stream %s added (%s)", spec.id, url)
+        log.info("stream %s added (%s)", spec.id, redact(url))
         return self._view(stream)
 
     def _start(self, stream: _Stream) -> None:

@@ -17,6 +17,7 @@ from vdet.config import (
     default_model_path,
     load_settings,
 )
+from vdet.ingest.urls import SourcePolicy
 from vdet.ingest.worker import IngestOptions
 
 
@@ -184,6 +185,8 @@ def test_ingest_settings_mirror_ingest_options() -> None:
             continue
         assert mirrored[f.name].default == f.default
     options = IngestSettings(stall_timeout_s=3.0).options(loop_files=True, realtime=False)
-    assert options == IngestOptions(stall_timeout_s=3.0, loop_files=True, realtime=False)
+    assert options == IngestOptions(
+        stall_timeout_s=3.0, loop_files=True, realtime=False, policy=SourcePolicy()
+    )
     with pytest.raises(ValidationError):
         IngestSettings(connect_timeout_s=0.0)

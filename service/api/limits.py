@@ -40,6 +40,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vdet.api.auth import headers_carry_key
 from vdet.config import Settings
+from vdet.ingest.urls import redact
 
 log = logging.getLogger(__name__)
 
@@ -230,12 +231,12 @@ def _excerpt(value: Any) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     if isinstance(value, str):
-        return _clip(value)
+        return _clip(redact(value))
     try:
         text = json.dumps(jsonable_encoder(value), separators=(",", ":"))
     except (TypeError, ValueError):
         text = repr(value)
-    return _clip(text)
+    return _clip(redact(text))
 
 
 def _clip(text: str, limit: int = EXCERPT_CHARS) -> str:

@@ -23,7 +23,7 @@ from vdet.api.schemas import (
     result_out,
 )
 from vdet.config import StreamSpec
-from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url
+from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url, redact
 from vdet.streams import StreamView
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
@@ -37,7 +37,7 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
     p, s = view.params, view.status
     return StreamOut(
         id=view.spec.id,
-        spec=view.spec,
+        spec=view.spec.model_copy(update={"url": redact(view.spec.url)}),
         effective=EffectiveParams(
             conf_threshold=p.conf_threshold,
             iou_threshold=p.iou_threshold,
@@ -76,7 +76,9 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
         422: {
             "model": ErrorOut,
             "description": "Invalid body, unsupported URL scheme (the message names the "
-            "allowed ones), missing local file, or unknown class names.",
+            "allowed ones), a scheme or host the server's source policy refuses, a local "
+            "file that is not allowed or cannot be opened (one message for both), or "
+            "unknown class names.",
         },
     },
 )

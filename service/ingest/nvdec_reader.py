@@ -36,6 +36,7 @@ from vdet.ingest.nvdec import (
     nvdec_available,
 )
 from vdet.ingest.reader import DecodeError, SourceError, SourceReader, StreamInfo
+from vdet.ingest.urls import redact
 from vdet.types import VideoFrame
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,9 @@ class NvdecSourceReader(SourceReader):
         if codec in NVDEC_CODECS and (self._nvc is not None or nvdec_available(self.gpu, codec)):
             return info
         if self.strict:
-            raise SourceError(f"NVDEC cannot decode {codec} ({self.url}); decoder 'nvdec' is set")
+            raise SourceError(
+                f"NVDEC cannot decode {codec} ({redact(self.url)}); decoder 'nvdec' is set"
+            )
         log.info("source %s: NVDEC does not decode %s; decoding on the CPU", self.source_id, codec)
         self.on_cpu = True
         return info

@@ -38,7 +38,7 @@ import av.container
 import av.container.core
 import numpy as np
 
-from vdet.ingest.urls import is_network_url
+from vdet.ingest.urls import ffmpeg_whitelists, is_network_url, redact
 from vdet.types import ImageArray, VideoFrame
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,15 @@ def microseconds(seconds: float) -> str:
 
 
 def open_options(url: str, read_timeout_s: float) -> dict[str, str]:
-    """FFmpeg container options for `url` (see the module docstring for what was verified)."""
+    """FFmpeg container options for `url` (see the module docstring for what was verified).
+
+    Always FFmpeg's demuxer and protocol whitelists (`ffmpeg_whitelists`): a file or a
+    stream must be video in a video container, whatever FFmpeg would otherwise make of it.
+    """
+    return {**_scheme_options(url, read_timeout_s), **ffmpeg_whitelists(url)}
+
+
+def _scheme_options(url: str, read_timeout_s: float) -> dict[str, str]:
     scheme = url.split(":", 1)[0].lower() if is_network_url(url) else "file"
     if scheme in ("rtsp", "rtsps"):
         return {
@@ -262,7 +270,7 @@ class SourceReader:
         )
         self._container = container
         if not container.streams.video:
-            raise SourceError(f"no video stream in {self.url}")
+            raise SourceError(f"no video stream in {redact(self.url)}")
         stream = container.streams.video[0]
         # Frame and slice threads as the codec supports; frame threading adds a few frames
         # of delay but is what keeps 1080p H.264 real time on a couple of cores. FFmpeg's own

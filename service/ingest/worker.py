@@ -38,7 +38,7 @@ import av
 
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import DecodeError, SourceReader
-from vdet.ingest.urls import validate_source_url
+from vdet.ingest.urls import SourcePolicy, redact, validate_source_url
 from vdet.types import SourceState, SourceStatus
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,10 @@ class IngestOptions:
     max_consecutive_decode_errors: int = _bounded(
         50, 1, 1_000_000, "Reconnect after this many packets in a row fail to decode."
     )
+    policy: SourcePolicy | None = field(
+        default=None,
+        metadata={"doc": "The operator's allowed sources; None: any supported source."},
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -183,9 +187,9 @@ class SourceWorker:
     ) -> None:
         self.source_id = source_id
         self.url = url
-        self._open_url = validate_source_url(url)
         self.mailbox = mailbox
         self.options = options or IngestOptions()
+        self._open_url = validate_source_url(url, self.options.policy)
         self._clock = clock
         self._on_state_change = on_state_change
         self._rng = rng or random.Random()
@@ -400,7 +404,7 @@ class SourceWorker:
         with self._lock:
             self._decode_errors += 1
             total = self._decode_errors
-            self._status.last_error = f"decode error: {error.message}"
+            self._status.last_error = redact(f"decode error: {error.message}")
         if error.consecutive == 1 or total % 100 == 0:
             log.warning(
                 "source %s: decode error (%d in total, %d in a row): %s",
@@ -466,12 +470,13 @@ class SourceWorker:
         error: str | None = None,
         expect: SourceState | None = None,
     ) -> None:
+        reason = redact(reason)
         with self._lock:
             old = self._status.state
             if old is SourceState.STOPPED or (expect is not None and old is not expect):
                 return
             if error is not None:
-                self._status.last_error = error
+                self._status.last_error = redact(error)
             if old is new:
                 return
             self._status.state = new
@@ -496,4 +501,4 @@ class SourceWorker:
 
 def _describe(exc: BaseException) -> str:
     text = str(exc) or repr(exc)
-    return f"{type(exc).__name__}: {text}"
+    return redact(f"{type(exc).__name__}: {text}")

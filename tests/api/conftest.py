@@ -27,8 +27,12 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def make_settings(tiny_model: Path) -> MakeSettings:
-    """Settings for the tiny model on ONNX Runtime, fast ingest, overridable by keyword."""
+def make_settings(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> MakeSettings:
+    """Settings for the tiny model on ONNX Runtime, fast ingest, overridable by keyword.
+
+    Files under the session's temporary folder (the test clips) are allowed sources.
+    """
+    clips_root = tmp_path_factory.getbasetemp()
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = {
@@ -40,6 +44,7 @@ def make_settings(tiny_model: Path) -> MakeSettings:
                 "stall_timeout_s": 2.0,
                 "backoff_initial_s": 0.05,
                 "backoff_max_s": 0.2,
+                "source_policy": {"file_roots": [clips_root]},
             },
         }
         values.update(overrides)

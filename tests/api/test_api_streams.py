@@ -150,7 +150,7 @@ def test_stream_classes_and_thresholds_at_creation(client: TestClient, clip: Pat
     [
         ({"id": "cam", "url": "ftp://host/file.mp4"}, "rtsp://"),
         ({"id": "cam", "url": "concat:/a.mp4|/b.mp4"}, "unsupported source scheme"),
-        ({"id": "cam", "url": "/no/such/file.mp4"}, "does not exist"),
+        ({"id": "cam", "url": "/no/such/file.mp4"}, "not allowed or cannot be opened"),
         ({"id": "cam", "url": "rtsp://h/s", "classes": ["unicorn"]}, "unicorn"),
         ({"id": "cam", "url": "rtsp://h/s", "classes": [7]}, "unknown class"),
     ],

@@ -15,6 +15,7 @@ from vdet.ingest.reader import (
     interrupt_supported,
     open_options,
 )
+from vdet.ingest.urls import ffmpeg_whitelists
 from vdet.types import VideoFrame
 
 
@@ -49,8 +50,10 @@ def test_network_sources_get_tcp_and_socket_timeouts(url: str, expected: dict[st
     assert "stimeout" not in options  # gone since FFmpeg 5
 
 
-def test_files_get_no_network_options(h264_clip: Path) -> None:
-    assert open_options(str(h264_clip), read_timeout_s=1.0) == {}
+def test_files_get_no_network_options_only_the_whitelists(h264_clip: Path) -> None:
+    options = open_options(str(h264_clip), read_timeout_s=1.0)
+    assert options == ffmpeg_whitelists(str(h264_clip))
+    assert options["protocol_whitelist"] == "file"
 
 
 @pytest.mark.parametrize("clip_fixture", ["h264_clip", "h264_bframes_clip"])

@@ -31,6 +31,7 @@ def test_default_options_are_the_documented_ones() -> None:
         "loop_files": False,
         "realtime": False,
         "max_consecutive_decode_errors": 50,
+        "policy": None,
     }
     for f in dataclasses.fields(IngestOptions):
         assert f.metadata["doc"]

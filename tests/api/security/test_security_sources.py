@@ -1,0 +1,82 @@
+"""Abuse cases for POST /v1/streams: sources the operator did not allow, text files, and
+credentials in URLs (never shown back)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.apptest import MakeSettings, TestClient
+from support.waiting import wait_until
+
+from vdet.api.app import create_app
+from vdet.ingest.urls import REFUSED_FILE
+
+
+@pytest.fixture
+def locked(make_settings: MakeSettings, tmp_path: Path) -> Iterator[TestClient]:
+    """Hosts 10.0.0.0/8 only; files only from tmp_path/videos."""
+    (tmp_path / "videos").mkdir()
+    settings = make_settings(
+        ingest={
+            "connect_timeout_s": 0.5,
+            "read_timeout_s": 0.5,
+            "backoff_initial_s": 5.0,
+            "backoff_max_s": 5.0,
+            "source_policy": {"hosts": ["10.0.0.0/8"], "file_roots": [tmp_path / "videos"]},
+        }
+    )
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def test_paths_outside_the_roots_all_get_the_same_answer(
+    locked: TestClient, tmp_path: Path, clip: Path
+) -> None:
+    answers = set()
+    for url in (str(clip), "/etc/passwd", "/etc", "/no/such/file", str(tmp_path / "videos")):
+        r = locked.post("/v1/streams", json={"id": "x", "url": url})
+        answers.add((r.status_code, r.json()["detail"]))
+    assert answers == {(422, REFUSED_FILE)}
+
+
+def test_hosts_outside_the_policy_are_refused(locked: TestClient) -> None:
+    for url in ("rtsp://127.0.0.1:22/x", "http://169.254.169.254/latest", "rtsp://cam.local/s"):
+        r = locked.post("/v1/streams", json={"id": "x", "url": url})
+        assert r.status_code == 422
+        assert "not allowed on this server" in r.json()["detail"]
+    r = locked.post("/v1/streams", json={"id": "x", "url": "rtsp://10.0.0.7:554/s"})
+    assert r.status_code == 201
+
+
+def test_a_text_file_inside_a_root_never_streams(locked: TestClient, tmp_path: Path) -> None:
+    text = tmp_path / "videos" / "readme.nfo"
+    text.write_text("a private note\n" * 20)
+    r = locked.post("/v1/streams", json={"id": "t", "url": str(text)})
+    assert r.status_code == 201  # a readable file inside a root: accepted, then refused by FFmpeg
+
+    def failed() -> dict[str, Any] | None:
+        status: dict[str, Any] = locked.get("/v1/streams/t").json()["status"]
+        return status if status["last_error"] else None
+
+    status = wait_until(failed, 10, what="the text file to be refused")
+    assert status["frames_decoded"] == 0
+    assert locked.get("/v1/streams/t/snapshot.jpg").status_code == 204
+
+
+def test_credentials_never_come_back(locked: TestClient) -> None:
+    url = "rtsp://admin:hunter22@10.255.255.1:554/stream"
+    r = locked.post("/v1/streams", json={"id": "cam", "url": url})
+    assert r.status_code == 201
+    assert "hunter22" not in r.text
+    assert r.json()["spec"]["url"] == "rtsp://***@10.255.255.1:554/stream"
+    for path in ("/v1/streams", "/v1/streams/cam"):
+        assert "hunter22" not in locked.get(path).text
+    # Nor in the 422 of an invalid URL, nor in a validation excerpt.
+    bad = {"id": "x", "url": "rtsp://admin:hunter22@10.0.0.7:99999/s"}
+    r = locked.post("/v1/streams", json=bad)
+    assert r.status_code == 422 and "hunter22" not in r.text
+    r = locked.post("/v1/streams", json={"id": "x", "url": url + "a" * 5000})
+    assert r.status_code == 422 and "hunter22" not in r.text
