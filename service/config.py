@@ -62,8 +62,10 @@ IouThreshold = Annotated[
 MaxDet = Annotated[
     int, Field(ge=1, le=10_000, description="Most detections kept per frame, best first.")
 ]
+# Strict: a JSON `false` or `1.0` is neither a name nor an id (lax parsing made false class 0).
 ClassRef = Annotated[
-    str | int,
+    Annotated[str, Field(strict=True, min_length=1, max_length=256)]
+    | Annotated[int, Field(strict=True)],
     Field(description="A class name from the model, or its integer id."),
 ]
 
@@ -80,7 +82,8 @@ class StreamSpec(_Strict):
 
     id: str = Field(
         pattern=STREAM_ID_PATTERN,
-        description="Unique stream id: 1-64 letters, digits, '_', '.', '-'.",
+        description="Unique stream id: 1-64 letters, digits, '_', '.', '-'; not '.' or '..' "
+        "(they would be path segments in the stream's URLs).",
         examples=["gate-cam-1"],
     )
     url: str = Field(
@@ -122,6 +125,13 @@ class StreamSpec(_Strict):
         description="Run this stream on this GPU index (of `gpu.devices`); null: placed by "
         "the least-loaded policy. Ignored on the CPU.",
     )
+
+    @field_validator("id")
+    @classmethod
+    def _not_a_dot_segment(cls, value: str) -> str:
+        if value in (".", ".."):
+            raise ValueError("'.' and '..' are not stream ids (clients resolve them as paths)")
+        return value
 
 
 class DetectionDefaults(_Strict):
