@@ -64,6 +64,12 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_detection_args(p)
     p.add_argument("--max-frames", type=int, default=None, help="stop after N frames")
     p.add_argument("--output", type=Path, default=None, help="write an annotated image/video")
+    p.add_argument(
+        "--pass-damaged",
+        action="store_true",
+        help="detect on frames decoded from a damaged reference chain too (default: drop "
+        "them until the next keyframe)",
+    )
     p.set_defaults(func=_cmd_detect)
 
     p = sub.add_parser("eval", help="COCO mAP of a model on a labelled image set")
@@ -261,7 +267,7 @@ def _cmd_detect(args: argparse.Namespace) -> int:
 
     from vdet.api.images import draw_detections
     from vdet.dataset.writers import ClipWriter
-    from vdet.ingest.reader import DecodeError, SourceReader
+    from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
     from vdet.ingest.urls import redact, validate_source_url
 
     detector, params = _detector(args)
@@ -286,16 +292,27 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     writer = None
-    frames = 0
-    with SourceReader(url, source_id="detect") as reader:
+    frames = damaged = 0
+    in_damaged_chain = False
+    with SourceReader(url, source_id="detect", pass_damaged_frames=args.pass_damaged) as reader:
         try:
             info = reader.open()
         except Exception as exc:  # PyAV raises many types for an unopenable source
             raise UsageError(redact(f"cannot open {source}: {exc}")) from None
         for item in reader.frames():
-            if isinstance(item, DecodeError):
-                print(f"decode error at frame {frames}: {item}", file=sys.stderr)
+            if isinstance(item, DamagedFrame):
+                damaged += 1
+                if not in_damaged_chain:
+                    print(f"vdet detect: {item.message}", file=sys.stderr)
+                in_damaged_chain = True
                 continue
+            if isinstance(item, DecodeError):
+                print(
+                    f"vdet detect: decode error after frame {frames}: {item.message}",
+                    file=sys.stderr,
+                )
+                continue
+            in_damaged_chain = False
             ((dets, timings),) = detector.detect([item.image_bgr], params)
             print(json.dumps(_frame_record(item.index, item.pts_seconds, dets, names, timings)))
             if args.output:
@@ -307,6 +324,13 @@ def _cmd_detect(args: argparse.Namespace) -> int:
                 break
     if writer is not None:
         writer.close()
+    if reader.decode_errors or damaged:
+        action = "passed on" if args.pass_damaged else "dropped"
+        print(
+            f"vdet detect: {reader.decode_errors} packet(s) failed to decode; {damaged} "
+            f"frame(s) of damaged reference chains {action}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -208,6 +208,12 @@ class IngestSettings(_Strict):
     backoff_multiplier: float = _ingest_field("backoff_multiplier")
     jitter: float = _ingest_field("jitter")
     max_consecutive_decode_errors: int = _ingest_field("max_consecutive_decode_errors")
+    pass_damaged_frames: bool = Field(
+        default=False,
+        description="Detect on frames of a damaged reference chain (after a decode error, "
+        "until the next keyframe) instead of dropping them. The decoder's concealment of lost "
+        "data then reaches the detector, which takes some of it for objects.",
+    )
     source_policy: SourcePolicySettings = Field(
         default_factory=SourcePolicySettings,
         description="Allowed schemes, hosts and file folders of sources.",

@@ -66,6 +66,8 @@ class _SourceTotals:
     decoded: int = 0
     dropped: int = 0
     reconnects: int = 0
+    decode_errors: int = 0
+    damaged: int = 0
     gpu: str = "cpu"
     series: _FrameSeries | None = None
 
@@ -102,6 +104,20 @@ class Metrics:
         self.frames_dropped = Counter(
             "vdet_frames_dropped_total",
             "Decoded frames skipped because detection was still busy with an earlier one.",
+            ["source"],
+            registry=r,
+        )
+        self.decode_errors = Counter(
+            "vdet_decode_errors_total",
+            "Packets of a source its decoder rejected.",
+            ["source"],
+            registry=r,
+        )
+        self.frames_damaged = Counter(
+            "vdet_frames_damaged_total",
+            "Decoded frames of a damaged reference chain (after a decode error or a frame the "
+            "decoder flagged corrupt, until the next keyframe): dropped unless "
+            "ingest.pass_damaged_frames.",
             ["source"],
             registry=r,
         )
@@ -234,7 +250,11 @@ class Metrics:
                 (self.frames_decoded, status.frames_decoded - totals.decoded),
                 (self.frames_dropped, status.frames_dropped - totals.dropped),
                 (self.source_reconnects, status.reconnects - totals.reconnects),
+                (self.decode_errors, status.decode_errors - totals.decode_errors),
+                (self.frames_damaged, status.frames_damaged - totals.damaged),
             )
+            totals.decode_errors = max(totals.decode_errors, status.decode_errors)
+            totals.damaged = max(totals.damaged, status.frames_damaged)
             totals.decoded = max(totals.decoded, status.frames_decoded)
             totals.dropped = max(totals.dropped, status.frames_dropped)
             totals.reconnects = max(totals.reconnects, status.reconnects)
@@ -256,6 +276,8 @@ class Metrics:
                 self.frames_processed,
                 self.frames_dropped,
                 self.source_reconnects,
+                self.decode_errors,
+                self.frames_damaged,
                 self.source_state,
                 self.source_last_frame_age,
                 self.source_gpu,

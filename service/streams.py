@@ -32,6 +32,7 @@ from vdet.ingest.urls import redact, validate_source_url
 from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
+from vdet.rates import RateMeter
 from vdet.types import (
     DecodedFrame,
     DetectionResult,
@@ -166,6 +167,7 @@ class StreamView:
     frames_processed: int
     last_frame_age_s: float | None
     pipeline_error: str | None
+    fps_processed: float | None = None  # published per second, over the last seconds
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,6 +193,7 @@ class _Stream:
         self.params = params
         self.closed = False
         self.frames_processed = 0
+        self.processed_rate = RateMeter()
         self.snapshot: Snapshot | None = None
         self.pipeline_error: str | None = None
         # Set, under the manager's lock, once remove() has begun: the stream is gone for
@@ -462,6 +465,7 @@ class StreamManager:
         with stream.lock:
             spec, params, worker = stream.spec, stream.params, stream.worker
             processed, error = stream.frames_processed, stream.pipeline_error
+            fps_processed = stream.processed_rate.rate(time.monotonic())
         status = worker.status() if worker is not None else SourceStatus()
         age = None
         if status.last_frame_time is not None:
@@ -473,6 +477,7 @@ class StreamManager:
             frames_processed=processed,
             last_frame_age_s=age,
             pipeline_error=error,
+            fps_processed=fps_processed,
         )
 
     def _on_state_change(self, source_id: str, old: SourceState, new: SourceState) -> None:
@@ -554,5 +559,6 @@ class StreamManager:
             result = self._hub.publish(result)
             stream.snapshot = Snapshot(frame, result)
             stream.frames_processed += 1
+            stream.processed_rate.add(time.monotonic())
             stream.pipeline_error = None
         self._metrics.observe_result(result)

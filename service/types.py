@@ -158,11 +158,18 @@ class SourceStatus:
     state: SourceState = SourceState.CONNECTING
     attempts: int = 0
     reconnects: int = 0
+    # The current problem, if any: cleared once frames flow cleanly again (a reconnect, or an
+    # intact keyframe after damaged frames); every error stays in `recent_errors`.
     last_error: str | None = None
+    last_error_time: float | None = None
     last_frame_time: float | None = None
     frames_decoded: int = 0
     frames_dropped: int = 0
+    decode_errors: int = 0  # packets the decoder rejected
+    frames_damaged: int = 0  # frames of damaged reference chains (dropped unless passed)
     width: int | None = None
     height: int | None = None
-    fps: float | None = None
+    fps: float | None = None  # decoded frames per second, measured over the last seconds
+    fps_nominal: float | None = None  # the rate the container or stream declares
     history: list[str] = field(default_factory=list)
+    recent_errors: list[str] = field(default_factory=list)  # "unix-time message", oldest first

@@ -88,20 +88,42 @@ class StreamStatusOut(BaseModel):
     state: SourceState = Field(description="Where the source's worker is in its cycle.")
     attempts: int = Field(description="Connection attempts since the stream was added.")
     reconnects: int = Field(description="Reopens after an error, end of stream or stall.")
-    last_error: str | None = Field(description="The most recent source error, if any.")
+    last_error: str | None = Field(
+        description="The source's current problem, if any; cleared once frames flow cleanly "
+        "again (earlier errors: recent_errors)."
+    )
+    last_error_time: float | None = Field(default=None, description="Unix time of last_error.")
+    recent_errors: list[str] = Field(
+        default_factory=list,
+        description="The last errors, oldest first, each as '<unix time> <message>'.",
+    )
     pipeline_error: str | None = Field(
         description="The last detection error; cleared by the next successful frame."
     )
     last_frame_age_s: float | None = Field(
         description="Seconds since the last decoded frame; null before the first."
     )
-    fps: float | None = Field(description="Source frame rate as measured or reported.")
+    fps: float | None = Field(
+        description="Frames decoded per second, measured over the last 5 seconds."
+    )
+    fps_nominal: float | None = Field(
+        default=None, description="The frame rate the source declares."
+    )
+    fps_processed: float | None = Field(
+        default=None, description="Frames detected and published per second (last 5 s)."
+    )
     width: int | None
     height: int | None
     frames_decoded: int
     frames_processed: int
     frames_dropped: int = Field(
         description="Decoded frames skipped because detection was busy with an earlier one."
+    )
+    decode_errors: int = Field(default=0, description="Packets the decoder rejected.")
+    frames_damaged: int = Field(
+        default=0,
+        description="Frames of damaged reference chains (after a decode error, until the "
+        "next keyframe): not detected on, unless the server passes them.",
     )
 
 

@@ -73,6 +73,16 @@ class DecodeError:
     consecutive: int
 
 
+@dataclass(frozen=True)
+class DamagedFrame(DecodeError):  # noqa: N818 (a frame report, like DecodeError)
+    """A decoded frame of a damaged reference chain: after a decode error, a packet the
+    demuxer flagged corrupt or a frame the decoder flagged corrupt (its concealment of lost
+    data), until the next intact keyframe. Dropped unless the reader passes damaged frames;
+    then `passed` is True and the frame itself follows."""
+
+    passed: bool = False
+
+
 def microseconds(seconds: float) -> str:
     return str(max(1, round(seconds * 1_000_000)))
 
@@ -220,6 +230,7 @@ class SourceReader:
         read_timeout_s: float = 5.0,
         loop: bool = False,
         realtime: bool = False,
+        pass_damaged_frames: bool = False,
     ) -> None:
         self.url = url
         self.source_id = source_id
@@ -230,6 +241,8 @@ class SourceReader:
         self.realtime = realtime and not self.live
         self.info: StreamInfo | None = None
         self.decode_errors = 0
+        self.pass_damaged_frames = pass_damaged_frames
+        self.damaged_frames = 0
         self.loops_completed = 0
         # A paced file that fell more than _MAX_PACING_LAG_S behind restarts its schedule
         # from now: how often, and the media seconds it never caught up on.
@@ -292,22 +305,31 @@ class SourceReader:
     def frames(self, first_index: int = 0) -> Iterator[VideoFrame | DecodeError]:
         """Decoded frames (and decode errors, which do not end the iteration) until the end.
 
-        Raises what PyAV raises for a failed read: `av.ExitError` when a read timed out or was
-        interrupted, `OSError` subclasses for network errors. Ends normally at end of stream.
+        A frame of a damaged reference chain (see `DamagedFrame`) is reported as one and, unless
+        `pass_damaged_frames`, not yielded: the decoder's concealment of lost data is what a
+        detector mistakes for objects. Its index is used up all the same, so indexes keep
+        counting the source's frames. The chain is whole again at the next keyframe (an IDR
+        or I picture) the decoder does not flag. Raises what PyAV raises for a failed read:
+        `av.ExitError` when a read timed out or was interrupted, `OSError` subclasses for
+        network errors. Ends normally at end of stream.
         """
         timeline = self._new_timeline()
         index = first_index
         consecutive_errors = 0
+        damage: str | None = None  # why the current reference chain is damaged
         packets = self._video_packets(timeline)
         try:
             for packet, arrival in packets:
                 started = time.perf_counter()
+                if packet.is_corrupt:
+                    damage = "the demuxer flagged a corrupt packet"
                 try:
                     # A size-0 packet (end of a pass) decodes as a flush of the frames held back.
                     decoded = packet.decode()
                 except av.FFmpegError as exc:
                     self.decode_errors += 1
                     consecutive_errors += 1
+                    damage = "a packet failed to decode"
                     yield DecodeError(f"{type(exc).__name__}: {exc}", consecutive_errors)
                     continue
                 if not decoded:
@@ -316,6 +338,23 @@ class SourceReader:
                 for frame in decoded:
                     if not isinstance(frame, av.VideoFrame):
                         continue
+                    if frame.is_corrupt:
+                        damage = "the decoder flagged the frame corrupt"
+                    elif frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
+                        damage = None
+                    if damage is not None:
+                        self.damaged_frames += 1
+                        action = "passed on" if self.pass_damaged_frames else "dropped"
+                        yield DamagedFrame(
+                            f"frame {index} {action}: {damage}; its reference chain is damaged "
+                            "until the next keyframe",
+                            consecutive_errors,
+                            passed=self.pass_damaged_frames,
+                        )
+                        if not self.pass_damaged_frames:
+                            timeline.place_frame(frame.pts, arrival)
+                            index += 1
+                            continue
                     convert_started = time.perf_counter()
                     image: ImageArray = np.ascontiguousarray(
                         frame.to_ndarray(format="bgr24"), dtype=np.uint8

@@ -11,6 +11,7 @@ Owns a source's reconnect state machine and its health numbers (`SourceStatus`):
                                  exponential delay with jitter, capped --> connecting
 
     a file read to its end without `loop_files`   --> stopped (no reconnect)
+    a file that cannot be opened or yields no frame --> failed, for good (no reconnect)
     stop()                                       --> stopped, from any state
 
 It hands frames to a `FrameMailbox` and never waits for whoever reads them. It does not
@@ -37,13 +38,15 @@ from typing import Any, Protocol
 import av
 
 from vdet.ingest.mailbox import FrameMailbox
-from vdet.ingest.reader import DecodeError, SourceReader
+from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
 from vdet.ingest.urls import SourcePolicy, redact, validate_source_url
+from vdet.rates import RateMeter
 from vdet.types import SourceState, SourceStatus
 
 log = logging.getLogger(__name__)
 
 StateCallback = Callable[[str, SourceState, SourceState], None]
+_ERRORS_KEPT = 16
 
 
 class ReaderFactory(Protocol):
@@ -114,6 +117,13 @@ class IngestOptions:
     max_consecutive_decode_errors: int = _bounded(
         50, 1, 1_000_000, "Reconnect after this many packets in a row fail to decode."
     )
+    pass_damaged_frames: bool = field(
+        default=False,
+        metadata={
+            "doc": "Hand on frames of a damaged reference chain (after a decode error, until "
+            "the next keyframe) instead of dropping them; they are counted either way."
+        },
+    )
     policy: SourcePolicy | None = field(
         default=None,
         metadata={"doc": "The operator's allowed sources; None: any supported source."},
@@ -158,8 +168,11 @@ class SourceWorker:
     Counters in `status()`: ``attempts`` is every connection attempt since `start()`;
     ``reconnects`` counts the times frames flowed again after the source had streamed and
     been lost; ``frames_dropped`` is the mailbox's count of frames replaced unread;
-    ``last_error`` keeps the most recent failure or decode error even after a recovery.
-    Decode errors are counted in `decode_errors`.
+    ``decode_errors`` and ``frames_damaged`` count rejected packets and frames of damaged
+    reference chains. ``last_error`` (with ``last_error_time``) is the current problem: it
+    is cleared when frames flow cleanly again (a reconnect streams, or an intact keyframe
+    ends a damaged chain), and every error stays in ``recent_errors``. ``fps`` is measured
+    over the last seconds, ``fps_nominal`` is what the source declares.
 
     It starts in ``connecting`` (no callback for that) once `start()` is called. The URL is
     checked with `validate_source_url` on construction (`ValueError` if rejected).
@@ -198,6 +211,10 @@ class SourceWorker:
         self._lock = threading.Lock()
         self._status = SourceStatus()
         self._history: collections.deque[str] = collections.deque(maxlen=history_size)
+        self._errors: collections.deque[str] = collections.deque(maxlen=_ERRORS_KEPT)
+        self._decoded_rate = RateMeter()
+        self._chain_damaged = False  # frames are being dropped until the next keyframe
+        self._gave_up = False  # a permanent failure: the worker ended in `failed`
         self._decode_errors = 0
         self._failures = 0  # consecutive, for the backoff; reset by a decoded frame
         self._has_streamed = False
@@ -252,7 +269,12 @@ class SourceWorker:
     def status(self) -> SourceStatus:
         """A snapshot; changing it changes nothing here."""
         with self._lock:
-            snapshot = dataclasses.replace(self._status, history=list(self._history))
+            snapshot = dataclasses.replace(
+                self._status,
+                history=list(self._history),
+                recent_errors=list(self._errors),
+                fps=self._decoded_rate.rate(self._clock.monotonic()),
+            )
         snapshot.frames_dropped = self.mailbox.dropped
         return snapshot
 
@@ -283,7 +305,7 @@ class SourceWorker:
                     attempt = self._status.attempts + 1
                 self._transition(SourceState.CONNECTING, f"attempt {attempt}")
                 finished = self._attempt()
-                if self._stop.is_set():
+                if self._stop.is_set() or self._gave_up:
                     break
                 if finished:
                     self._transition(SourceState.STOPPED, "end of file")
@@ -301,7 +323,8 @@ class SourceWorker:
         finally:
             self._done.set()
             self.mailbox.close()
-            self._transition(SourceState.STOPPED, "stopped")
+            if not self._gave_up:
+                self._transition(SourceState.STOPPED, "stopped")
 
     def _attempt(self) -> bool:
         """One connection, streamed until it ends; True when a file ended for good."""
@@ -320,9 +343,11 @@ class SourceWorker:
             self._conn_opened = None
             self._conn_aborted = None
             self._status.attempts += 1
+        reader.pass_damaged_frames = self.options.pass_damaged_frames
         if self._stop.is_set():  # stop() may have missed this reader
             reader.interrupt()
         opened = False
+        decoded_before = self._status.frames_decoded
         try:
             info = reader.open()
             opened = True
@@ -330,7 +355,7 @@ class SourceWorker:
                 self._conn_opened = self._clock.monotonic()
                 self._status.width = info.width or self._status.width
                 self._status.height = info.height or self._status.height
-                self._status.fps = info.fps
+                self._status.fps_nominal = info.fps
             log.info(
                 "source %s: opened %s %dx%d fps=%s",
                 self.source_id,
@@ -346,6 +371,9 @@ class SourceWorker:
             if reader.live:
                 self._fail("end of stream")
                 return False
+            if self._status.frames_decoded == decoded_before:
+                self._give_up("the file has no decodable video frame")
+                return False
             return True
         except Exception as exc:
             if self._stop.is_set() or self._aborted():
@@ -355,6 +383,13 @@ class SourceWorker:
                     SourceState.STALLED,
                     f"no data for {self.options.read_timeout_s:g} s",
                     error=f"read timed out after {self.options.read_timeout_s:g} s",
+                )
+            elif not reader.live and not opened:
+                self._give_up(f"cannot open the file: {_describe(exc)}")
+            elif not opened and self._timed_out(exc):
+                self._fail(
+                    f"connect timed out after {self.options.connect_timeout_s:g} s (the source "
+                    f"did not answer; FFmpeg said {_describe(exc)})"
                 )
             else:
                 self._fail(_describe(exc))
@@ -367,9 +402,14 @@ class SourceWorker:
     def _stream(self, reader: SourceReader) -> bool:
         """Move frames to the mailbox; True when it had to give up on this connection."""
         limit = self.options.max_consecutive_decode_errors
+        damaged_before = False
         for item in reader.frames(first_index=self._next_index):
             if self._stop.is_set() or self._aborted():
                 return True
+            if isinstance(item, DamagedFrame):
+                self._on_damaged_frame(item)
+                damaged_before = True
+                continue
             if isinstance(item, DecodeError):
                 self._on_decode_error(item)
                 if item.consecutive >= limit:
@@ -384,6 +424,11 @@ class SourceWorker:
                 status.last_frame_time = self._clock.time()
                 status.width, status.height = width, height
                 self._last_frame_mono = self._clock.monotonic()
+                self._decoded_rate.add(self._last_frame_mono)
+                if self._chain_damaged and not damaged_before:
+                    # An intact keyframe: the damaged chain is over.
+                    self._chain_damaged = False
+                    status.last_error = status.last_error_time = None
                 first = status.state is SourceState.CONNECTING
                 recovered = first and self._has_streamed
                 if first:
@@ -397,14 +442,46 @@ class SourceWorker:
                     f"reconnected, {width}x{height}" if recovered else f"{width}x{height}",
                     expect=SourceState.CONNECTING,
                 )
+            damaged_before = False
             self.mailbox.put(item)
         return False
+
+    def _on_damaged_frame(self, damaged: DamagedFrame) -> None:
+        with self._lock:
+            self._status.frames_damaged += 1
+            first = not self._chain_damaged
+            self._chain_damaged = True
+            if first:
+                self._record_error_locked(f"damaged frames: {damaged.message}")
+        if first:
+            log.warning("source %s: %s", self.source_id, damaged.message)
+
+    def _record_error_locked(self, message: str) -> None:
+        now = self._clock.time()
+        self._status.last_error = message = redact(message)
+        self._status.last_error_time = now
+        self._errors.append(f"{now:.3f} {message}")
+
+    def _timed_out(self, exc: Exception) -> bool:
+        """Whether a failed open took its whole timeout: FFmpeg's interrupt then surfaces as
+        an exit or, from RTSP's handshake, as "invalid data"."""
+        with self._lock:
+            took = self._clock.monotonic() - self._conn_started
+        timeout_like = isinstance(exc, av.ExitError | av.InvalidDataError | TimeoutError)
+        return timeout_like and took >= 0.9 * self.options.connect_timeout_s
+
+    def _give_up(self, reason: str) -> None:
+        """A file that cannot deliver: retrying will not change it, so end in `failed`."""
+        self._gave_up = True
+        self._fail(reason)
 
     def _on_decode_error(self, error: DecodeError) -> None:
         with self._lock:
             self._decode_errors += 1
             total = self._decode_errors
-            self._status.last_error = redact(f"decode error: {error.message}")
+            self._status.decode_errors = total
+            self._chain_damaged = True
+            self._record_error_locked(f"decode error: {error.message}")
         if error.consecutive == 1 or total % 100 == 0:
             log.warning(
                 "source %s: decode error (%d in total, %d in a row): %s",
@@ -476,7 +553,9 @@ class SourceWorker:
             if old is SourceState.STOPPED or (expect is not None and old is not expect):
                 return
             if error is not None:
-                self._status.last_error = redact(error)
+                self._record_error_locked(error)
+            elif new is SourceState.STREAMING:
+                self._status.last_error = self._status.last_error_time = None
             if old is new:
                 return
             self._status.state = new

@@ -40,7 +40,7 @@ def test_frames_arrive_from_an_rtsp_camera(
     status = worker.status()
     assert status.state is SourceState.STREAMING
     assert (status.width, status.height) == (640, 360)
-    assert status.fps == pytest.approx(30.0)
+    assert status.fps_nominal == pytest.approx(30.0)
     assert all(f.size_wh == (640, 360) for f in frames)
     assert all(f.source_id == "cam" for f in frames)
     indexes = [f.index for f in frames]

@@ -73,3 +73,38 @@ def write_corrupt_copy(source: Path, target: Path, *, seed: int = 0) -> Path:
     damaged = bytes(data[:middle]) + garbage + bytes(data[middle:])
     target.write_bytes(damaged[: int(len(damaged) * 0.75)])
     return target
+
+
+def write_damaged_packets_copy(
+    source: Path, target: Path, *, every: int = 37, first: int = 11, seed: int = 0
+) -> list[int]:
+    """Copy `source` packet by packet, overwriting bytes in the payload of every `every`-th
+    packet from `first` on (keyframes spared), as lost or garbled network data would.
+
+    The container stays intact, so the file opens and every packet is read; the decoder gets
+    damaged slices, conceals them, and frames that reference them inherit the damage until
+    the next keyframe. Returns the indexes of the damaged packets (in decode order).
+    """
+    rng = np.random.default_rng(seed)
+    damaged: list[int] = []
+    with av.open(str(source)) as inp, av.open(str(target), "w") as out:
+        in_stream = inp.streams.video[0]
+        out_stream = out.add_stream_from_template(in_stream)
+        index = 0
+        for packet in inp.demux(in_stream):
+            if packet.size == 0:
+                continue
+            if index >= first and (index - first) % every == 0 and not packet.is_keyframe:
+                data = bytearray(bytes(packet))
+                positions = rng.integers(len(data) // 4, len(data), max(4, len(data) // 50))
+                for pos in positions:
+                    data[int(pos)] = int(rng.integers(256))
+                garbled = av.Packet(bytes(data))
+                garbled.pts, garbled.dts = packet.pts, packet.dts
+                garbled.time_base = packet.time_base
+                packet = garbled
+                damaged.append(index)
+            packet.stream = out_stream
+            out.mux(packet)
+            index += 1
+    return damaged
