@@ -54,6 +54,8 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_frames_processed": "counter",
         "vdet_frames_dropped": "counter",
         "vdet_source_reconnects": "counter",
+        "vdet_decode_errors": "counter",
+        "vdet_frames_damaged": "counter",
         "vdet_inference_eager_fallbacks": "counter",
         "vdet_source_state": "gauge",
         "vdet_source_last_frame_age_seconds": "gauge",
