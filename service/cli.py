@@ -206,6 +206,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from vdet.api.app import create_app
     from vdet.api.limits import http_protocol
+    from vdet.api.server import GracefulServer
     from vdet.config import CONFIG_ENV_VAR, ConfigError, StreamSpec, load_settings
 
     if args.config is not None:
@@ -229,7 +230,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not settings.model_path.is_file():
         raise UsageError(f"model not found: {settings.model_path}")
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -237,6 +238,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         ws_max_size=1 << 20,
         http=http_protocol(settings.limits.header_timeout_s),
     )
+    GracefulServer(config, app).run()  # WebSocket goodbyes, then exit 0 on SIGTERM
     return 0
 
 

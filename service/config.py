@@ -254,6 +254,15 @@ class HubSettings(_Strict):
         description="Results a WebSocket client may fall behind before it is disconnected as "
         "lagging (it can resume from the replay buffer).",
     )
+    send_timeout_s: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=60.0,
+        description="A WebSocket message that takes longer than this to go out (the client "
+        "is not reading) makes the client lagging: it gets `lagging` with its resume point "
+        "and is disconnected. Below uvicorn's 20 s keepalive ping timeout, which would cut "
+        "it without a word.",
+    )
 
 
 class GpuSettings(_Strict):

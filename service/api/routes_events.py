@@ -11,7 +11,9 @@ Protocol (server -> client JSON text messages; client messages are read and igno
    Without `after`, only results published after the connection are sent.
 3. Before the server closes: `{"type": "lagging" | "stream_removed" | "shutdown",
    "resume_after": <last seq sent>}`, with close codes 1013 (client too slow: its queue
-   filled up; reconnect with after=resume_after), 1000 (stream deleted) and 1001 (shutdown).
+   filled up, or one message took longer than `hub.send_timeout_s` to go out; reconnect
+   with after=resume_after), 1000 (stream deleted) and 1001 (shutdown; `vdet serve` sends
+   it before uvicorn closes connections, see vdet.api.server).
 
 Handshake refusals are HTTP responses with a JSON `detail`: 401 (API key), 404 (unknown
 stream), 422 (bad `after`), 503 (not ready); servers without the WebSocket denial-response
@@ -140,29 +142,64 @@ async def _drain(ws: WebSocket) -> None:
             return
 
 
+class _ClientTooSlowError(Exception):
+    """One message took longer than the send timeout to go out: the client is not reading."""
+
+
 async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int | None) -> None:
+    """Replay, then live results; ends with a goodbye (`lagging`, `stream_removed`,
+    `shutdown`) carrying the resume point. A message that takes longer than
+    `hub.send_timeout_s` to go out makes the client `lagging`, before the keepalive ping would
+    cut it without one. The message that timed out counts as sent: the WebSocket library
+    writes a frame to the connection, then waits for its buffer to drain."""
     last_sent = after if after is not None else sub.start_seq
-    names = rt.class_names
-    replay = sub.replay
-    if replay.gap and after is not None:
-        gap = GapEvent(requested_after=after, oldest_seq=replay.oldest_seq)
-        await ws.send_text(gap.model_dump_json())
-    encoder = rt.encoder
-    loop = asyncio.get_running_loop()
-    for start in range(0, len(replay.results), _REPLAY_CHUNK):
-        chunk = replay.results[start : start + _REPLAY_CHUNK]
-        # A replay can be thousands of results: encoded off the event loop, a chunk at a time.
-        texts = await loop.run_in_executor(_REPLAY_ENCODERS, encoder.encode_many, chunk, names)
-        for text in texts:
-            await ws.send_text(text)
-        last_sent = chunk[-1].seq
-    while True:
+    timeout_s = rt.settings.hub.send_timeout_s
+
+    async def send(text: str, seq: int | None = None) -> None:
+        nonlocal last_sent
         try:
+            async with asyncio.timeout(timeout_s):
+                await ws.send_text(text)
+        except TimeoutError:
+            raise _ClientTooSlowError from None
+        finally:
+            if seq is not None:
+                last_sent = seq
+
+    names = rt.class_names
+    encoder = rt.encoder
+    try:
+        replay = sub.replay
+        if replay.gap and after is not None:
+            await send(
+                GapEvent(requested_after=after, oldest_seq=replay.oldest_seq).model_dump_json()
+            )
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(replay.results), _REPLAY_CHUNK):
+            chunk = replay.results[start : start + _REPLAY_CHUNK]
+            # A replay can be thousands of results: encoded off the event loop, in chunks.
+            texts = await loop.run_in_executor(_REPLAY_ENCODERS, encoder.encode_many, chunk, names)
+            for result, text in zip(chunk, texts, strict=True):
+                await send(text, result.seq)
+        while True:
             result = await sub.get()
-        except SubscriptionEndedError as end:
-            kind, code = _END[end.reason]
-            await ws.send_text(EndEvent(type=kind, resume_after=last_sent).model_dump_json())
+            await send(encoder.encode(result, names), result.seq)
+    except _ClientTooSlowError:
+        sub.close()
+        await _goodbye(ws, "lagging", last_sent, status.WS_1013_TRY_AGAIN_LATER, timeout_s)
+    except SubscriptionEndedError as end:
+        kind, code = _END[end.reason]
+        await _goodbye(ws, kind, last_sent, code, timeout_s)
+
+
+async def _goodbye(
+    ws: WebSocket, kind: EndKind, resume_after: int, code: int, timeout_s: float
+) -> None:
+    """The last message and the close, each bounded: a client that reads nothing any more
+    must not hold its connection open."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await ws.send_text(EndEvent(type=kind, resume_after=resume_after).model_dump_json())
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
             await ws.close(code)
-            return
-        await ws.send_text(encoder.encode(result, names))
-        last_sent = result.seq

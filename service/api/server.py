@@ -1,0 +1,67 @@
+"""Running the app under uvicorn so that it ends the way the API documents.
+
+uvicorn, asked to stop, closes every WebSocket (code 1012) before the app's shutdown runs, so
+clients never got the `shutdown` message with their resume point; and after a graceful
+SIGTERM it re-raises the signal, so the process ended with status 143. `GracefulServer`
+first stops listening and gives every WebSocket client its goodbye (the hub ends their
+subscriptions; each feed sends `shutdown` with `resume_after` and closes with 1001), waits
+up to `GOODBYE_WAIT_S` for them, then lets uvicorn shut down as usual; a SIGTERM it handled
+ends the process with status 0. This module runs the server; what is served is the app's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from collections.abc import Generator
+
+import uvicorn
+from fastapi import FastAPI
+
+log = logging.getLogger(__name__)
+
+GOODBYE_WAIT_S = 3.0
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server with WebSocket goodbyes before its shutdown and exit 0 on SIGTERM."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for server in self.servers:  # no new clients while the current ones are told
+            server.close()
+        await say_goodbye(self._app)
+        await super().shutdown(sockets)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                # A SIGTERM was handled: shut down gracefully, which is success. uvicorn would
+                # re-raise it once its handlers are restored (status 143). Others, such as
+                # SIGINT, are re-raised as before.
+                captured: list[int] = getattr(self, "_captured_signals", [])
+                captured[:] = [s for s in captured if s != signal.SIGTERM]
+
+
+async def say_goodbye(app: FastAPI, wait_s: float = GOODBYE_WAIT_S) -> None:
+    """End every WebSocket feed of `app` with `shutdown` and wait (up to `wait_s`) for them."""
+    runtime = app.state.runtime
+    runtime.ready = False  # readiness fails and new feeds are refused from now on
+    runtime.hub.close()
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        clients = runtime.metrics.registry.get_sample_value("vdet_websocket_clients") or 0
+        if clients <= 0:
+            return
+        await asyncio.sleep(0.02)
+    log.warning("WebSocket clients still connected after %.1f s of goodbyes", wait_s)

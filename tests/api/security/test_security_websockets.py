@@ -1,0 +1,108 @@
+"""The documented WebSocket goodbyes: `lagging` for a client that stops reading, `shutdown`
+for every client when the server is stopped with SIGTERM (which then exits 0)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import uvicorn
+from support.apptest import MakeSettings
+from support.procs import Process, wait_http_ok
+from support.rtsp import free_port
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from vdet.api.app import create_app
+from vdet.api.server import GracefulServer
+from vdet.types import DetectionResult, Detections, StageTimings
+
+
+def _big_result(index: int) -> DetectionResult:
+    n = 300
+    xyxy = np.tile(np.array([[1.0, 2.0, 30.0, 40.0]], np.float32), (n, 1))
+    dets = Detections(xyxy, np.full(n, 0.5, np.float32), np.zeros(n, np.int64))
+    return DetectionResult("cam", index, None, time.time(), 0.0, (640, 480), dets, StageTimings())
+
+
+def _read_until_closed(ws: ClientConnection) -> tuple[list[dict[str, Any]], int | None]:
+    """Every message until the server closes, and its close code."""
+    messages: list[dict[str, Any]] = []
+    try:
+        while True:
+            messages.append(json.loads(ws.recv(timeout=10)))
+    except ConnectionClosed as closed:
+        return messages, closed.rcvd.code if closed.rcvd is not None else None
+
+
+@pytest.fixture
+def served(make_settings: MakeSettings) -> Iterator[tuple[int, object]]:
+    """A real uvicorn (vdet's GracefulServer) on a free port; yields (port, app)."""
+    app = create_app(make_settings(hub={"send_timeout_s": 0.5}))
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+    server = GracefulServer(config, app)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not (server.started and app.state.runtime.ready):
+        assert time.monotonic() < deadline, "server did not start"
+        time.sleep(0.05)
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1], app
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def test_a_client_that_stops_reading_gets_lagging_with_its_resume_point(
+    served: tuple[int, object],
+) -> None:
+    port, app = served
+    hub = app.state.runtime.hub  # type: ignore[attr-defined]
+    with connect(f"ws://127.0.0.1:{port}/v1/events", max_queue=1, max_size=None) as ws:
+        time.sleep(0.2)
+        for index in range(600):  # ~20 MB of JSON: more than the socket buffers hold
+            hub.publish(_big_result(index))
+        time.sleep(2.0)  # not reading: the server's send times out after 0.5 s
+        messages, code = _read_until_closed(ws)
+    last = messages[-1]
+    assert last["type"] == "lagging"
+    results = [m["result"]["seq"] for m in messages if m["type"] == "result"]
+    assert last["resume_after"] == results[-1]
+    assert results == list(range(results[0], results[-1] + 1))  # nothing skipped before it
+    assert code == 1013
+
+
+def test_sigterm_says_goodbye_to_every_client_and_exits_0(tmp_path: Path) -> None:
+    port = free_port()
+    process = Process(
+        [sys.executable, "-m", "vdet.cli", "serve", "--port", str(port)],
+        tmp_path / "serve.log",
+    )
+    try:
+        wait_http_ok(process, f"http://127.0.0.1:{port}/readyz", 60)
+        with contextlib.ExitStack() as stack:
+            url = f"ws://127.0.0.1:{port}/v1/events"
+            clients = [stack.enter_context(connect(url)) for _ in range(3)]
+            for ws in clients:
+                assert json.loads(ws.recv(timeout=10))["type"] == "result"
+            started = time.monotonic()
+            process.popen.send_signal(signal.SIGTERM)
+            for ws in clients:
+                messages, code = _read_until_closed(ws)
+                assert messages[-1]["type"] == "shutdown", messages[-1]
+                assert messages[-1]["resume_after"] >= 1
+                assert code == 1001
+        assert process.popen.wait(timeout=10) == 0, process.log_tail()
+        assert time.monotonic() - started < 10
+    finally:
+        process.stop()
