@@ -236,6 +236,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         ws_max_size=1 << 20,
+        # Compressing every result for every client ran on the event loop: ten replays
+        # stalled /healthz for half a second. Results are small JSON; send them as they are.
+        ws_per_message_deflate=False,
         http=http_protocol(settings.limits.header_timeout_s),
     )
     GracefulServer(config, app).run()  # WebSocket goodbyes, then exit 0 on SIGTERM

@@ -181,6 +181,7 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
             texts = await loop.run_in_executor(_REPLAY_ENCODERS, encoder.encode_many, chunk, names)
             for result, text in zip(chunk, texts, strict=True):
                 await send(text, result.seq)
+            await asyncio.sleep(0)  # a chunk at a time: other clients and requests go between
         while True:
             result = await sub.get()
             await send(encoder.encode(result, names), result.seq)
