@@ -241,6 +241,16 @@ class GpuSettings(_Strict):
         "docs/gpu-data-path.md.",
     )
 
+    mps: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="NVIDIA MPS for the stream worker processes sharing a GPU (their kernels "
+        "then run concurrently instead of time-sliced): on starts a private MPS control daemon "
+        "for vdet's own workers and fails if it cannot; auto does so when "
+        "nvidia-cuda-mps-control exists, no MPS daemon is already reachable and a GPU has "
+        "more than one worker; off never. An MPS daemon that is already running (CUDA_MPS_PIPE_"
+        "DIRECTORY) is used as it is. vdet stops the daemon it started.",
+    )
+
     @field_validator("devices")
     @classmethod
     def _distinct_devices(cls, value: list[int] | None) -> list[int] | None:
@@ -250,6 +260,55 @@ class GpuSettings(_Strict):
             raise ValueError("devices must name at least one GPU, or be null for all")
         if any(i < 0 for i in value) or len(set(value)) != len(value):
             raise ValueError(f"devices must be distinct GPU indices >= 0, got {value}")
+        return value
+
+
+class WorkerSettings(_Strict):
+    """Stream worker processes: where `vdet serve` runs its streams (docs/workers.md).
+
+    One process's threads share one Python interpreter lock, which bounds how many streams one
+    process carries (about 16 real-time 1080p streams with a GPU backend, measured on an H200).
+    With worker processes, the API process keeps the API, the results hub, WebSockets and
+    /metrics, and each worker runs the decoding and detection of its share of the streams.
+    """
+
+    processes: Literal["auto"] | int = Field(
+        default="auto",
+        description="Worker processes per GPU (GPU backends), or in all (CPU). 0 runs every "
+        "stream inside the API process. auto: on a GPU node, enough per GPU for that GPU's "
+        "share of max_streams at streams_per_process each; on the CPU, 0.",
+    )
+    streams_per_process: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="Most streams one worker process takes (8 real-time 1080p30 streams per "
+        "process held with no drops on an H200; see docs/workers.md).",
+    )
+    start_timeout_s: float = Field(
+        default=180.0,
+        ge=1.0,
+        le=3600.0,
+        description="How long a worker may take to load its model and report ready.",
+    )
+    call_timeout_s: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=600.0,
+        description="How long a control call (add, change, remove, status) may wait for its "
+        "worker before it fails with 503.",
+    )
+    restart: bool = Field(
+        default=True,
+        description="Restart a worker that dies and re-add its streams there; false leaves "
+        "its streams failed.",
+    )
+
+    @field_validator("processes")
+    @classmethod
+    def _process_count(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if value != "auto" and not (isinstance(value, int) and 0 <= value <= 64):
+            raise ValueError("processes must be 'auto' or a whole number from 0 to 64")
         return value
 
 
@@ -383,6 +442,10 @@ class Settings(BaseSettings):
         default_factory=GpuSettings,
         description="NVDEC decode, per-GPU workers, CUDA graphs and batching (GPU backends).",
     )
+    workers: WorkerSettings = Field(
+        default_factory=WorkerSettings,
+        description="Stream worker processes behind the one API (see docs/workers.md).",
+    )
     sources: list[StreamSpec] = Field(
         default_factory=list,
         max_length=1024,
@@ -442,9 +505,18 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         _config_file.reset(token)
 
 
+# VDET_* variables that vdet reads itself, outside Settings: accepted next to the settings.
+OTHER_ENV_VARS: frozenset[str] = frozenset(
+    {
+        CONFIG_ENV_VAR,
+        "VDET_KERNEL_CACHE",  # compiled CUDA kernels (vdet.plugins.launch)
+    }
+)
+
+
 def _check_env_names(environ: Mapping[str, str]) -> None:
     """Reject VDET_* variables that name no setting: a typo must not be silently ignored."""
-    known = {name.upper() for name in Settings.model_fields} | {CONFIG_ENV_VAR[5:]}
+    known = {name.upper() for name in Settings.model_fields} | {v[5:] for v in OTHER_ENV_VARS}
     unknown = sorted(
         name
         for name in environ

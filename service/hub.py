@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import enum
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -199,6 +200,21 @@ class ResultsHub:
     def latest(self, source_id: str) -> DetectionResult | None:
         with self._lock:
             return self._latest.get(source_id)
+
+    def find(self, source_id: str, frame_index: int, wait_s: float = 0.0) -> DetectionResult | None:
+        """The kept result of one source's frame, waiting up to `wait_s` for it to be published
+        (it may be on its way from a worker process); None if it never is."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                for result in reversed(self._per_source.get(source_id, ())):
+                    if result.frame_index == frame_index:
+                        return result
+                    if result.frame_index < frame_index:
+                        break
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.005)
 
     def since(self, after_seq: int, source_id: str | None = None) -> list[DetectionResult]:
         """Kept results with seq > after_seq, oldest first, of one source or of all."""

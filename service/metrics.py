@@ -155,6 +155,23 @@ class Metrics:
             ["gpu"],
             registry=r,
         )
+        self.worker_up = Gauge(
+            "vdet_worker_up",
+            "1 while a stream worker process runs and answers, 0 while it is being restarted.",
+            ["worker", "gpu"],
+            registry=r,
+        )
+        self.worker_restarts = Counter(
+            "vdet_worker_restarts_total",
+            "Times a stream worker process died and was started again.",
+            ["worker", "gpu"],
+            registry=r,
+        )
+        self.mps_active = Gauge(
+            "vdet_mps_active",
+            "1 when the worker processes share their GPU through NVIDIA MPS, else 0.",
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._totals: dict[str, _SourceTotals] = {}
 
@@ -245,6 +262,14 @@ class Metrics:
                 age = (time.time() if now is None else now) - status.last_frame_time
                 self.source_last_frame_age.labels(source_id).set(max(0.0, age))
 
+    def restart_source(self, source_id: str) -> None:
+        """The source's worker was replaced: its next status counts from zero again, and the
+        counters go on from where they are (they never go down)."""
+        with self._lock:
+            totals = self._totals.get(source_id)
+            if totals is not None:
+                totals.decoded = totals.dropped = totals.reconnects = 0
+
     def remove_source(self, source_id: str) -> None:
         """Drop every series labelled with a deleted source."""
         with self._lock:
@@ -271,7 +296,18 @@ class Metrics:
         if memory_bytes is not None:
             self.gpu_memory_used.labels(gpu).set(memory_bytes)
 
+    # --- worker processes -------------------------------------------------------------------
+
+    def set_worker_up(self, worker: str, gpu: str, up: bool) -> None:
+        self.worker_up.labels(worker, gpu).set(1.0 if up else 0.0)
+
+    def count_worker_restart(self, worker: str, gpu: str) -> None:
+        self.worker_restarts.labels(worker, gpu).inc()
+
     # --- service ---------------------------------------------------------------------------
+
+    def set_stream_count(self, count: int) -> None:
+        self.streams.set(count)
 
     def set_backend(self, *, backend: str, device: str, model: str, precision: str) -> None:
         self.backend.info(

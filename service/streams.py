@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from vdet.config import DetectionDefaults, IngestSettings, StreamSpec
-from vdet.hub import ResultsHub
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
 from vdet.ingest.urls import validate_source_url
@@ -57,6 +56,15 @@ class DetectorLike(Protocol):
     def detect(
         self, images_bgr: Sequence[ImageArray], params: PostprocessParams | None = None
     ) -> list[tuple[Detections, StageTimings]]: ...
+
+
+class ResultSink(Protocol):
+    """Where published results go: the `ResultsHub` in this process, or (in a stream worker
+    process) the channel to the API process's hub (vdet.workers.child)."""
+
+    def publish(self, result: DetectionResult) -> DetectionResult: ...
+
+    def remove_source(self, source_id: str) -> None: ...
 
 
 class GpuWorkerLike(Protocol):
@@ -166,6 +174,7 @@ class StreamView:
     frames_processed: int
     last_frame_age_s: float | None
     pipeline_error: str | None
+    worker: str | None = None  # the worker process running it; None: the API process itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +225,7 @@ class StreamManager:
         self,
         detector: DetectorLike,
         class_names: Sequence[str],
-        hub: ResultsHub,
+        hub: ResultSink,
         metrics: Metrics,
         *,
         max_streams: int,

@@ -64,6 +64,9 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_source_gpu": "gauge",
         "vdet_gpu_streams": "gauge",
         "vdet_gpu_frames_processed": "counter",
+        "vdet_worker_up": "gauge",
+        "vdet_worker_restarts": "counter",
+        "vdet_mps_active": "gauge",
     }
     info = samples(metrics)
     key = (

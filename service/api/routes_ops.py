@@ -30,7 +30,9 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
     configured = len(rt.settings.sources)
     body = ReadyOut(
         ready=rt.ready,
-        detector_loaded=rt.detector is not None,
+        detector_loaded=rt.backend is not None,
+        worker_processes=rt.worker_processes,
+        mps=rt.mps_active,
         sources_configured=configured,
         sources_started=rt.sources_started,
         detail=None if rt.ready else "starting or stopping",
@@ -53,8 +55,9 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
 )
 async def metrics(rt: RuntimeDep) -> Response:
     def render() -> bytes:
-        if rt.manager is not None:
-            rt.manager.sync_metrics()
+        streams = rt.streams
+        if streams is not None:
+            streams.sync_metrics()
         text: bytes = rt.metrics.render()
         return text
 

@@ -106,6 +106,9 @@ class StreamStatusOut(BaseModel):
 
 class StreamOut(BaseModel):
     id: str
+    worker: str | None = Field(
+        default=None, description="The worker process running it; null: the API process."
+    )
     spec: StreamSpec = Field(description="The stream as added, with any PATCHed changes.")
     effective: EffectiveParams
     status: StreamStatusOut
@@ -134,6 +137,12 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     ready: bool
     detector_loaded: bool
+    worker_processes: int = Field(
+        default=0, description="Stream worker processes running; 0: streams run in-process."
+    )
+    mps: bool = Field(
+        default=False, description="Whether the worker processes share their GPU through MPS."
+    )
     sources_configured: int = Field(description="Streams declared in the configuration.")
     sources_started: int = Field(description="Of those, streams whose workers have started.")
     detail: str | None = None

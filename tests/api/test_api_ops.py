@@ -51,6 +51,8 @@ def test_ready_once_started_and_503_before(make_settings: MakeSettings, clip: Pa
             "detector_loaded": True,
             "sources_configured": 1,
             "sources_started": 1,
+            "worker_processes": 0,
+            "mps": False,
             "detail": None,
         }
         assert [s["id"] for s in client.get("/v1/streams").json()["streams"]] == ["configured"]
