@@ -59,10 +59,13 @@ def visible_gpu_count() -> int:
         from cuda.bindings import driver
     except ImportError:
         return 0
-    (err,) = driver.cuInit(0)
-    if err != driver.CUresult.CUDA_SUCCESS:
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return 0
+        err, count = driver.cuDeviceGetCount()
+    except Exception:  # no driver library: cuda-python raises instead of returning an error
         return 0
-    err, count = driver.cuDeviceGetCount()
     return int(count) if err == driver.CUresult.CUDA_SUCCESS else 0
 
 

@@ -312,7 +312,10 @@ class WorkerPool:
         worker = self._workers[stream.worker]
         if stream.failed is not None:
             return self._failed_view(stream, worker, stream.failed)
-        view = worker.call("get", stream_id, timeout=self._call_timeout)
+        try:
+            view = worker.call("get", stream_id, timeout=self._call_timeout)
+        except WorkerUnavailableError as exc:  # it died a moment ago: say so, as list() does
+            return self._failed_view(stream, worker, str(exc))
         return self._tag(view, worker)
 
     def update_params(self, stream_id: str, **changes: Any) -> StreamView:
@@ -438,6 +441,9 @@ class WorkerPool:
             if self._closed:
                 return
             self._closed = True
+        # The supervisor stops first: two threads reaping one process would race.
+        if self._supervisor.is_alive():
+            self._supervisor.join(5.0)
         for worker in self._workers:
             if worker.channel is not None:
                 with contextlib.suppress(OSError, ValueError):  # already gone
@@ -458,8 +464,6 @@ class WorkerPool:
                     process.join(1.0)
             worker.alive = False
             worker.fail_pending("the service is shutting down")
-        if self._supervisor.is_alive():
-            self._supervisor.join(2.0)
         if self._mps is not None:
             self._mps.stop()
 
@@ -663,7 +667,11 @@ class WorkerPool:
             pass
         finally:
             worker.alive = False
-            worker.fail_pending(f"worker {worker.name} exited")
+            process = worker.process
+            if process is not None:  # its pipe closes as it dies: name how it ended
+                process.join(1.0)
+            code = None if process is None else process.exitcode
+            worker.fail_pending(f"worker {worker.name} {_describe_exit(code)}")
             worker.ready.set()
             channel.close()
 
