@@ -21,6 +21,7 @@ It runs no frame work and holds no frames: results arrive ready, snapshots arriv
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
 import dataclasses
@@ -418,7 +419,7 @@ class WorkerPool:
         b = self.backend_info
         return f"{b.backend} on {b.device} in {len(self._workers)} worker processes{per_gpu}{mps}"
 
-    def workers(self) -> list[WorkerView]:
+    def workers(self) -> builtins.list[WorkerView]:
         with self._lock:
             load = collections.Counter(s.worker for s in self._streams.values())
         return [
