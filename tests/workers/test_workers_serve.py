@@ -12,93 +12,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from support.apptest import CLIP_WH, write_tiny_model
-from support.procs import Process, http_get, http_json, wait_http_ok
-from support.rtsp import RtspServerFactory, free_port
+from support.procs import http_get
+from support.rtsp import RtspServerFactory
+from support.serve import Service, alive, start_service
 from support.videos import write_h264_clip
 from support.waiting import wait_until
 from websockets.sync.client import connect
 
 pytestmark = pytest.mark.slow
-
-
-class Service:
-    """A running `vdet serve` and a small HTTP client for it."""
-
-    def __init__(self, process: Process, port: int) -> None:
-        self.process = process
-        self.base = f"http://127.0.0.1:{port}"
-        self.ws_base = f"ws://127.0.0.1:{port}"
-
-    def get(self, path: str) -> tuple[int, Any]:
-        status, body = http_get(self.base + path, timeout=10)
-        return status, (json.loads(body) if body and status != 204 else None)
-
-    def send(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self.base + path, data=data, method=method, headers={"content-type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                raw = response.read()
-                return int(response.status), (json.loads(raw) if raw else None)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code), json.loads(exc.read() or b"null")
-
-    def workers(self) -> list[dict[str, Any]]:
-        return list(http_json(self.base + "/v1/workers")["workers"])
-
-    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        status, body = http_get(self.base + "/metrics", timeout=10)
-        assert status == 200
-        out = {}
-        for family in text_string_to_metric_families(body.decode()):
-            for s in family.samples:
-                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-        return out
-
-    def processed(self, source: str) -> float:
-        return self.metrics().get(("vdet_frames_processed_total", (("source", source),)), 0.0)
-
-
-def start_service(folder: Path, model: Path, **settings: Any) -> Service:
-    port = free_port()
-    config = {
-        "host": "127.0.0.1",
-        "port": port,
-        "model_path": str(model),
-        "backend": "onnxruntime",
-        "max_streams": 6,
-        "log_level": "info",
-        "ingest": {"stall_timeout_s": 3.0, "backoff_initial_s": 0.1, "backoff_max_s": 0.5},
-        **settings,
-    }
-    path = folder / f"vdet-{port}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VDET_")}
-    process = Process(
-        [str(Path(sys.executable).parent / "vdet"), "serve", "--no-demo", "--config", str(path)],
-        folder / f"vdet-{port}.log",
-        env=env,
-    )
-    service = Service(process, port)
-    try:
-        wait_http_ok(process, service.base + "/readyz", timeout=120)
-    except BaseException:
-        process.stop()
-        raise
-    return service
 
 
 @pytest.fixture(scope="module")
@@ -300,22 +228,13 @@ def test_metrics_are_one_registry_without_double_counting(service: Service, clip
         service.send("DELETE", "/v1/streams/m")
 
 
-def _alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie waiting to be reaped counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_sigterm_stops_every_worker_and_leaves_no_orphan(
     folder: Path, model: Path, clip: Path
 ) -> None:
     svc = start_service(folder, model, workers={"processes": 2}, sources=[stream(clip, "t")])
     try:
         pids = [w["pid"] for w in svc.workers()]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        assert len(pids) == 2 and all(alive(p) for p in pids)
         started = time.monotonic()
         svc.process.popen.send_signal(signal.SIGTERM)
         code = svc.process.popen.wait(timeout=10)
@@ -323,7 +242,7 @@ def test_sigterm_stops_every_worker_and_leaves_no_orphan(
         # It stopped by itself (uvicorn re-raises the signal once it has shut down).
         assert code in (0, -signal.SIGTERM), svc.process.log_tail()
         assert "did not stop in time" not in svc.process.log_tail(200)
-        wait_until(lambda: not any(_alive(p) for p in pids), 2, what="workers gone")
+        wait_until(lambda: not any(alive(p) for p in pids), 2, what="workers gone")
     finally:
         svc.process.stop()
 
@@ -334,6 +253,6 @@ def test_a_killed_api_process_takes_its_workers_with_it(folder: Path, model: Pat
         pids = [w["pid"] for w in svc.workers()]
         svc.process.popen.kill()
         svc.process.popen.wait(timeout=10)
-        wait_until(lambda: not any(_alive(p) for p in pids), 5, what="orphaned workers gone")
+        wait_until(lambda: not any(alive(p) for p in pids), 5, what="orphaned workers gone")
     finally:
         svc.process.stop()
