@@ -24,6 +24,7 @@
 #   batcher   the GPU tests, then batched (threads stage their own frames) against batch 1
 #   ceiling   the batched graphs alone (inference ceiling), then unpaced batched 64 streams
 #   runs      only the many-stream runs named in $VDET_RUNS
+#   workers   vdet serve with worker processes on the GPU, then the GPU tests
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -77,6 +78,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 echo "install: $((SECONDS - started)) s"
 
 case $phase in
+workers)
+  # `vdet serve` with stream worker processes on the GPU (the real entry point), then the
+  # rest of the GPU tests in what is left.
+  export PATH="$SITE/bin:$PATH"
+  timeout 300 python3 -m pytest -m gpu tests/gpu/test_gpu_workers_serve.py -q -s -rs \
+    -p no:cacheprovider >"$OUT/workers.log" 2>&1
+  echo "workers rc=$? ($((SECONDS - started)) s)"
+  grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" | tail -n 20
+  gpu_tests $((570 - (SECONDS - started)))
+  ;;
 tests)
   gpu_tests 230
   if [ -d .trt-include ]; then
