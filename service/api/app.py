@@ -72,7 +72,9 @@ def create_app(
         ],
     )
     app.state.runtime = runtime
-    app.state.encoder = ResultEventEncoder()
+    app.state.encoder = encoder = ResultEventEncoder()
+    # Results are encoded once, by the thread that publishes them, not on the event loop.
+    runtime.hub.on_publish(lambda result: encoder.encode(result, runtime.class_names))
     protected: list[Any] = [Depends(require_api_key)] if settings.api_key is not None else []
     errors: dict[int | str, dict[str, Any]] = {
         503: {"model": ErrorOut, "description": "The service is starting or stopping."}

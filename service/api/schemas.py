@@ -7,6 +7,7 @@ models; nothing here touches streams, the hub or the detector.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -215,17 +216,21 @@ def result_out(result: DetectionResult, names: Sequence[str]) -> DetectionResult
 
 class ResultEventEncoder:
     """JSON text of `ResultEvent`s, cached by seq: every WebSocket client of a result shares one
-    encoding. Use from the event loop thread only."""
+    encoding. Thread-safe: the thread that publishes a result encodes it ahead (while anyone
+    subscribes, see `create_app`), so the event loop only looks the text up."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 4096) -> None:
         self._capacity = capacity
         self._cache: OrderedDict[int, str] = OrderedDict()
+        self._lock = threading.Lock()
 
     def encode(self, result: DetectionResult, names: Sequence[str]) -> str:
-        text = self._cache.get(result.seq)
+        with self._lock:
+            text = self._cache.get(result.seq)
         if text is None:
             text = ResultEvent(result=result_out(result, names)).model_dump_json()
-            self._cache[result.seq] = text
-            if len(self._cache) > self._capacity:
-                self._cache.popitem(last=False)
+            with self._lock:
+                self._cache[result.seq] = text
+                if len(self._cache) > self._capacity:
+                    self._cache.popitem(last=False)
         return text
