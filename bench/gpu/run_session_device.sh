@@ -85,8 +85,9 @@ workers)
   timeout 300 python3 -m pytest -m gpu tests/gpu/test_gpu_workers_serve.py -q -s -rs \
     -p no:cacheprovider >"$OUT/workers.log" 2>&1
   echo "workers rc=$? ($((SECONDS - started)) s)"
+  cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
   grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" | tail -n 20
-  gpu_tests $((570 - (SECONDS - started)))
+  [ -z "${VDET_WORKERS_ONLY:-}" ] && gpu_tests $((570 - (SECONDS - started)))
   ;;
 tests)
   gpu_tests 230

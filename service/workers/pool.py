@@ -74,6 +74,8 @@ _QUICK_DEATH_S = 30.0
 _RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)
 _SUPERVISOR_TICK_S = 0.2
 _STOP_GRACE_S = 6.0
+# How long a /metrics scrape waits for the workers' counts.
+_SCRAPE_WAIT_S = 2.0
 
 
 class WorkerUnavailableError(StreamError):
@@ -384,7 +386,11 @@ class WorkerPool:
         return result
 
     def sync_metrics(self) -> None:
+        """Fold every worker's stream counters into the metrics. A worker that does not answer
+        within `_SCRAPE_WAIT_S` (busy starting streams, say) keeps its last values: a scrape
+        must not wait for it."""
         asked = [(w, w.call_async("health")) for w in self._workers if w.alive]
+        deadline = time.monotonic() + _SCRAPE_WAIT_S
         gpu_streams: dict[str, int] = collections.defaultdict(int)
         gpu_memory: dict[str, int] = collections.defaultdict(int)
         now = time.time()
@@ -393,8 +399,9 @@ class WorkerPool:
             gpu_streams[worker.gpu_label] += 0
         for worker, future in asked:
             try:
-                health: Health = future.result(self._call_timeout)
+                health: Health = future.result(max(0.0, deadline - time.monotonic()))
             except (FutureTimeout, WorkerUnavailableError):
+                log.warning("worker %s did not report its streams in time", worker.name)
                 continue
             for source_id, status in health.sources:
                 if source_id in self:
