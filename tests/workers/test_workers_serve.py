@@ -13,10 +13,13 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 import pytest
 from support.apptest import CLIP_WH, write_tiny_model
 from support.procs import http_get
@@ -256,3 +259,19 @@ def test_a_killed_api_process_takes_its_workers_with_it(folder: Path, model: Pat
         wait_until(lambda: not any(alive(p) for p in pids), 5, what="orphaned workers gone")
     finally:
         svc.process.stop()
+
+
+def test_an_uploaded_image_is_detected_by_a_worker(service: Service) -> None:
+    image = np.zeros((CLIP_WH[1], CLIP_WH[0], 3), np.uint8)
+    ok, png = cv2.imencode(".png", image)
+    assert ok
+    request = urllib.request.Request(
+        service.base + "/v1/detect?conf=0.5",
+        data=png.tobytes(),
+        method="POST",
+        headers={"content-type": "image/png"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        out = json.loads(response.read())
+    # The tiny model's fixed head: the person (0.9) and the car (0.6) pass conf 0.5.
+    assert [d["class_name"] for d in out["detections"]] == ["person", "car"]
