@@ -126,6 +126,8 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
             model=f"{info.path.name}@{info.sha256[:12]}",
             # Not every backend states its precision yet; ONNX Runtime on CPU runs fp32.
             precision=str(getattr(backend, "precision", "fp32")),
+            data_path="gpu" if backend.gpu_data_path else "cpu",
+            selection=backend.selection,
         )
         rt.gpu = await run_in_threadpool(_gpu_pool, settings, backend, rt.metrics)
         rt.manager = manager = StreamManager(
@@ -155,17 +157,14 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
 
 
 def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | None:
-    """GPU workers (NVDEC + CUDA graphs) when the backend runs on a GPU; else None.
+    """GPU workers (NVDEC + CUDA graphs) when the backend feeds the GPU data path; else None.
 
-    That is torch on CUDA, or a TensorRT raw-head engine. ONNX Runtime (CPU), end-to-end
-    engines and a TensorRT engine still being built behind ONNX Runtime (the handoff backend)
-    decode on the CPU and run every frame through the `Detector`.
+    That is torch on CUDA, or a TensorRT (full or RTX) raw-head engine
+    (`InferenceBackend.gpu_data_path`). ONNX Runtime (CPU), end-to-end engines and an engine
+    still being built behind another backend (the handoff backend) decode on the CPU and run
+    every frame through the `Detector`.
     """
-    kind = type(backend).__name__
-    if kind == "TorchBackend":
-        if not str(backend.device).startswith("cuda"):
-            return None
-    elif kind != "TensorRTBackend" or backend.end_to_end:
+    if not backend.gpu_data_path:
         return None
     from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
 

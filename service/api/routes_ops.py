@@ -28,12 +28,16 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
     # Started means the source's worker runs, not that its camera is up: a camera outage is
     # visible per stream and in metrics, and must not take the whole service out of rotation.
     configured = len(rt.settings.sources)
+    backend = rt.detector.backend if rt.detector is not None else None
     body = ReadyOut(
         ready=rt.ready,
         detector_loaded=rt.detector is not None,
         sources_configured=configured,
         sources_started=rt.sources_started,
         detail=None if rt.ready else "starting or stopping",
+        backend=backend.name if backend is not None else None,
+        data_path=None if backend is None else ("gpu" if backend.gpu_data_path else "cpu"),
+        backend_selection=backend.selection if backend is not None else None,
     )
     if rt.ready:
         return body
