@@ -230,6 +230,10 @@ def test_a_plan_of_the_other_library_is_refused(fp32: Path) -> None:
     assert plan_refusals(rtx, TENSORRT, "10.8.0.43", A10) == [
         "built with TensorRT for RTX, this is TensorRT"
     ]
+    # The JIT runtime cache lives beside the plan, one per GPU model (it is only valid there).
+    assert runtime_cache_path(fp32, A10) == fp32.with_name(
+        "demo.rtx-sm86.fp32.b1-1-8.nvidia-a10.runtime-cache"
+    )
 
 
 def test_what_cannot_be_built_is_refused_with_the_reason(
