@@ -168,7 +168,7 @@ class TensorRTBackend(InferenceBackend):
         self._engine = self._runtime.deserialize_cuda_engine(plan.read_bytes())
         if self._engine is None:
             raise RuntimeError(
-                f"TensorRT {trt.__version__} cannot deserialize {plan}: "
+                f"{self.library.title} {trt.__version__} cannot deserialize {plan}: "
                 f"{'; '.join(self._logger.errors) or 'see its log'}"
             )
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
