@@ -261,6 +261,18 @@ def test_what_cannot_be_built_is_refused_with_the_reason(
         assert "TensorRT's Python package is not installed" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(gpu_count() > 0, reason="checks a machine without a GPU")
+def test_without_a_gpu_auto_passes_tensorrt_rtx_over_and_says_why() -> None:
+    from vdet.pipeline.backends import create_backend, known_backends
+
+    assert {"tensorrt", "tensorrt-rtx"} <= set(known_backends())
+    with pytest.raises(RuntimeError, match=r"tensorrt-rtx backend needs .* no CUDA GPU is visible"):
+        create_backend("tensorrt-rtx", DEMO)
+    with create_backend("auto", DEMO, threads=1) as backend:
+        assert backend.name == "onnxruntime" and not backend.gpu_data_path
+        assert "tensorrt-rtx: no CUDA GPU is visible" in backend.selection
+
+
 @pytest.mark.parametrize(
     ("text", "targets"),
     [("sm86", ("8.6",)), ("sm_89,sm86", ("8.6", "8.9")), ("8.0, 12.0", ("8.0", "12.0"))],
