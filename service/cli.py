@@ -136,6 +136,19 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--plugin-library", type=Path, default=None, help="libvdet_plugins.so")
     p.add_argument("--device", type=int, default=0, help="CUDA device index")
+    p.add_argument(
+        "--library",
+        choices=["tensorrt", "tensorrt-rtx"],
+        default=None,
+        help="full TensorRT or TensorRT for RTX (default: the settings' backend if it names one, "
+        "TensorRT for RTX with --target, else whichever is installed, full TensorRT first)",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="TensorRT for RTX: compute capabilities to build for, e.g. sm86 or sm86,sm89 "
+        "(no GPU needed); default: this machine's GPU",
+    )
     p.set_defaults(func=_cmd_engine_build)
     p = engine.add_parser("inspect", help="a plan's manifest, whether it is intact, its I/O")
     p.add_argument("plan", type=Path)
@@ -450,6 +463,7 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
 
     from vdet.config import ConfigError, EngineSettings, load_settings
     from vdet.engines.build import BuildError, BuildOptions, build_cached
+    from vdet.engines.library import FLAVOURS, LibraryError, parse_targets
     from vdet.plugins.loader import PluginLibraryError
 
     try:
@@ -477,8 +491,17 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
     if not Path(model).is_file():
         raise UsageError(f"model not found: {model}")
     try:
+        targets = parse_targets(args.target) if args.target is not None else None
+    except LibraryError as exc:
+        raise UsageError(str(exc)) from None
+    flavour = args.library or (settings.backend if settings.backend in FLAVOURS else None)
+    if flavour is None and targets is not None:
+        flavour = "tensorrt-rtx"
+    try:
         options = BuildOptions.from_settings(engine, settings.detection)
-        cached = build_cached(model, options, engine.cache_dir, device=args.device)
+        cached = build_cached(
+            model, options, engine.cache_dir, device=args.device, lib=flavour, targets=targets
+        )
     except PluginLibraryError as exc:
         raise UsageError(str(exc)) from None
     except BuildError as exc:
@@ -493,7 +516,9 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
                 "precision": manifest.key.precision,
                 "profile": manifest.key.profile.label,
                 "gpu": manifest.key.gpu_name,
+                "library": manifest.key.flavour,
                 "tensorrt": manifest.key.tensorrt_version,
+                "compute_capability": manifest.key.compute_capability,
                 "build_seconds": manifest.build_seconds,
             }
         )
@@ -502,11 +527,11 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_inspect(args: argparse.Namespace) -> int:
-    from vdet.engines.build import BuildError, inspect_plan, tensorrt_installed, tensorrt_io
+    from vdet.engines.build import BuildError, can_deserialize, inspect_plan, tensorrt_io
 
     if not args.plan.is_file():
         raise UsageError(f"plan not found: {args.plan}")
-    deserialize = tensorrt_io if tensorrt_installed() else None
+    deserialize = tensorrt_io if can_deserialize(args.plan) else None
     try:
         report = inspect_plan(args.plan, deserialize=deserialize)
     except BuildError as exc:

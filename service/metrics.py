@@ -309,9 +309,27 @@ class Metrics:
     def set_stream_count(self, count: int) -> None:
         self.streams.set(count)
 
-    def set_backend(self, *, backend: str, device: str, model: str, precision: str) -> None:
+    def set_backend(
+        self,
+        *,
+        backend: str,
+        device: str,
+        model: str,
+        precision: str,
+        data_path: str = "cpu",
+        selection: str = "",
+    ) -> None:
+        """What serves: `data_path` "gpu" (NVDEC, our kernels, CUDA graphs) or "cpu" (CPU
+        decode, every frame through the detector); `selection` says why this backend."""
         self.backend.info(
-            {"backend": backend, "device": device, "model": model, "precision": precision}
+            {
+                "backend": backend,
+                "device": device,
+                "model": model,
+                "precision": precision,
+                "data_path": data_path,
+                "selection": selection,
+            }
         )
 
     def render(self) -> bytes:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from vdet.config import DetectionDefaults, Settings, StreamSpec
 from vdet.hub import ResultsHub
@@ -61,6 +61,9 @@ class BackendInfo:
     model: str
     precision: str
     class_names: tuple[str, ...]
+    # "gpu": NVDEC, our kernels, CUDA graphs; "cpu": CPU decode, every frame through Detector.
+    data_path: Literal["gpu", "cpu"] = "cpu"
+    selection: str = ""  # why this backend serves (what `auto` passed over)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +130,8 @@ class LocalStreams:
             # Not every backend states its precision; ONNX Runtime on the CPU runs fp32.
             precision=str(getattr(backend, "precision", "fp32")),
             class_names=tuple(info.names),
+            data_path="gpu" if backend.gpu_data_path else "cpu",
+            selection=backend.selection,
         )
 
     @classmethod
@@ -235,17 +240,14 @@ class LocalStreams:
 
 
 def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | None:
-    """GPU workers (NVDEC + CUDA graphs) when the backend runs on a GPU; else None.
+    """GPU workers (NVDEC + CUDA graphs) when the backend feeds the GPU data path; else None.
 
-    That is torch on CUDA, or a TensorRT raw-head engine. ONNX Runtime (CPU), end-to-end
-    engines and a TensorRT engine still being built behind ONNX Runtime (the handoff backend)
-    decode on the CPU and run every frame through the `Detector`.
+    That is torch on CUDA, or a TensorRT (full or RTX) raw-head engine
+    (`InferenceBackend.gpu_data_path`). ONNX Runtime (CPU), end-to-end engines and an engine
+    still being built behind another backend (the handoff backend) decode on the CPU and run
+    every frame through the `Detector`.
     """
-    kind = type(backend).__name__
-    if kind == "TorchBackend":
-        if not str(backend.device).startswith("cuda"):
-            return None
-    elif kind != "TensorRTBackend" or backend.end_to_end:
+    if not backend.gpu_data_path:
         return None
     from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
 
@@ -306,6 +308,8 @@ class Runtime:
                 device=self.backend.device,
                 model=self.backend.model,
                 precision=self.backend.precision,
+                data_path=self.backend.data_path,
+                selection=self.backend.selection,
             )
             for spec in self.settings.sources:
                 try:

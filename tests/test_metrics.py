@@ -69,9 +69,10 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_mps_active": "gauge",
     }
     info = samples(metrics)
+    labels = (("backend", "onnxruntime"), ("data_path", "cpu"), ("device", "cpu"))
     key = (
         "vdet_backend_info",
-        (("backend", "onnxruntime"), ("device", "cpu"), ("model", "m.onnx"), ("precision", "fp32")),
+        (*labels, ("model", "m.onnx"), ("precision", "fp32"), ("selection", "")),
     )
     assert info[key] == 1.0
 

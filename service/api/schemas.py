@@ -147,6 +147,21 @@ class ReadyOut(BaseModel):
     sources_configured: int = Field(description="Streams declared in the configuration.")
     sources_started: int = Field(description="Of those, streams whose workers have started.")
     detail: str | None = None
+    backend: str | None = Field(
+        default=None,
+        description="The inference backend serving (tensorrt, tensorrt-rtx, torch, onnxruntime); "
+        "null before the detector is loaded.",
+    )
+    data_path: Literal["gpu", "cpu"] | None = Field(
+        default=None,
+        description="gpu: NVDEC decode, vdet's kernels and one CUDA graph per stream on the GPU; "
+        "cpu: frames decode on the CPU and run through the detector one by one.",
+    )
+    backend_selection: str | None = Field(
+        default=None,
+        description="Why this backend serves: configured, or what `backend: auto` chose and what "
+        "it passed over (e.g. TensorRT for RTX on a GPU it does not run on).",
+    )
 
 
 # --- WebSocket messages ----------------------------------------------------------------------
