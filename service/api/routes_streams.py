@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 
 from vdet.api.deps import ManagerDep, RuntimeDep
-from vdet.api.images import draw_detections, encode_jpeg
+from vdet.api.frames import latest_jpeg
 from vdet.api.schemas import (
     DetectionResultOut,
     EffectiveParams,
@@ -173,13 +173,11 @@ def latest_detections(stream_id: str, manager: ManagerDep) -> DetectionResultOut
     },
 )
 def snapshot(stream_id: str, manager: ManagerDep) -> Response:
-    snap = manager.snapshot_image(stream_id)
-    if snap is None:
+    frame = latest_jpeg(manager, stream_id)
+    if frame is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    frame_bgr, result = snap
-    image = draw_detections(frame_bgr, result.detections, manager.class_names)
     return Response(
-        content=encode_jpeg(image),
+        content=frame.jpeg,
         media_type="image/jpeg",
-        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(result.seq)},
+        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(frame.seq)},
     )

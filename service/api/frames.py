@@ -1,0 +1,72 @@
+"""The latest processed frame of a stream as JPEG: the one place frames leave the pipeline.
+
+`latest_jpeg` is what the snapshot route and the live video feed both call. It owns where a
+stream's last frame comes from (today: the stream manager's snapshot in this process) and how
+it becomes a JPEG (optionally with its boxes drawn, optionally scaled down). It does not pace,
+count viewers or speak HTTP. CPU-bound and may block on the manager's locks: call it from a
+worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from vdet.api.images import draw_detections, encode_jpeg
+from vdet.streams import StreamManager
+
+DEFAULT_QUALITY = 85
+
+
+@dataclass(frozen=True)
+class EncodedFrame:
+    """One processed frame of a stream, encoded."""
+
+    seq: int  # the seq of the result detected on this frame (matches the WebSocket feed)
+    jpeg: bytes
+    width: int  # of the JPEG
+    height: int
+    source_width: int  # of the decoded frame, the space detection boxes are in
+    source_height: int
+
+
+def latest_jpeg(
+    manager: StreamManager,
+    stream_id: str,
+    *,
+    boxes: bool = True,
+    quality: int = DEFAULT_QUALITY,
+    max_width: int | None = None,
+    newer_than: int = 0,
+) -> EncodedFrame | None:
+    """The last processed frame of `stream_id` as JPEG, or None if it has none newer than
+    the result seq `newer_than` (0: any). Raises UnknownStreamError.
+
+    `boxes` draws the frame's detections on it (at source resolution, before any scaling);
+    `max_width` scales the frame down (never up) to at most that many pixels across.
+    """
+    peek = manager.snapshot(stream_id)  # cheap: no copy, no GPU download
+    if peek is None or peek.result.seq <= newer_than:
+        return None
+    snap = manager.snapshot_image(stream_id)
+    if snap is None:
+        return None
+    image, result = snap
+    source_h, source_w = image.shape[:2]
+    if boxes:
+        image = draw_detections(image, result.detections, manager.class_names)
+    if max_width is not None and source_w > max_width:
+        height = max(1, round(source_h * max_width / source_w))
+        scaled = cv2.resize(image, (max_width, height), interpolation=cv2.INTER_AREA)
+        image = np.ascontiguousarray(scaled, dtype=np.uint8)
+    h, w = image.shape[:2]
+    return EncodedFrame(
+        seq=result.seq,
+        jpeg=encode_jpeg(image, quality),
+        width=w,
+        height=h,
+        source_width=source_w,
+        source_height=source_h,
+    )
