@@ -368,8 +368,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
     api_key: SecretStr | None = Field(
         default=None,
-        description="When set, every endpoint except /healthz, /readyz and /metrics requires it "
-        "(X-API-Key or Authorization: Bearer; WebSockets: ?api_key= or subprotocol).",
+        description="When set, every endpoint except /healthz, /readyz, /metrics and the web "
+        "page's files (/, /ui/) requires it (X-API-Key or Authorization: Bearer; WebSockets: "
+        "?api_key= or subprotocol).",
     )
     max_streams: int = Field(default=16, ge=1, le=1024, description="Most concurrent streams.")
     max_upload_bytes: int = Field(
