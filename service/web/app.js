@@ -58,6 +58,7 @@ function setupKeyDialog() {
     $("#key-input").value = "";
     sessionStorage.setItem(KEY_STORE, apiKey);
     if ($("#key-remember").checked) localStorage.setItem(KEY_STORE, apiKey);
+    $("#key-dialog").close();
     refreshStreams();
     if (live) openLive(live.id); // reconnect the feeds with the new key
   });
@@ -82,6 +83,7 @@ function fmt(value, digits = 1) {
 }
 
 async function refreshStreams() {
+  if ($("#key-dialog").open) return; // waiting for the key: no point asking again
   try {
     const data = await api("/v1/streams");
     streams = data.streams;
@@ -169,6 +171,7 @@ function renderStreams() {
   if (live) {
     const current = streams.find((s) => s.id === live.id);
     if (current) live.stream = current;
+    else closeLive(); // removed, here or elsewhere
   }
 }
 
