@@ -144,14 +144,69 @@ def _browser_phase(base: str, seconds: float, profile: Path) -> dict[str, Any]:
     return {"page_fps_median": statistics.median(samples), "page_fps_samples": samples}
 
 
+def _cpu_costs(frames: int, width: int, quality: int) -> dict[str, Any]:
+    """CPU milliseconds per 1080p frame of the sample clip: decode, and the live encode.
+
+    CPU time, not wall time: on a shared machine, other work stretches wall times but not the
+    CPU a step itself burns. Each step runs alone here, before the server starts. (Detection
+    is left out: ONNX Runtime's threads spin while they wait, so its CPU time says more about
+    the machine's load than about the model.)
+    """
+    import av
+
+    from vdet.api.frames import encode_frame
+
+    decode_ms, images = [], []
+    with av.open(str(asset_path("sample.mp4"))) as container:
+        t = time.process_time()
+        for frame in container.decode(video=0):
+            images.append(frame.to_ndarray(format="bgr24"))
+            now = time.process_time()
+            decode_ms.append(1000 * (now - t))
+            t = now
+            if len(images) == frames:
+                break
+    encode_ms = []
+    for image in images:
+        t = time.process_time()
+        encode_frame(image, None, (), quality=quality, max_width=width)
+        encode_ms.append(1000 * (time.process_time() - t))
+    return {
+        "frames": len(images),
+        "decode_cpu_ms_median": round(statistics.median(decode_ms), 2),
+        "live_encode_cpu_ms_median": round(statistics.median(encode_ms), 2),
+    }
+
+
+def _modelled(costs: dict[str, Any], cores: int) -> dict[str, Any]:
+    """What one viewer at 10 fps takes from detection on a machine saturated by it.
+
+    With every core busy, two real-time 1080p30 streams first cost their decoding; detection
+    gets the rest. A viewer's encodes come out of that rest, so detection throughput drops
+    by the viewer's share of it.
+    """
+    decode_cores = 2 * 30 * costs["decode_cpu_ms_median"] / 1000
+    viewer_cores = 10 * costs["live_encode_cpu_ms_median"] / 1000
+    left_for_detection = cores - decode_cores
+    return {
+        "cores": cores,
+        "decode_cores_two_streams": round(decode_cores, 3),
+        "viewer_cores_at_10_fps": round(viewer_cores, 4),
+        "detection_throughput_ratio_with_viewer": round(1 - viewer_cores / left_for_detection, 4),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--pairs", type=int, default=4, help="(off, on) phase pairs")
     parser.add_argument("--seconds", type=float, default=20.0, help="per phase")
     parser.add_argument("--browser", action="store_true", help="add a phase with the page")
+    parser.add_argument("--note", default="", help="what to know about this run")
     args = parser.parse_args()
 
+    costs = _cpu_costs(60, int(QUERY["max_width"]), quality=75)
+    print(f"cpu costs: {costs}", file=sys.stderr)
     sample = str(asset_path("sample.mp4"))
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
@@ -204,6 +259,7 @@ def main() -> int:
     report = {
         "scenario": "live-view",
         "environment": environment(),
+        "note": args.note,
         "setup": {
             "backend": "onnxruntime (CPU), the demo model",
             "streams": "demo and other: the bundled 1080p30 sample clip, looped, real time",
@@ -230,6 +286,8 @@ def main() -> int:
             "encode_ms_mean_median": med(True, "encode_ms_mean"),
         },
         "browser": browser,
+        "cpu_costs": costs,
+        "modelled": _modelled(costs, os.cpu_count() or 1),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")

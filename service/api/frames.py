@@ -9,6 +9,7 @@ worker thread, never on the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import cv2
@@ -16,6 +17,7 @@ import numpy as np
 
 from vdet.api.images import draw_detections, encode_jpeg
 from vdet.streams import StreamManager
+from vdet.types import Detections, ImageArray
 
 DEFAULT_QUALITY = 85
 
@@ -54,19 +56,41 @@ def latest_jpeg(
     if snap is None:
         return None
     image, result = snap
+    jpeg, (w, h) = encode_frame(
+        image,
+        result.detections if boxes else None,
+        manager.class_names,
+        quality=quality,
+        max_width=max_width,
+    )
     source_h, source_w = image.shape[:2]
-    if boxes:
-        image = draw_detections(image, result.detections, manager.class_names)
-    if max_width is not None and source_w > max_width:
-        height = max(1, round(source_h * max_width / source_w))
-        scaled = cv2.resize(image, (max_width, height), interpolation=cv2.INTER_AREA)
-        image = np.ascontiguousarray(scaled, dtype=np.uint8)
-    h, w = image.shape[:2]
     return EncodedFrame(
         seq=result.seq,
-        jpeg=encode_jpeg(image, quality),
+        jpeg=jpeg,
         width=w,
         height=h,
         source_width=source_w,
         source_height=source_h,
     )
+
+
+def encode_frame(
+    image_bgr: ImageArray,
+    detections: Detections | None,
+    names: Sequence[str],
+    *,
+    quality: int = DEFAULT_QUALITY,
+    max_width: int | None = None,
+) -> tuple[bytes, tuple[int, int]]:
+    """JPEG of a BGR frame with `detections` drawn (None: none), scaled down to `max_width`;
+    and the JPEG's (width, height)."""
+    image = image_bgr
+    if detections is not None:
+        image = draw_detections(image, detections, names)
+    source_h, source_w = image.shape[:2]
+    if max_width is not None and source_w > max_width:
+        height = max(1, round(source_h * max_width / source_w))
+        scaled = cv2.resize(image, (max_width, height), interpolation=cv2.INTER_AREA)
+        image = np.ascontiguousarray(scaled, dtype=np.uint8)
+    h, w = image.shape[:2]
+    return encode_jpeg(image, quality), (w, h)
