@@ -1,8 +1,8 @@
 """Screenshots of the web page for the docs: a real `vdet serve` in headless Chromium.
 
 The server runs the demo stream, a second copy of the sample clip and a camera that does not
-answer (to show a stream in backoff with its error). Writes docs/images/web-page.png (the
-whole page) and docs/images/web-live.png (the live view).
+answer (to show a stream in backoff with its error). Writes docs/images/web-page.jpg (the
+whole page) and docs/images/web-live.jpg (the live view).
 
     .venv/bin/python scripts/web_screenshots.py
 """
@@ -78,13 +78,13 @@ def main() -> int:
                     "() => Number(document.querySelector('#live').dataset.boxes) > 0"
                 )
                 time.sleep(6)  # measured rates and the dead camera's error fill in
-                page.screenshot(path=str(out / "web-page.png"), full_page=True)
-                page.locator("#live-section").screenshot(path=str(out / "web-live.png"))
+                page.screenshot(path=str(out / "web-page.jpg"), full_page=True, quality=85)
+                page.locator("#live-section").screenshot(path=str(out / "web-live.jpg"), quality=85)
                 context.close()
         finally:
             server.terminate()
             server.wait(timeout=30)
-    print(f"wrote {out / 'web-page.png'} and {out / 'web-live.png'}")
+    print(f"wrote {out / 'web-page.jpg'} and {out / 'web-live.jpg'}")
     return 0
 
 
