@@ -337,6 +337,7 @@ function openLive(id) {
     frame: null,
     zones: [],
     drawn: [],
+    labels: [],
     closed: false,
   };
   $("#live-section").hidden = false;
@@ -358,7 +359,14 @@ function connectEvents(view) {
   const after = view.lastSeq === null ? "" : `?after=${view.lastSeq}`;
   const protocols = apiKey ? ["vdet.v1", `vdet.api-key.${apiKey}`] : ["vdet.v1"];
   const url = `${scheme}//${location.host}/v1/streams/${encodeURIComponent(view.id)}/events${after}`;
-  const ws = new WebSocket(url, protocols);
+  let ws;
+  try {
+    ws = new WebSocket(url, protocols);
+  } catch {
+    // A key with characters a subprotocol cannot carry (spaces, commas, ...).
+    $("#live-status").textContent = "this API key cannot be sent on a WebSocket";
+    return;
+  }
   view.ws = ws;
   let ended = false;
   ws.addEventListener("message", (event) => {
@@ -511,6 +519,7 @@ function draw(view) {
   ctx.lineWidth = lineWidth;
   ctx.font = `${Math.max(12, Math.round(canvas.width / 70))}px system-ui, sans-serif`;
   ctx.textBaseline = "bottom";
+  const labels = [];
   for (const d of detections) {
     const [x1, y1, x2, y2] = d.box;
     const colour = classColour(d.class_id);
@@ -518,6 +527,7 @@ function draw(view) {
     ctx.strokeRect(x1 * sx, y1 * sy, (x2 - x1) * sx, (y2 - y1) * sy);
     const track = d.track_id === null || d.track_id === undefined ? "" : ` #${d.track_id}`;
     const label = `${d.class_name} ${d.score.toFixed(2)}${track}`;
+    labels.push(label);
     const width = ctx.measureText(label).width + 6;
     const height = parseInt(ctx.font, 10) + 4;
     const top = y1 * sy - height >= 0 ? y1 * sy - height : y1 * sy;
@@ -527,6 +537,7 @@ function draw(view) {
     ctx.fillText(label, x1 * sx + 3, top + height - 2);
   }
   view.drawn = detections;
+  view.labels = labels;
   canvas.dataset.seq = String(frame.seq);
   canvas.dataset.boxes = String(detections.length);
   $("#live-status").textContent = result

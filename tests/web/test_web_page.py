@@ -9,8 +9,10 @@ removes a stream. With an API key: test_web_api_key.py.
 from __future__ import annotations
 
 import colorsys
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.browser import Page
@@ -150,3 +152,77 @@ def test_add_change_and_remove_a_stream_through_the_forms(server: Server, page: 
     assert ids == ["demo"]
     # 422 responses are reported by Chromium as failed loads; nothing else may be.
     assert [e for e in console.errors if "422" not in e] == []
+
+
+_ZONES = {
+    "zones": [
+        # A stand-in for the zones endpoint (not on this server yet): the contract's shape.
+        {
+            "id": "door",
+            "kind": "polygon",
+            "normalized": True,
+            "points": [[0.05, 0.05], [0.45, 0.05], [0.45, 0.45], [0.05, 0.45]],
+        },
+        {"id": "gate", "kind": "line", "normalized": False, "points": [[0, 1000], [1900, 1000]]},
+    ]
+}
+
+_ZONE_PIXELS_JS = """
+() => {
+  const canvas = document.querySelector('#live');
+  if (!live || !live.frame || !live.zones.length) return null;
+  const ctx = canvas.getContext('2d');
+  const raw = new OffscreenCanvas(canvas.width, canvas.height).getContext('2d');
+  raw.drawImage(live.frame.bitmap, 0, 0);
+  // A 5x5 grid inside the polygon, away from its edges: the page lightens it.
+  const pairs = [];
+  for (let i = 1; i <= 5; i++) for (let j = 1; j <= 5; j++) {
+    const x = Math.round(canvas.width * (0.05 + 0.4 * i / 6));
+    const y = Math.round(canvas.height * (0.05 + 0.4 * j / 6));
+    pairs.push([Array.from(ctx.getImageData(x, y, 1, 1).data).slice(0, 3),
+                Array.from(raw.getImageData(x, y, 1, 1).data).slice(0, 3)]);
+  }
+  return pairs;
+}
+"""
+
+
+def test_zones_are_drawn_when_the_server_has_them(server: Server, page: Page) -> None:
+    page.route(
+        "**/v1/streams/demo/zones",
+        lambda route: route.fulfill(json=_ZONES),
+    )
+    page.goto(server.base_url + "/")
+    pairs = wait_until(lambda: page.evaluate(_ZONE_PIXELS_JS), 30, what="zones drawn")
+
+    def lightened(drawn: list[int], raw: list[int]) -> bool:
+        # 12% white over the frame (a box or label may cover a few of these points).
+        return all(abs(d - (0.88 * r + 0.12 * 255)) <= 4 for d, r in zip(drawn, raw, strict=True))
+
+    assert sum(lightened(d, r) for d, r in pairs) >= 0.8 * len(pairs)
+
+
+def test_track_ids_are_drawn_when_results_carry_them(server: Server, page: Page) -> None:
+    # Stand-in for the tracker (not on this server yet): the real feed passes through a
+    # WebSocket route that gives every detection a track id, as the tracking contract will.
+    def with_track_ids(ws: Any) -> None:
+        upstream = ws.connect_to_server()
+
+        def relay(message: str | bytes) -> None:
+            event = json.loads(message)
+            if event.get("type") == "result":
+                for i, detection in enumerate(event["result"]["detections"]):
+                    detection["track_id"] = 100 + i
+            ws.send(json.dumps(event))
+
+        upstream.on_message(relay)
+
+    page.route_web_socket("**/v1/streams/demo/events*", with_track_ids)
+    page.goto(server.base_url + "/")
+    labels = wait_until(
+        lambda: page.evaluate("() => live && live.labels.length ? live.labels : null"),
+        30,
+        what="labels drawn",
+    )
+    assert labels[0].endswith(" #100")
+    assert all(" #" in label for label in labels)
