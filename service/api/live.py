@@ -101,6 +101,8 @@ class LiveVideo:
         if task is None:
             newer_than = max(after_seq, cached.seq if cached is not None else 0)
             task = asyncio.create_task(self._encode(manager, key, newer_than))
+            # Retrieved even when every viewer waiting for it has left (no "never retrieved").
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self._pending[key] = task
         # Shielded: a viewer leaving must not cancel an encode the others are waiting for.
         frame = await asyncio.shield(task)

@@ -5,7 +5,7 @@
 "use strict";
 
 const POLL_STREAMS_MS = 1000;
-const POLL_GPU_MS = 5000;
+const POLL_GPU_MS = 15000; // placement rarely changes; /metrics grows with streams
 const LIVE_FPS = 15; // asked of the server; it caps it at live.max_fps
 const LIVE_WIDTH = 960;
 const KEPT_RESULTS = 120; // WebSocket results kept to pair with frames by seq
