@@ -241,6 +241,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level=settings.log_level,
         ws_max_size=1 << 20,
+        # Live video responses never end by themselves: give them this long after SIGTERM or
+        # Ctrl-C, then cut them, so that shutdown cannot wait forever on a viewer.
+        timeout_graceful_shutdown=5,
     )
     return 0
 

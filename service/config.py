@@ -387,6 +387,32 @@ class EngineSettings(_Strict):
         return self
 
 
+class LiveSettings(_Strict):
+    """Live video (GET /v1/streams/{id}/live.mjpeg and the web page's live view)."""
+
+    max_viewers: int = Field(
+        default=8,
+        ge=0,
+        le=256,
+        description="Most live video responses open at once, all streams together (each one "
+        "costs a JPEG encode per new frame unless another viewer of the same stream and size "
+        "shares it); 0 turns live video off.",
+    )
+    max_fps: float = Field(
+        default=15.0, gt=0.0, le=60.0, description="Highest frame rate a viewer may ask for."
+    )
+    jpeg_quality: int = Field(default=75, ge=20, le=95, description="JPEG quality of live frames.")
+    max_width: int = Field(
+        default=1280,
+        ge=160,
+        le=7680,
+        description="Live frames wider than this are scaled down to it before encoding.",
+    )
+    encoder_threads: int = Field(
+        default=2, ge=1, le=32, description="Threads that may encode live frames at once."
+    )
+
+
 class Settings(BaseSettings):
     """Everything `vdet serve` needs. See the module docstring for where values come from."""
 
@@ -401,8 +427,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
     api_key: SecretStr | None = Field(
         default=None,
-        description="When set, every endpoint except /healthz, /readyz and /metrics requires it "
-        "(X-API-Key or Authorization: Bearer; WebSockets: ?api_key= or subprotocol).",
+        description="When set, every endpoint except /healthz, /readyz, /metrics and the web "
+        "page's files (/, /ui/) requires it (X-API-Key or Authorization: Bearer; WebSockets: "
+        "?api_key= or subprotocol).",
     )
     max_streams: int = Field(default=16, ge=1, le=1024, description="Most concurrent streams.")
     max_upload_bytes: int = Field(
@@ -445,6 +472,9 @@ class Settings(BaseSettings):
     workers: WorkerSettings = Field(
         default_factory=WorkerSettings,
         description="Stream worker processes behind the one API (see docs/workers.md).",
+    )
+    live: LiveSettings = Field(
+        default_factory=LiveSettings, description="Live video for the web page and viewers."
     )
     sources: list[StreamSpec] = Field(
         default_factory=list,

@@ -132,6 +132,19 @@ class Metrics:
             "vdet_websocket_clients", "WebSocket event clients connected now.", registry=r
         )
         self.streams = Gauge("vdet_streams", "Streams configured now.", registry=r)
+        self.live_viewers = Gauge(
+            "vdet_live_viewers", "Live video (MJPEG) responses open now.", registry=r
+        )
+        self.live_encode_seconds = Histogram(
+            "vdet_live_encode_seconds",
+            "Time to draw, scale and JPEG-encode one live frame (shared by the viewers of the "
+            "same stream and size).",
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.live_frames_sent = Counter(
+            "vdet_live_frames_sent_total", "Live video frames sent, all viewers.", registry=r
+        )
         self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
         self.gpu_memory_used = Gauge(
             "vdet_gpu_memory_used_bytes",

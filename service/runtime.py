@@ -24,9 +24,10 @@ from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.streams import ResultSink, StreamManager, StreamView
-from vdet.types import DetectionResult, Detections, ImageArray, SourceStatus, StageTimings
+from vdet.types import Detections, ImageArray, SourceStatus, StageTimings
 
 if TYPE_CHECKING:
+    from vdet.api.frames import EncodedFrame
     from vdet.gpu_workers import GpuPool  # imports torch: only where a GPU backend runs
     from vdet.workers.pool import WorkerPool
 
@@ -97,8 +98,17 @@ class StreamService(Protocol):
 
     def __len__(self) -> int: ...
 
-    def snapshot_jpeg(self, stream_id: str) -> tuple[bytes, DetectionResult] | None:
-        """The last processed frame with its boxes drawn, as JPEG, and its result."""
+    def latest_jpeg(
+        self,
+        stream_id: str,
+        *,
+        boxes: bool = True,
+        quality: int = 85,
+        max_width: int | None = None,
+        newer_than: int = 0,
+    ) -> EncodedFrame | None:
+        """The last processed frame as JPEG if its result's seq is above `newer_than`
+        (vdet.api.frames.latest_jpeg says what the options do)."""
         ...
 
     def detect(
@@ -196,15 +206,25 @@ class LocalStreams:
     def __len__(self) -> int:
         return len(self.manager)
 
-    def snapshot_jpeg(self, stream_id: str) -> tuple[bytes, DetectionResult] | None:
-        from vdet.api.images import draw_detections, encode_jpeg
+    def latest_jpeg(
+        self,
+        stream_id: str,
+        *,
+        boxes: bool = True,
+        quality: int = 85,
+        max_width: int | None = None,
+        newer_than: int = 0,
+    ) -> EncodedFrame | None:
+        from vdet.api.frames import encode_latest
 
-        snap = self.manager.snapshot_image(stream_id)
-        if snap is None:
-            return None
-        frame_bgr, result = snap
-        image = draw_detections(frame_bgr, result.detections, self.class_names)
-        return encode_jpeg(image), result
+        return encode_latest(
+            self.manager,
+            stream_id,
+            boxes=boxes,
+            quality=quality,
+            max_width=max_width,
+            newer_than=newer_than,
+        )
 
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams

@@ -17,8 +17,17 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from vdet.api import routes_detect, routes_events, routes_ops, routes_streams, routes_workers
+from vdet.api import (
+    routes_detect,
+    routes_events,
+    routes_live,
+    routes_ops,
+    routes_streams,
+    routes_ui,
+    routes_workers,
+)
 from vdet.api.auth import require_api_key
+from vdet.api.live import LiveVideo
 from vdet.api.schemas import ErrorOut, ResultEventEncoder
 from vdet.config import Settings
 from vdet.runtime import DetectorFactory, Runtime, default_detector_factory
@@ -82,10 +91,13 @@ def create_app(
     if protected:
         errors[401] = {"model": ErrorOut, "description": "Missing or invalid API key."}
     app.include_router(routes_streams.router, dependencies=protected, responses=errors)
+    app.state.live_video = LiveVideo(settings.live, runtime.metrics)
+    app.include_router(routes_live.router, dependencies=protected, responses=errors)
     app.include_router(routes_detect.router, dependencies=protected, responses=errors)
     app.include_router(routes_workers.router, dependencies=protected, responses=errors)
     app.include_router(routes_events.router)  # WebSockets check the key in the handshake
     app.include_router(routes_ops.router)
+    app.include_router(routes_ui.router)  # the web page: public files; data needs the key
     _add_exception_handlers(app)
     return app
 

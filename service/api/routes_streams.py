@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 
 from vdet.api.deps import RuntimeDep, StreamsDep
+from vdet.api.frames import latest_jpeg
 from vdet.api.schemas import (
     DetectionResultOut,
     EffectiveParams,
@@ -177,12 +178,11 @@ def latest_detections(
     },
 )
 def snapshot(stream_id: str, streams: StreamsDep) -> Response:
-    snap = streams.snapshot_jpeg(stream_id)
-    if snap is None:
+    frame = latest_jpeg(streams, stream_id)
+    if frame is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    jpeg, result = snap
     return Response(
-        content=jpeg,
+        content=frame.jpeg,
         media_type="image/jpeg",
-        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(result.seq)},
+        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(frame.seq)},
     )

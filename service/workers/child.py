@@ -139,7 +139,7 @@ class _Calls:
             "get": streams.get,
             "update_params": self._update_params,
             "remove": streams.remove,
-            "snapshot_jpeg": streams.snapshot_jpeg,
+            "latest_jpeg": self._latest_jpeg,
             "detect": streams.detect,
             "health": streams.health,
         }
@@ -157,6 +157,9 @@ class _Calls:
         except BaseException:
             self._forwarder.remove_source(spec.id)
             raise
+
+    def _latest_jpeg(self, stream_id: str, options: dict[str, Any]) -> Any:
+        return self._streams.latest_jpeg(stream_id, **options)
 
     def _update_params(self, stream_id: str, changes: dict[str, Any]) -> Any:
         return self._streams.update_params(stream_id, **changes)

@@ -39,6 +39,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from vdet.api.frames import EncodedFrame
 from vdet.config import DetectionDefaults, Settings, StreamSpec
 from vdet.hub import ResultsHub
 from vdet.metrics import Metrics
@@ -357,21 +358,34 @@ class WorkerPool:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def snapshot_jpeg(self, stream_id: str) -> tuple[bytes, DetectionResult] | None:
+    def latest_jpeg(
+        self,
+        stream_id: str,
+        *,
+        boxes: bool = True,
+        quality: int = 85,
+        max_width: int | None = None,
+        newer_than: int = 0,
+    ) -> EncodedFrame | None:
         stream = self._stream(stream_id)
-        if stream.failed is not None:
-            return None
+        latest = self._hub.latest(stream_id)
+        if stream.failed is not None or latest is None or latest.seq <= newer_than:
+            return None  # nothing newer: known here, without asking the worker
         worker = self._workers[stream.worker]
-        snap: tuple[bytes, DetectionResult] | None = worker.call(
-            "snapshot_jpeg", stream_id, timeout=self._call_timeout
+        options = {"boxes": boxes, "quality": quality, "max_width": max_width}
+        frame: EncodedFrame | None = worker.call(
+            "latest_jpeg", stream_id, options, timeout=self._call_timeout
         )
-        if snap is None:
+        if frame is None:
             return None
-        jpeg, result = snap
-        # The worker does not know the seq the hub gave this result (it may still be on its
-        # way here): look it up by frame.
-        numbered = self._hub.find(stream_id, result.frame_index, wait_s=0.1)
-        return jpeg, numbered if numbered is not None else result
+        # The worker does not know the seq the hub gave the frame's result (that result may
+        # still be on its way here): look it up by the frame's index.
+        numbered = self._hub.find(stream_id, frame.frame_index, wait_s=0.1)
+        if numbered is None:
+            return None if newer_than else dataclasses.replace(frame, seq=latest.seq)
+        if numbered.seq <= newer_than:
+            return None
+        return dataclasses.replace(frame, seq=numbered.seq)
 
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams
