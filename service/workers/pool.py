@@ -372,7 +372,8 @@ class WorkerPool:
         if stream.failed is not None or latest is None or latest.seq <= newer_than:
             return None  # nothing newer: known here, without asking the worker
         worker = self._workers[stream.worker]
-        options = {"boxes": boxes, "quality": quality, "max_width": max_width}
+        # Results carry no seq in a worker (the hub numbers them here): any frame will do.
+        options = {"boxes": boxes, "quality": quality, "max_width": max_width, "newer_than": -1}
         frame: EncodedFrame | None = worker.call(
             "latest_jpeg", stream_id, options, timeout=self._call_timeout
         )

@@ -275,3 +275,20 @@ def test_an_uploaded_image_is_detected_by_a_worker(service: Service) -> None:
         out = json.loads(response.read())
     # The tiny model's fixed head: the person (0.9) and the car (0.6) pass conf 0.5.
     assert [d["class_name"] for d in out["detections"]] == ["person", "car"]
+
+
+def test_live_video_comes_from_the_worker_numbered_by_the_hub(service: Service, clip: Path) -> None:
+    assert service.send("POST", "/v1/streams", stream(clip, "v"))[0] == 201
+    try:
+        wait_until(lambda: service.get("/v1/streams/v/detections")[0] == 200, 30, what="result")
+        url = service.base + "/v1/streams/v/live.mjpeg?fps=5"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            head = b""
+            while b"\xff\xd9" not in head and len(head) < 1 << 20:
+                head += response.read1(65536)
+        seq = int(head.split(b"X-Vdet-Seq: ", 1)[1].split(b"\r\n", 1)[0])
+        assert b"\xff\xd8" in head
+        # The part's seq is the hub's seq of that frame's result, as the WebSocket feed has it.
+        assert 0 < seq <= service.get("/v1/streams/v/detections")[1]["seq"]
+    finally:
+        service.send("DELETE", "/v1/streams/v")
