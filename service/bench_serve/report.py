@@ -159,7 +159,8 @@ def render_serve_markdown(
             (
                 "CPU",
                 f"{_text(_get(machine, 'host_cpu'))}, {_text(_get(machine, 'cpu_count'))} "
-                f"cores, load average {_text(_get(machine, 'load_average_1m'))} at the start",
+                f"cores, load average {_text(_get(machine, 'load_average_1m'))} at the start, "
+                f"{_text(_get(machine, 'load_average_1m_end'))} at the end",
             ),
             ("GPU", "; ".join(str(g) for g in gpus) if isinstance(gpus, list) and gpus else "none"),
             ("Backend", _get(options, "backend")),

@@ -179,7 +179,8 @@ class ClipInfo(_Model):
 class Machine(_Model):
     host_cpu: str
     cpu_count: int | None
-    load_average_1m: float
+    load_average_1m: float = Field(description="At the start: other work moves every figure.")
+    load_average_1m_end: float | None = None
     gpus: list[str] = Field(description="index: name, driver (nvidia-smi); empty without.")
     platform: str
     python: str

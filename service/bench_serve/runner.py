@@ -53,6 +53,10 @@ from vdet.bench_serve.server import ServeProcess, ServerStartError, free_port
 
 Progress = Callable[[str], None]
 
+# Results name the clip and the server command as the user gave them, not by where they lie on
+# the machine that ran them.
+SAMPLE_CLIP_NAME = "sample.mp4 (shipped with vdet)"
+
 REAL_TIME_FRACTION = 0.97
 CLIENT_BOUND_PERCENT = 80.0
 _CLIENT_START_TIMEOUT_S = 60.0
@@ -393,13 +397,14 @@ async def _variant_steps(
     clip: ClipInfo,
     baseline: _Baseline,
     progress: Progress,
-) -> list[StepResult]:
+    steps: list[StepResult],
+) -> None:
+    """Every step into `steps`, so that those done survive a later step's failure."""
     ws_url = server.base_url.replace("http://", "ws://", 1) + "/v1/events"
     headers = {}
     if "api_key" in server.variant.settings:
         headers["X-API-Key"] = server.variant.settings["api_key"]
         ws_url += f"?api_key={server.variant.settings['api_key']}"
-    steps: list[StepResult] = []
     clients = await _start_clients(ws_url, opts.clients)
     try:
         async with httpx.AsyncClient(
@@ -414,7 +419,6 @@ async def _variant_steps(
                     break
     finally:
         await asyncio.to_thread(_stop_clients, clients)
-    return steps
 
 
 def run_variant(
@@ -440,11 +444,11 @@ def run_variant(
             tree.pss_mib if tree.pss_mib is not None else tree.rss_mib,
             gpu.used_mib if gpu else None,
         )
-        steps = asyncio.run(_variant_steps(server, opts, clip, baseline, progress))
-    except ServerStartError as exc:
+        asyncio.run(_variant_steps(server, opts, clip, baseline, progress, steps))
+    except ServerStartError as exc:  # its message ends with the server's log
         error = str(exc)
     except Exception as exc:  # a variant's failure is a result; the run goes on
-        error = f"{type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {exc}\nserver log:\n{server.log_tail()}"
     finally:
         if server.popen is not None:
             gone = server.stop(opts.stop_timeout_s)
@@ -461,15 +465,13 @@ def run_variant(
             )
     if error:
         progress(f"{variant.name}: FAILED: {error.splitlines()[0]}")
-        if exit_out is not None and "log" not in error:
-            error += f"\nserver log:\n{server.log_tail()}"
     return VariantResult(
         name=variant.name,
         settings=dict(variant.settings),
         environment=variant.environment(),
         inherited_vdet_environment=inherited,
-        command=server.command(),
-        config=server.config,
+        command=server.command(as_shown=True),
+        config={**server.config, **({"model_path": str(opts.model)} if opts.model else {})},
         ready_seconds=ready,
         baseline_memory_mib=round(baseline.memory_mib, 1) if baseline else None,
         baseline_gpu_used_mib=baseline.gpu_used_mib if baseline else None,
@@ -484,6 +486,8 @@ def run_variant(
 
 def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> ServeBenchResult:
     """Every variant, then the shards harness if asked; the whole result."""
+    started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    at_start = machine()
     clip = probe_clip((opts.clip or sample_clip()).resolve())
     notes = [
         "latency: frame arrival (the server's time.time() when the frame's packet was read or "
@@ -514,10 +518,10 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
         notes.append("WARNING: a benchmark process was CPU-bound in some step: see bench_client")
     version = packages().get("vdet")
     return ServeBenchResult(
-        date=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        date=started,
         vdet_version=version,
         vdet_commit=vdet_commit(),
-        machine=machine(),
+        machine=at_start.model_copy(update={"load_average_1m_end": round(os.getloadavg()[0], 2)}),
         packages=packages(),
         options=RunOptions(
             streams=list(opts.streams),
@@ -527,7 +531,7 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
             control_interval_s=opts.control_interval_s,
             backend=opts.backend,
             model=str(opts.model) if opts.model else None,
-            clip=clip,
+            clip=clip.model_copy(update={"path": str(opts.clip or SAMPLE_CLIP_NAME)}),
         ),
         variants=variants,
         shards=shards,

@@ -94,14 +94,15 @@ class ServeProcess:
         env.update(self.variant.environment())
         return env
 
-    def command(self) -> list[str]:
+    def command(self, *, as_shown: bool = False) -> list[str]:
+        """The server's argv; `as_shown`: by names, not by where they lie on this machine."""
         return [
-            str(vdet_executable()),
+            "vdet" if as_shown else str(vdet_executable()),
             "--log-level",
             "warning",
             "serve",
             "--config",
-            str(self.workdir / "config.yaml"),
+            "config.yaml" if as_shown else str(self.workdir / "config.yaml"),
             "--no-demo",
         ]
 
