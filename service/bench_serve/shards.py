@@ -83,7 +83,7 @@ def run_shards(script: Path, streams: list[int], seconds: float, options: str) -
                 command,
                 timeout=len(streams) * (seconds + _RUN_OVERHEAD_S),
                 check=False,
-                stdout=sys.stderr,  # its progress lines, beside ours
+                stdout=2,  # its progress lines on our stderr, beside ours
             )
             returncode = done.returncode
         except subprocess.TimeoutExpired:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from vdet.bench_serve import proctree
 from vdet.bench_serve.events_client import latency_samples_ms, latency_summary_ms
 from vdet.bench_serve.gpu_memory import parse_devices, parse_processes
 from vdet.bench_serve.scrape import stream_counters
-from vdet.bench_serve.shards import harness_run
+from vdet.bench_serve.shards import harness_run, run_shards
 
 
 def test_the_tree_holds_a_child_and_adds_up_its_cpu_and_memory() -> None:
@@ -85,3 +86,14 @@ def test_latency_summary_and_cdf_samples() -> None:
     assert summary["n"] == 100 and summary["max"] == 100.0 and 50 <= summary["p50"] <= 51
     kept = latency_samples_ms([0.001 * i for i in range(5000, 0, -1)], 100)
     assert len(kept) == 100 and kept[0] == 1.0 and kept[-1] == 5000.0 and kept == sorted(kept)
+
+
+def test_a_harness_that_fails_is_recorded_not_raised(tmp_path: Path) -> None:
+    script = tmp_path / "streams.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    result = run_shards(script, [4, 8], 1.0, "b1:x8:mps")
+    assert result.returncode == 3 and result.runs == []
+    assert result.error is not None and "no result from the harness" in result.error
+    runs = result.command[result.command.index("--runs") + 1]
+    assert runs == "vdet:4:p:b1:x4:mps vdet:8:p:b1:x8:mps"
+    assert result.command[-2:] == ["--out", result.command[-1]] and "--no-peers" in result.command
