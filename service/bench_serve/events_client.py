@@ -227,6 +227,8 @@ class EventsClient:
                 try:
                     async with connect(url, max_size=_MAX_MESSAGE_BYTES) as ws:
                         self._ws = ws
+                        if self.stopping.is_set():  # told to stop while connecting
+                            return
                         if not self._announced:
                             self._announced = True
                             self.conn.send(("ready", None))
