@@ -60,6 +60,7 @@ class ServeBenchOptions:
     backend: str = "auto"
     output: Path | None = None
     shards_harness: str | None = None
+    pipeline_frames: int = 0
     control_interval_s: float = 0.25
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 15.0
@@ -167,6 +168,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"run options (default {DEFAULT_SHARDS}: batch 1, 8 processes over MPS)",
     )
     group.add_argument(
+        "--pipeline-frames",
+        type=int,
+        default=0,
+        metavar="F",
+        help="serve: also run `vdet bench pipeline` on the clip for F frames first (one "
+        "stream, no service: the same-run ceiling on a shared machine); 0: not",
+    )
+    group.add_argument(
         "--control-interval",
         type=float,
         default=0.25,
@@ -196,6 +205,10 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         raise ServeBenchUsageError(f"--clip: no such file {args.clip}")
     if args.model is not None and not args.model.is_file():
         raise ServeBenchUsageError(f"--model: no such file {args.model}")
+    if not 0 <= args.pipeline_frames <= 100_000:
+        raise ServeBenchUsageError(
+            f"--pipeline-frames must be 0..100000, got {args.pipeline_frames}"
+        )
     if args.shards_harness is not None and not re.fullmatch(r"[A-Za-z0-9:-]*", args.shards_harness):
         raise ServeBenchUsageError(
             f"--shards-harness: run options are ':'-separated words, got {args.shards_harness!r}"
@@ -211,6 +224,7 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         backend=args.backend,
         output=args.output,
         shards_harness=args.shards_harness,
+        pipeline_frames=args.pipeline_frames,
         control_interval_s=_positive("--control-interval", args.control_interval),
         start_timeout_s=_positive("--start-timeout", args.start_timeout),
         stop_timeout_s=_positive("--stop-timeout", args.stop_timeout),

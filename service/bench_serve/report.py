@@ -174,6 +174,19 @@ def render_serve_markdown(
             ),
         ]
     )
+    pipeline = data.get("pipeline_baseline")
+    if isinstance(pipeline, Mapping):
+        lines += _bullets(
+            [
+                (
+                    "Pipeline alone, same clip, same run (vdet bench pipeline: one stream, "
+                    "unpaced, no service)",
+                    f"{_fixed(pipeline.get('throughput_fps'), 2)} fps, inference p50 "
+                    f"{_fixed(_get(pipeline, 'latency_ms', 'inference', 'p50'), 1)} ms"
+                    + (f"; error: {_text(pipeline.get('error'))}" if pipeline.get("error") else ""),
+                )
+            ]
+        )
     notes = data.get("notes")
     if isinstance(notes, list) and notes:
         lines += ["Notes:", "", *(f"- {_text(n)}" for n in notes), ""]

@@ -168,6 +168,19 @@ class ShardsResult(_Model):
     error: str | None = None
 
 
+class PipelineBaseline(_Model):
+    """`vdet bench pipeline` on the same clip in the same run: one stream, no service."""
+
+    frames: int
+    throughput_fps: float | None = None
+    latency_ms: dict[str, dict[str, float]] | None = Field(
+        default=None, description="Per stage (decode, preprocess, inference, ...): p50, p99..."
+    )
+    backend: str | None = None
+    load_average_1m: float | None = None
+    error: str | None = None
+
+
 class ClipInfo(_Model):
     path: str
     width: int | None
@@ -208,4 +221,5 @@ class ServeBenchResult(_Model):
     options: RunOptions
     variants: list[VariantResult]
     shards: ShardsResult | None = None
+    pipeline_baseline: PipelineBaseline | None = None
     notes: list[str] = Field(default_factory=list)

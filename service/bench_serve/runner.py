@@ -49,7 +49,7 @@ from vdet.bench_serve.results import (
     StepResult,
     VariantResult,
 )
-from vdet.bench_serve.server import ServeProcess, ServerStartError, free_port
+from vdet.bench_serve.server import ServeProcess, ServerStartError, free_port, vdet_executable
 
 Progress = Callable[[str], None]
 
@@ -496,6 +496,15 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
         "each WebSocket client runs in its own process; bench_client says whether any "
         f"benchmark process used more than {CLIENT_BOUND_PERCENT:.0f}% of a core",
     ]
+    baseline = None
+    if opts.pipeline_frames:
+        from vdet.bench_serve.pipeline_baseline import run_pipeline_baseline
+
+        progress(f"pipeline alone: {opts.pipeline_frames} frames of the clip")
+        baseline = run_pipeline_baseline(
+            vdet_executable(), Path(clip.path), opts.backend, opts.model, opts.pipeline_frames
+        )
+        progress(f"pipeline alone: {baseline.throughput_fps} fps {baseline.error or ''}")
     variants = []
     with tempfile.TemporaryDirectory(prefix="vdet-bench-serve-") as tmp:
         for i, variant in enumerate(opts.variants):
@@ -535,5 +544,6 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
         ),
         variants=variants,
         shards=shards,
+        pipeline_baseline=baseline,
         notes=notes,
     )

@@ -49,6 +49,7 @@ def test_stream_counts_keep_their_order() -> None:
         (["--warmup-seconds", "-1"], "--warmup-seconds must be >= 0"),
         (["--control-interval", "0"], "--control-interval must be > 0"),
         (["--clients", "0"], "--clients must be 1..64"),
+        (["--pipeline-frames", "-1"], "--pipeline-frames must be 0..100000"),
         (["--variant", "no-colon"], "expected NAME:[key=value ...]"),
         (["--variant", "bad name:"], "the name must be"),
         (["--variant", "v:gpu.batch"], "is not key=value"),

@@ -151,6 +151,14 @@ def serve_result() -> dict[str, Any]:
             ],
             "error": None,
         },
+        "pipeline_baseline": {
+            "frames": 30,
+            "throughput_fps": 22.5,
+            "latency_ms": {"inference": {"p50": 34.1, "p99": 60.0}},
+            "backend": "onnxruntime",
+            "load_average_1m": 0.5,
+            "error": None,
+        },
         "notes": ["a note"],
     }
 
@@ -177,6 +185,7 @@ def test_serve_results_are_recognised_and_rendered() -> None:
     assert '{"post HTTP 409": 1}' in markdown
     assert "| vdet paced 16 b1 x8proc mps | 16 |" in markdown and "| last |" in markdown
     assert "0: NVIDIA H200, driver 580" in markdown
+    assert "no service): 22.50 fps, inference p50 34.1 ms" in markdown
 
 
 def test_missing_fields_are_dashes_not_errors() -> None:
