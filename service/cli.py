@@ -168,12 +168,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="benchmarks; results as JSON",
         description="pipeline: one clip through decode -> detector, per stage; engine: the "
         "backend alone at each batch size; kernels, gpu-pipeline, streams: the GPU benchmarks "
-        "of a source checkout (bench/gpu/*.py; arguments after -- go to them); report: result "
-        "JSON -> markdown and plots.",
+        "of a source checkout (bench/gpu/*.py; arguments after -- go to them); serve: a real "
+        "`vdet serve` driven over HTTP and WebSocket; report: result JSON -> markdown and plots.",
     )
     p.add_argument(
         "scenario",
-        choices=["pipeline", "engine", "kernels", "gpu-pipeline", "streams", "report"],
+        choices=["pipeline", "engine", "kernels", "gpu-pipeline", "streams", "serve", "report"],
         help="what to measure, or report",
     )
     p.add_argument("inputs", nargs="*", type=Path, help="report: result JSON files")
@@ -188,6 +188,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frames", type=int, default=150)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--output", type=Path, default=None)
+    from vdet.bench_serve.options import add_arguments as add_serve_arguments
+
+    add_serve_arguments(p)
     p.set_defaults(func=_cmd_bench)
     return parser
 
@@ -560,6 +563,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from vdet.bench_report import run_cli
 
         return run_cli(args.inputs, args.out_dir)
+    if args.scenario == "serve":
+        from vdet.bench_serve.command import run_cli as run_serve_cli
+
+        return run_serve_cli(args)
     from vdet.bench import GPU_SCRIPTS, gpu_script, run_engine_bench, run_pipeline_bench
 
     if args.scenario in GPU_SCRIPTS:
