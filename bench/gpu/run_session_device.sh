@@ -25,6 +25,7 @@
 #   ceiling   the batched graphs alone (inference ceiling), then unpaced batched 64 streams
 #   runs      only the many-stream runs named in $VDET_RUNS
 #   workers   vdet serve with worker processes on the GPU, then the GPU tests
+#   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards)
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -88,6 +89,22 @@ workers)
   cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
   grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" | tail -n 20
   [ -z "${VDET_WORKERS_ONLY:-}" ] && gpu_tests $((570 - (SECONDS - started)))
+  ;;
+serve)
+  # vdet serve as users run it: the GPU worker-process tests, then `vdet bench serve` with
+  # worker processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run.
+  export PATH="$SITE/bin:$PATH"
+  timeout 200 python3 -m pytest -m gpu tests/gpu/test_gpu_workers_serve.py -q -s -rs \
+    -p no:cacheprovider >"$OUT/workers.log" 2>&1
+  echo "workers rc=$? ($((SECONDS - started)) s)"
+  cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
+  grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" | tail -n 12
+  timeout $((585 - (SECONDS - started))) vdet bench serve --backend torch \
+    --streams "${VDET_SERVE_STREAMS:-64,96}" --duration 10 --clients 4 \
+    --variant "workers:workers.processes=auto" --shards-harness b1:x8:mps \
+    --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
+  echo "bench serve rc=$? ($((SECONDS - started)) s)"
+  tail -n 25 "$OUT/serve.log"
   ;;
 tests)
   gpu_tests 230
