@@ -172,13 +172,11 @@ class TrackingSummary:
     """What a stream's tracker adds to one frame's result, besides track ids and events.
 
     `occupancy` covers every (zone, class) seen in a zone since the zone was set, zeros
-    included; `zones` names the stream's zones for this frame (lines included), so that a
-    reader can forget what it knew of a deleted zone.
+    included, so that a (zone, class) missing from it is of a zone deleted or redrawn.
     """
 
     tracks_started: tuple[int, ...] = ()  # the class id of each track confirmed on this frame
     occupancy: tuple[ZoneOccupancy, ...] = ()
-    zones: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

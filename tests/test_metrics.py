@@ -64,6 +64,9 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_source_gpu": "gauge",
         "vdet_gpu_streams": "gauge",
         "vdet_gpu_frames_processed": "counter",
+        "vdet_zone_objects": "gauge",
+        "vdet_line_crossings": "counter",
+        "vdet_tracks_started": "counter",
     }
     info = samples(metrics)
     key = (

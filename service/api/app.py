@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from vdet.api import routes_detect, routes_events, routes_ops, routes_streams
+from vdet.api import routes_detect, routes_events, routes_ops, routes_streams, routes_zones
 from vdet.api.auth import require_api_key
 from vdet.api.deps import Runtime
 from vdet.api.schemas import ErrorOut
@@ -93,7 +93,10 @@ def create_app(
         description=_DESCRIPTION,
         lifespan=lifespan,
         openapi_tags=[
-            {"name": "streams", "description": "Video sources and their latest results."},
+            {
+                "name": "streams",
+                "description": "Video sources, their latest results, zones and lines.",
+            },
             {"name": "detect", "description": "Detection on uploaded images."},
             {"name": "ops", "description": "Health, readiness and metrics (no API key)."},
         ],
@@ -106,6 +109,7 @@ def create_app(
     if protected:
         errors[401] = {"model": ErrorOut, "description": "Missing or invalid API key."}
     app.include_router(routes_streams.router, dependencies=protected, responses=errors)
+    app.include_router(routes_zones.router, dependencies=protected, responses=errors)
     app.include_router(routes_detect.router, dependencies=protected, responses=errors)
     app.include_router(routes_events.router)  # WebSockets check the key in the handshake
     app.include_router(routes_ops.router)
@@ -120,6 +124,7 @@ async def _start(rt: Runtime, detector_factory: DetectorFactory) -> None:
     try:
         info, backend = detector.info, detector.backend
         rt.class_names = info.names
+        rt.metrics.set_class_names(info.names)
         rt.metrics.set_backend(
             backend=backend.name,
             device=backend.device,

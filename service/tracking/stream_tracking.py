@@ -48,11 +48,7 @@ class StreamTracking:
         tracked = replace(detections, tracker_id=update.tracker_id)
         self._monitor.set_zones(zones)
         events, occupancy = self._monitor.update(tracked, size_wh, time_s, update.ended_ids)
-        summary = TrackingSummary(
-            tracks_started=update.started_classes,
-            occupancy=occupancy,
-            zones=tuple(z.id for z in zones),
-        )
+        summary = TrackingSummary(tracks_started=update.started_classes, occupancy=occupancy)
         return TrackedFrame(tracked, events, summary)
 
     def reset(self) -> None:

@@ -1,0 +1,146 @@
+"""REST routes for a stream's zones and counting lines: list, replace, get, put, delete.
+
+The zones are part of the stream's spec (`StreamSpec.zones`), so PATCH /v1/streams/{id} and
+config files set the same thing; these routes change one zone without resending the others.
+Changes apply from the stream's next frame. Handlers are plain `def` (the thread pool): the
+stream manager's locks never run on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Response, status
+from pydantic import ValidationError
+
+from vdet.api.deps import ManagerDep
+from vdet.api.schemas import ErrorOut
+from vdet.api.schemas_tracking import ZonesIn, ZonesOut
+from vdet.tracking.specs import ZoneBody, ZoneSpec
+
+router = APIRouter(prefix="/v1/streams/{stream_id}/zones", tags=["streams"])
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorOut, "description": "No stream has this id, or it has no such zone."}
+}
+_INVALID: dict[int | str, dict[str, Any]] = {
+    422: {
+        "model": ErrorOut,
+        "description": "Invalid zone: a polygon that crosses itself or has no area, a line "
+        "without exactly 2 distinct points, coordinates outside 0..1 (normalised) or outside "
+        "the stream's frame (pixels), unknown classes, too many points or zones, a duplicate "
+        "id, unknown keys.",
+    }
+}
+
+
+def _unprocessable(exc: Exception) -> HTTPException:
+    if isinstance(exc, ValidationError):
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'zones'}: {err['msg']}"
+            for err in exc.errors()
+        )
+    else:
+        detail = str(exc)
+    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail)
+
+
+def _zones_out(zones: Sequence[ZoneSpec]) -> ZonesOut:
+    return ZonesOut(zones=list(zones))
+
+
+@router.get("", response_model=ZonesOut, summary="A stream's zones and lines", responses=_NOT_FOUND)
+def list_zones(stream_id: str, manager: ManagerDep) -> ZonesOut:
+    return _zones_out(manager.get(stream_id).spec.zones)
+
+
+@router.put(
+    "",
+    response_model=ZonesOut,
+    summary="Replace all of a stream's zones and lines",
+    responses={**_NOT_FOUND, **_INVALID},
+)
+def replace_zones(stream_id: str, body: ZonesIn, manager: ManagerDep) -> ZonesOut:
+    try:
+        view = manager.update_zones(stream_id, lambda _: body.zones)
+    except (ValueError, ValidationError) as exc:
+        raise _unprocessable(exc) from exc
+    return _zones_out(view.spec.zones)
+
+
+@router.delete(
+    "",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Remove all of a stream's zones and lines",
+    responses=_NOT_FOUND,
+)
+def delete_zones(stream_id: str, manager: ManagerDep) -> Response:
+    manager.update_zones(stream_id, lambda _: [])
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.get("/{zone_id}", response_model=ZoneSpec, summary="One zone or line", responses=_NOT_FOUND)
+def get_zone(stream_id: str, zone_id: str, manager: ManagerDep) -> ZoneSpec:
+    for zone in manager.get(stream_id).spec.zones:
+        if zone.id == zone_id:
+            return zone
+    raise HTTPException(
+        status.HTTP_404_NOT_FOUND, detail=f"stream {stream_id!r} has no zone {zone_id!r}"
+    )
+
+
+@router.put(
+    "/{zone_id}",
+    response_model=ZoneSpec,
+    summary="Add or replace one zone or line (201 when added)",
+    responses={201: {"model": ZoneSpec, "description": "Added."}, **_NOT_FOUND, **_INVALID},
+)
+def put_zone(
+    stream_id: str, zone_id: str, body: ZoneBody, response: Response, manager: ManagerDep
+) -> ZoneSpec:
+    try:
+        zone = ZoneSpec.model_validate({**body.model_dump(), "id": zone_id})
+    except ValidationError as exc:
+        raise _unprocessable(exc) from exc
+    added = False
+
+    def change(zones: Sequence[ZoneSpec]) -> list[ZoneSpec]:
+        nonlocal added
+        kept = [zone if z.id == zone_id else z for z in zones]
+        added = all(z.id != zone_id for z in zones)
+        return [*kept, zone] if added else kept
+
+    try:
+        manager.update_zones(stream_id, change)
+    except (ValueError, ValidationError) as exc:
+        raise _unprocessable(exc) from exc
+    if added:
+        response.status_code = status.HTTP_201_CREATED
+        response.headers["Location"] = f"/v1/streams/{stream_id}/zones/{zone_id}"
+    return zone
+
+
+@router.delete(
+    "/{zone_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    summary="Remove one zone or line",
+    responses=_NOT_FOUND,
+)
+def delete_zone(stream_id: str, zone_id: str, manager: ManagerDep) -> Response:
+    def change(zones: Sequence[ZoneSpec]) -> list[ZoneSpec]:
+        if all(z.id != zone_id for z in zones):
+            raise LookupError(zone_id)
+        return [z for z in zones if z.id != zone_id]
+
+    try:
+        manager.update_zones(stream_id, change)
+    except LookupError as exc:
+        if not isinstance(exc, KeyError):  # UnknownStreamError is a KeyError: the app's 404
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, detail=f"stream {stream_id!r} has no zone {zone_id!r}"
+            ) from exc
+        raise
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
