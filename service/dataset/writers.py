@@ -224,12 +224,15 @@ def truth_to_json(
 
 
 def _annotation_json(a: Annotation) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "class_id": a.class_id,
         "class": a.class_name,
         "box": list(a.xyxy),
         "visible_fraction": a.visible_fraction,
     }
+    if a.track_id is not None:
+        out["track_id"] = a.track_id
+    return out
 
 
 def write_video_with_truth(
