@@ -165,13 +165,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmarks; results as JSON",
         description="pipeline: one clip through decode -> detector, per stage; engine: the "
-        "backend alone at each batch size; kernels, gpu-pipeline, streams: the GPU benchmarks "
-        "of a source checkout (bench/gpu/*.py; arguments after -- go to them); report: result "
-        "JSON -> markdown and plots.",
+        "backend alone at each batch size; tracking: the tracker's cost per frame beside the "
+        "detector's (--frames: detector frames); kernels, gpu-pipeline, streams: the GPU "
+        "benchmarks of a source checkout (bench/gpu/*.py; arguments after -- go to them); "
+        "report: result JSON -> markdown and plots.",
     )
     p.add_argument(
         "scenario",
-        choices=["pipeline", "engine", "kernels", "gpu-pipeline", "streams", "report"],
+        choices=["pipeline", "engine", "tracking", "kernels", "gpu-pipeline", "streams", "report"],
         help="what to measure, or report",
     )
     p.add_argument("inputs", nargs="*", type=Path, help="report: result JSON files")
@@ -597,6 +598,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"vdet bench: --batches must be integers, got {args.batches!r}", file=sys.stderr)
             return 2
         result = run_engine_bench(model, args.backend, batches, iterations=args.iterations)
+    elif args.scenario == "tracking":
+        from vdet.tracking.bench import run_tracking_bench
+
+        result = run_tracking_bench(
+            model=str(model),
+            backend=args.backend,
+            source=args.source or str(asset_path("sample.mp4")),
+            detector_frames=args.frames,
+        )
     else:
         source = args.source or str(asset_path("sample.mp4"))
         result = run_pipeline_bench(
