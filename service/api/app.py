@@ -44,6 +44,10 @@ Real-time object detection on video streams (RTSP, HTTP, files) and single image
   `/v1/events?after=<seq>` push `{"type": "result", "result": ...}` messages; pass the last
   `seq` you saw as `after` when reconnecting to continue without gaps or duplicates. A
   `{"type": "gap", ...}` message says the requested seq has left the replay buffer.
+* **Tracking and zones**: each stream detection has a `track_id` (ByteTrack, per stream);
+  `/v1/streams/{id}/zones` holds polygon zones and counting lines, and each result's `events`
+  lists the `zone_enter`, `zone_exit` (with `dwell_s`) and `line_cross` (with `direction`)
+  its frame caused, under the result's `seq`.
 * **Detect** (`/v1/detect`): one image in, detections out.
 * **Auth**: when the server has an API key, send `X-API-Key` or `Authorization: Bearer`;
   WebSockets may use `?api_key=` or the subprotocol `vdet.api-key.<key>` (with `vdet.v1`).
