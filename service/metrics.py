@@ -199,8 +199,8 @@ class Metrics:
             child.observe(seconds)
         series.end_to_end.observe(t.end_to_end)
         series.processed.inc()
-        if result.tracking is not None or result.events:
-            self._observe_tracking(result, totals)
+        if result.tracking is not None or result.events or totals.zone_series:
+            self._observe_tracking(result, totals)  # (also drops zone gauges of tracking off)
 
     def set_class_names(self, names: tuple[str, ...]) -> None:
         """The model's class names, for the `class` label of tracking series (else ids)."""

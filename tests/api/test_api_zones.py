@@ -193,3 +193,12 @@ def test_zones_in_the_stream_spec_and_patch(client: TestClient, clip: Path) -> N
     assert r.json()["spec"]["tracking"]["lost_track_buffer"] == 30
     r = client.patch("/v1/streams/cam", json={"zones": [{**zone, "classes": ["cat"]}]})
     assert r.status_code == 422 and "unknown class" in r.text
+
+
+def test_turning_tracking_off_drops_the_zone_gauges(client: TestClient, clip: Path) -> None:
+    zone = {"id": "door", "kind": "polygon", "points": AROUND_PERSON, "normalized": False}
+    assert client.post("/v1/streams", json=stream_body(clip, zones=[zone])).status_code == 201
+    wait_until(lambda: 'zone="door"' in client.get("/metrics").text, 10, what="a zone gauge")
+    r = client.patch("/v1/streams/cam", json={"tracking": {"enabled": False}})
+    assert r.status_code == 200
+    wait_until(lambda: 'zone="door"' not in client.get("/metrics").text, 10, what="no gauge")
