@@ -24,28 +24,47 @@ def _cross(o: Points, a: Points, b: Points) -> npt.NDArray[np.float64]:
     return out
 
 
-def points_in_polygon(points: Points, polygon: Points) -> npt.NDArray[np.bool_]:
-    """Which of `points` (N, 2) lie inside `polygon` (V, 2) or on its boundary.
+class Polygon:
+    """A polygon's edges, prepared once, for testing many points each frame."""
 
-    Even-odd crossing number (right for concave polygons), plus an exact on-edge test.
-    """
-    if len(points) == 0:
-        return np.zeros(0, np.bool_)
-    a = polygon[None, :, :]  # (1, V, 2) edge starts
-    b = np.roll(polygon, -1, axis=0)[None, :, :]  # edge ends
-    p = points[:, None, :]  # (N, 1, 2)
-    ay, by, py = a[..., 1], b[..., 1], p[..., 1]
-    straddles = (ay > py) != (by > py)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x_at = a[..., 0] + (py - ay) * (b[..., 0] - a[..., 0]) / (by - ay)
-    inside = (straddles & (p[..., 0] < x_at)).sum(axis=1) % 2 == 1
-    # On an edge: collinear with it and within its bounding box.
-    collinear = np.abs(_cross(a, b, p)) <= _EPS * np.maximum(1.0, np.abs(b - a).sum(axis=-1))
-    lo, hi = np.minimum(a, b), np.maximum(a, b)
-    within = ((p >= lo - _EPS) & (p <= hi + _EPS)).all(axis=-1)
-    on_edge = (collinear & within).any(axis=1)
-    result: npt.NDArray[np.bool_] = inside | on_edge
-    return result
+    def __init__(self, vertices: Points) -> None:
+        a = np.asarray(vertices, np.float64)
+        b = np.roll(a, -1, axis=0)
+        self.ax, self.ay, self.bx, self.by = a[:, 0], a[:, 1], b[:, 0], b[:, 1]
+        dy = self.by - self.ay
+        # x where each edge meets a horizontal line, as ax + (y - ay) * slope; horizontal
+        # edges never straddle one, so their slope is never used.
+        self.slope = np.divide(self.bx - self.ax, dy, out=np.zeros_like(dy), where=dy != 0)
+        self.lo_x, self.hi_x = np.minimum(self.ax, self.bx), np.maximum(self.ax, self.bx)
+        self.lo_y, self.hi_y = np.minimum(self.ay, self.by), np.maximum(self.ay, self.by)
+        self.tolerance = _EPS * np.maximum(1.0, np.abs(self.bx - self.ax) + np.abs(dy))
+
+    def contains(self, points: Points) -> npt.NDArray[np.bool_]:
+        """Which of `points` (N, 2) lie inside or on the boundary.
+
+        Even-odd crossing number (right for concave polygons), plus an exact on-edge test.
+        """
+        if len(points) == 0:
+            return np.zeros(0, np.bool_)
+        px, py = points[:, 0:1], points[:, 1:2]  # (N, 1) against (V,) edges
+        straddles = (self.ay > py) != (self.by > py)
+        x_at = self.ax + (py - self.ay) * self.slope
+        inside = np.count_nonzero(straddles & (px < x_at), axis=1) % 2 == 1
+        cross = (self.bx - self.ax) * (py - self.ay) - (self.by - self.ay) * (px - self.ax)
+        on_edge = (
+            (np.abs(cross) <= self.tolerance)
+            & (px >= self.lo_x - _EPS)
+            & (px <= self.hi_x + _EPS)
+            & (py >= self.lo_y - _EPS)
+            & (py <= self.hi_y + _EPS)
+        ).any(axis=1)
+        result: npt.NDArray[np.bool_] = inside | on_edge
+        return result
+
+
+def points_in_polygon(points: Points, polygon: Points) -> npt.NDArray[np.bool_]:
+    """Which of `points` (N, 2) lie inside `polygon` (V, 2) or on its boundary."""
+    return Polygon(polygon).contains(points)
 
 
 def side_of_line(points: Points, a: Points, b: Points) -> npt.NDArray[np.int8]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vdet.tracking.geometry import Points, points_in_polygon, segments_intersect, side_of_line
+from vdet.tracking.geometry import Points, Polygon, segments_intersect, side_of_line
 from vdet.tracking.specs import ZoneSpec
 from vdet.types import (
     NO_TRACK,
@@ -105,6 +105,7 @@ class _ZoneState:
     inside: dict[int, _Presence] = field(default_factory=dict)  # polygons, by track id
     sides: dict[int, tuple[int, float, float]] = field(default_factory=dict)  # lines
     classes_seen: set[int] = field(default_factory=set)
+    polygon: tuple[tuple[int, int], Polygon] | None = None  # in pixels, for this frame size
 
 
 class ZoneMonitor:
@@ -166,7 +167,9 @@ class ZoneMonitor:
                 for track_id in ended:
                     state.sides.pop(track_id, None)
                 continue
-            inside = points_in_polygon(points, zone.pixels(size_wh))
+            if state.polygon is None or state.polygon[0] != size_wh:
+                state.polygon = size_wh, Polygon(zone.pixels(size_wh))
+            inside = state.polygon[1].contains(points)
             for row, is_inside in zip(rows.tolist(), inside.tolist(), strict=True):
                 track_id, class_id = track_ids[row], int(classes[row])
                 presence = state.inside.get(track_id)
