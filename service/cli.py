@@ -153,7 +153,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_engine_inspect)
 
     p = sub.add_parser("generate", help="render a synthetic dataset or a clip with truth")
-    p.add_argument("kind", choices=["dataset", "clip"])
+    p.add_argument(
+        "kind",
+        choices=["dataset", "clip", "counting-clip"],
+        help="counting-clip: objects crossing a known line and entering a known zone, with "
+        "the zones and the expected counts in its JSON",
+    )
     p.add_argument("--output", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--count", type=int, default=100, help="images (dataset)")
@@ -559,11 +564,14 @@ def _cmd_engine_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from vdet.dataset.writers import write_dataset, write_video_with_truth
+    from vdet.dataset.writers import write_counting_clip, write_dataset, write_video_with_truth
 
     if args.kind == "dataset":
         paths = write_dataset(args.output, {"images": range(args.seed, args.seed + args.count)})
         print(json.dumps({k: str(v) for k, v in paths.items()}))
+    elif args.kind == "counting-clip":
+        truth = write_counting_clip(args.output, args.seed, seconds=args.seconds, fps=args.fps)
+        print(json.dumps({"clip": str(args.output), "truth": str(truth)}))
     else:
         truth = write_video_with_truth(args.output, args.seed, seconds=args.seconds, fps=args.fps)
         print(json.dumps({"clip": str(args.output), "truth": str(truth)}))

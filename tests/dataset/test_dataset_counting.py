@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 from vdet.dataset.counting import LINE_X, counting_zones, expected_counts, iter_counting_video
 from vdet.dataset.synthetic import Annotation, SceneConfig, VideoFrameTruth, iter_video
@@ -60,3 +61,19 @@ def test_counting_clip_objects_keep_their_lanes() -> None:
     assert len(frames[0].annotations) == 8
     for a, b in zip(frames[0].annotations, frames[1].annotations, strict=True):
         assert a.track_id == b.track_id and a.xyxy[1] == b.xyxy[1]
+
+
+def test_counting_clip_file_carries_zones_and_answer(tmp_path: Path) -> None:
+    import json
+
+    from vdet.dataset.writers import write_counting_clip
+    from vdet.ingest.reader import SourceReader
+
+    truth_path = write_counting_clip(tmp_path / "count.mp4", seed=0, seconds=0.3)
+    record = json.loads(truth_path.read_text())
+    assert [z["id"] for z in record["zones"]] == ["gate", "pen"]
+    assert set(record["expected"]) == {"line_cross", "zone_enter"}
+    assert len(record["frames"]) == 9 and record["frames"][0]["objects"][0]["track_id"] == 1
+    with SourceReader(str(tmp_path / "count.mp4")) as reader:
+        info = reader.open()
+    assert (info.width, info.height) == (1920, 1080)
