@@ -14,6 +14,7 @@ calls, in frame order.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -94,15 +95,12 @@ def anchors(boxes: np.ndarray, anchor: str) -> Points:
 
 
 @dataclass
-class _Presence:
-    class_id: int
-    entered_s: float
-    last_seen_s: float
-
-
-@dataclass
 class _ZoneState:
-    inside: dict[int, _Presence] = field(default_factory=dict)  # polygons, by track id
+    # Polygons, by track id of the tracks inside: when each entered, was last seen inside,
+    # and its class. Three flat dicts so that a frame's updates are dict.update calls.
+    entered_s: dict[int, float] = field(default_factory=dict)
+    last_seen_s: dict[int, float] = field(default_factory=dict)
+    class_of: dict[int, int] = field(default_factory=dict)
     sides: dict[int, tuple[int, float, float]] = field(default_factory=dict)  # lines
     classes_seen: set[int] = field(default_factory=set)
     polygon: tuple[tuple[int, int], Polygon] | None = None  # in pixels, for this frame size
@@ -170,32 +168,30 @@ class ZoneMonitor:
             if state.polygon is None or state.polygon[0] != size_wh:
                 state.polygon = size_wh, Polygon(zone.pixels(size_wh))
             inside = state.polygon[1].contains(points)
-            for row, is_inside in zip(rows.tolist(), inside.tolist(), strict=True):
-                track_id, class_id = track_ids[row], int(classes[row])
-                presence = state.inside.get(track_id)
-                if is_inside:
-                    if presence is None:
-                        state.inside[track_id] = _Presence(class_id, time_s, time_s)
-                        state.classes_seen.add(class_id)
-                        events.append(ZoneEvent("zone_enter", zone.id, track_id, class_id))
-                    else:
-                        presence.last_seen_s, presence.class_id = time_s, class_id
-                elif presence is not None:
-                    events.append(self._exit(zone, state, track_id))
-            for track_id in ended & state.inside.keys():
+            ids_here = [track_ids[r] for r in rows.tolist()]
+            inside_list = inside.tolist()
+            in_ids = [t for t, i in zip(ids_here, inside_list, strict=True) if i]
+            in_classes = classes[rows[inside]].tolist()
+            for track_id, class_id in zip(in_ids, in_classes, strict=True):
+                if track_id not in state.entered_s:
+                    state.entered_s[track_id] = time_s
+                    events.append(ZoneEvent("zone_enter", zone.id, track_id, class_id))
+            state.last_seen_s.update(dict.fromkeys(in_ids, time_s))
+            state.class_of.update(zip(in_ids, in_classes, strict=True))
+            left = {t for t, i in zip(ids_here, inside_list, strict=True) if not i}
+            for track_id in sorted((left | ended) & state.entered_s.keys()):
                 events.append(self._exit(zone, state, track_id))
-            counts: dict[int, int] = dict.fromkeys(state.classes_seen, 0)
-            for presence in state.inside.values():
-                counts[presence.class_id] = counts.get(presence.class_id, 0) + 1
+            counts = dict.fromkeys(state.classes_seen, 0) | Counter(state.class_of.values())
             state.classes_seen.update(counts)
             occupancy.extend(ZoneOccupancy(zone.id, c, n) for c, n in sorted(counts.items()))
         return tuple(events), tuple(occupancy)
 
     @staticmethod
     def _exit(zone: Zone, state: _ZoneState, track_id: int) -> ZoneEvent:
-        presence = state.inside.pop(track_id)
-        dwell = round(max(0.0, presence.last_seen_s - presence.entered_s), 6)
-        return ZoneEvent("zone_exit", zone.id, track_id, presence.class_id, dwell_s=dwell)
+        entered = state.entered_s.pop(track_id)
+        dwell = round(max(0.0, state.last_seen_s.pop(track_id) - entered), 6)
+        class_id = state.class_of.pop(track_id)
+        return ZoneEvent("zone_exit", zone.id, track_id, class_id, dwell_s=dwell)
 
     @staticmethod
     def _lines(
