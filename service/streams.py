@@ -439,21 +439,6 @@ class StreamManager:
             stream.params, stream.zones, stream.spec = params, zones, spec
         return self._view(stream)
 
-    def update_zones(
-        self, stream_id: str, change: Callable[[Sequence[ZoneSpec]], Sequence[ZoneSpec]]
-    ) -> StreamView:
-        """Replace a stream's zones by `change(current zones)`, atomically (two concurrent
-        changes of different zones both land). Raises what `change` raises, ValueError (bad
-        zones: unknown classes, outside the frame, too many, duplicate ids), UnknownStreamError.
-        """
-        stream = self._stream(stream_id)
-        frame_wh = self._frame_size(stream)
-        with stream.lock:
-            zones = list(change(tuple(stream.spec.zones)))
-            spec = StreamSpec.model_validate(stream.spec.model_dump() | {"zones": zones})
-            stream.zones, stream.spec = self._zones_for(spec.zones, frame_wh), spec
-        return self._view(stream)
-
     def sync_metrics(self) -> None:
         """Fold every stream's worker counters into metrics (call before a scrape)."""
         with self._lock:

@@ -1,14 +1,17 @@
 """REST routes for a stream's zones and counting lines: list, replace, get, put, delete.
 
 The zones are part of the stream's spec (`StreamSpec.zones`), so PATCH /v1/streams/{id} and
-config files set the same thing; these routes change one zone without resending the others.
-Changes apply from the stream's next frame. Handlers are plain `def` (the thread pool): the
-stream manager's locks never run on the event loop.
+config files set the same thing; these routes change one zone without resending the others,
+through the same `update_params(zones=...)`, which validates them against the model and the
+stream (classes, frame size). Edits here are serialised by one lock, so two concurrent edits
+of a stream's zones both land. Changes apply from the stream's next frame. Handlers are plain
+`def` (the thread pool): the streams' locks never run on the event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
@@ -21,6 +24,7 @@ from vdet.tracking.specs import ZoneBody, ZoneSpec
 
 router = APIRouter(prefix="/v1/streams/{stream_id}/zones", tags=["streams"])
 
+_EDITS = threading.Lock()  # one read-modify-write of a zone list at a time
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No stream has this id, or it has no such zone."}
 }
@@ -33,6 +37,7 @@ _INVALID: dict[int | str, dict[str, Any]] = {
         "id, unknown keys.",
     }
 }
+ZoneChange = Callable[[list[ZoneSpec]], list[ZoneSpec]]
 
 
 def _unprocessable(exc: Exception) -> HTTPException:
@@ -46,8 +51,25 @@ def _unprocessable(exc: Exception) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail)
 
 
+def _edit(manager: ManagerDep, stream_id: str, change: ZoneChange) -> list[ZoneSpec]:
+    """The stream's zones after `change`; 422 for what the streams refuse, 404 as usual."""
+    with _EDITS:
+        zones = change(list(manager.get(stream_id).spec.zones))
+        try:
+            view = manager.update_params(stream_id, zones=zones)
+        except ValueError as exc:  # pydantic's ValidationError is one
+            raise _unprocessable(exc) from exc
+    return list(view.spec.zones)
+
+
 def _zones_out(zones: Sequence[ZoneSpec]) -> ZonesOut:
     return ZonesOut(zones=list(zones))
+
+
+def _no_zone(stream_id: str, zone_id: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_404_NOT_FOUND, detail=f"stream {stream_id!r} has no zone {zone_id!r}"
+    )
 
 
 @router.get("", response_model=ZonesOut, summary="A stream's zones and lines", responses=_NOT_FOUND)
@@ -62,11 +84,7 @@ def list_zones(stream_id: str, manager: ManagerDep) -> ZonesOut:
     responses={**_NOT_FOUND, **_INVALID},
 )
 def replace_zones(stream_id: str, body: ZonesIn, manager: ManagerDep) -> ZonesOut:
-    try:
-        view = manager.update_zones(stream_id, lambda _: body.zones)
-    except (ValueError, ValidationError) as exc:
-        raise _unprocessable(exc) from exc
-    return _zones_out(view.spec.zones)
+    return _zones_out(_edit(manager, stream_id, lambda _: list(body.zones)))
 
 
 @router.delete(
@@ -77,7 +95,7 @@ def replace_zones(stream_id: str, body: ZonesIn, manager: ManagerDep) -> ZonesOu
     responses=_NOT_FOUND,
 )
 def delete_zones(stream_id: str, manager: ManagerDep) -> Response:
-    manager.update_zones(stream_id, lambda _: [])
+    _edit(manager, stream_id, lambda _: [])
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -86,9 +104,7 @@ def get_zone(stream_id: str, zone_id: str, manager: ManagerDep) -> ZoneSpec:
     for zone in manager.get(stream_id).spec.zones:
         if zone.id == zone_id:
             return zone
-    raise HTTPException(
-        status.HTTP_404_NOT_FOUND, detail=f"stream {stream_id!r} has no zone {zone_id!r}"
-    )
+    raise _no_zone(stream_id, zone_id)
 
 
 @router.put(
@@ -102,20 +118,16 @@ def put_zone(
 ) -> ZoneSpec:
     try:
         zone = ZoneSpec.model_validate({**body.model_dump(), "id": zone_id})
-    except ValidationError as exc:
+    except ValidationError as exc:  # the id in the path
         raise _unprocessable(exc) from exc
     added = False
 
-    def change(zones: Sequence[ZoneSpec]) -> list[ZoneSpec]:
+    def change(zones: list[ZoneSpec]) -> list[ZoneSpec]:
         nonlocal added
-        kept = [zone if z.id == zone_id else z for z in zones]
         added = all(z.id != zone_id for z in zones)
-        return [*kept, zone] if added else kept
+        return [*zones, zone] if added else [zone if z.id == zone_id else z for z in zones]
 
-    try:
-        manager.update_zones(stream_id, change)
-    except (ValueError, ValidationError) as exc:
-        raise _unprocessable(exc) from exc
+    _edit(manager, stream_id, change)
     if added:
         response.status_code = status.HTTP_201_CREATED
         response.headers["Location"] = f"/v1/streams/{stream_id}/zones/{zone_id}"
@@ -130,17 +142,10 @@ def put_zone(
     responses=_NOT_FOUND,
 )
 def delete_zone(stream_id: str, zone_id: str, manager: ManagerDep) -> Response:
-    def change(zones: Sequence[ZoneSpec]) -> list[ZoneSpec]:
+    def change(zones: list[ZoneSpec]) -> list[ZoneSpec]:
         if all(z.id != zone_id for z in zones):
-            raise LookupError(zone_id)
+            raise _no_zone(stream_id, zone_id)
         return [z for z in zones if z.id != zone_id]
 
-    try:
-        manager.update_zones(stream_id, change)
-    except LookupError as exc:
-        if not isinstance(exc, KeyError):  # UnknownStreamError is a KeyError: the app's 404
-            raise HTTPException(
-                status.HTTP_404_NOT_FOUND, detail=f"stream {stream_id!r} has no zone {zone_id!r}"
-            ) from exc
-        raise
+    _edit(manager, stream_id, change)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
