@@ -151,15 +151,14 @@ class ZoneMonitor:
         events: list[ZoneEvent] = []
         occupancy: list[ZoneOccupancy] = []
         ended = set(ended_ids)
+        every_row = np.arange(len(track_ids))
         for zone in self._zones:
             state = self._state[zone.id]
-            counted = (
-                np.ones(len(track_ids), np.bool_)
-                if zone.classes is None
-                else np.isin(classes, list(zone.classes))
-            )
-            rows = np.flatnonzero(counted)
-            points = anchor_points[zone.anchor][rows]
+            if zone.classes is None:
+                rows, points = every_row, anchor_points[zone.anchor]
+            else:
+                rows = np.flatnonzero(np.isin(classes, list(zone.classes)))
+                points = anchor_points[zone.anchor][rows]
             if zone.kind == "line":
                 self._lines(zone, state, size_wh, points, rows, track_ids, classes, events)
                 for track_id in ended:
@@ -207,18 +206,21 @@ class ZoneMonitor:
         ends = zone.pixels(size_wh)
         a, b = ends[0], ends[1]
         sides = side_of_line(points, a, b).tolist()
-        for k, (row, side) in enumerate(zip(rows.tolist(), sides, strict=True)):
-            if side == 0:
-                continue  # on the line: on neither side yet
-            track_id = track_ids[row]
-            x, y = float(points[k, 0]), float(points[k, 1])
-            previous = state.sides.get(track_id)
-            state.sides[track_id] = (side, x, y)
+        ids = [track_ids[r] for r in rows.tolist()]
+        rows_classes = classes[rows].tolist()
+        # On the line (side 0): on neither side yet, the last side seen stands.
+        seen = [
+            (t, s, p, c)
+            for t, s, p, c in zip(ids, sides, points.tolist(), rows_classes, strict=True)
+            if s
+        ]
+        get = state.sides.get
+        for track_id, side, (x, y), class_id in seen:
+            previous = get(track_id)
             if previous is None or previous[0] == side:
                 continue
-            path_start = np.asarray([[previous[1], previous[2]]])
-            if segments_intersect(path_start, points[k : k + 1], a, b)[0]:
+            start, end = np.asarray([previous[1:]]), np.asarray([[x, y]])
+            if segments_intersect(start, end, a, b)[0]:
                 direction: CrossDirection = "in" if previous[0] < 0 else "out"
-                events.append(
-                    ZoneEvent("line_cross", zone.id, track_id, int(classes[row]), direction)
-                )
+                events.append(ZoneEvent("line_cross", zone.id, track_id, class_id, direction))
+        state.sides.update((t, (s, p[0], p[1])) for t, s, p, _ in seen)
