@@ -219,7 +219,7 @@ def evaluate_tracking(
         if progress:
             progress(total, total)
     return TrackingReport(
-        model=str(detector.info.path),
+        model=f"{detector.info.path.name}@{detector.info.sha256[:12]}",
         backend=detector.backend.name,
         device=detector.backend.device,
         tracking=spec.model_dump(),
