@@ -544,25 +544,29 @@ class StreamManager:
                     detections, timings = gpu_worker.detect(source_id, frame, params)
                 else:
                     raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU worker")
+                outgoing = _Outgoing(stream, frame, detections, timings)
+                if tracking.enabled:
+                    tracked = stream.tracking.update(
+                        detections, frame.size_wh, frame.arrival_time, tracking.params(), zones
+                    )
+                    outgoing = dataclasses.replace(
+                        outgoing,
+                        detections=tracked.detections,
+                        events=tracked.events,
+                        tracking=tracked.summary,
+                    )
+                else:
+                    stream.tracking.reset()
             except Exception as exc:  # keep serving: one bad frame must not end the stream
                 error = f"{type(exc).__name__}: {exc}"
                 with stream.lock:
                     repeated, stream.pipeline_error = stream.pipeline_error == error, error
                 if not repeated:  # a broken model fails every frame: log each new error once
-                    log.exception("detection failed on %s frame %d", source_id, frame.index)
+                    log.exception(
+                        "detection or tracking failed on %s frame %d", source_id, frame.index
+                    )
                 continue
-            if not tracking.enabled:
-                stream.tracking.reset()
-                self._outbox.put(_Outgoing(stream, frame, detections, timings))
-                continue
-            tracked = stream.tracking.update(
-                detections, frame.size_wh, frame.arrival_time, tracking.params(), zones
-            )
-            self._outbox.put(
-                _Outgoing(
-                    stream, frame, tracked.detections, timings, tracked.events, tracked.summary
-                )
-            )
+            self._outbox.put(outgoing)
 
     def _publish_loop(self) -> None:
         """The publisher thread: results -> hub, snapshot, counts and metrics, in the order
