@@ -40,7 +40,7 @@ def test_zone_events_over_websocket_and_resume(client: TestClient) -> None:
     body = {
         "id": "sample",
         "url": str(truth.SAMPLE),
-        "realtime": False,
+        "realtime": True,
         "zones": [WHOLE_FRAME, MIDDLE],
     }
     assert client.post("/v1/streams", json=body).status_code == 201
