@@ -248,3 +248,27 @@ def test_a_changed_zone_starts_afresh_and_a_kept_one_keeps_its_state() -> None:
     m.set_zones(resolve_zones([moved], resolve))
     events, _ = m.update(tracked((1, 0, 15, 15)), SIZE, 2.0)
     assert [e.type for e in events] == ["zone_enter"]
+
+
+def test_a_tracked_result_crosses_processes_as_plain_data() -> None:
+    """Results travel from stream worker processes to the API pickled: everything tracking
+    adds must survive that unchanged."""
+    import pickle
+
+    from vdet.tracking.specs import TrackingSpec
+    from vdet.tracking.stream_tracking import StreamTracking
+    from vdet.types import DetectionResult, StageTimings
+
+    zones = resolve_zones([zone(points=SQUARE, normalized=False)], lambda c: None)
+    frame = StreamTracking().update(
+        tracked((0, 2, 15, 15)), SIZE, 0.0, TrackingSpec().params(), zones
+    )
+    result = DetectionResult(
+        "cam", 0, None, 0.0, 0.0, SIZE, frame.detections, StageTimings(),
+        events=frame.events, tracking=frame.summary,
+    )  # fmt: skip
+    back = pickle.loads(pickle.dumps(result))
+    assert back.events == result.events and back.tracking == result.tracking
+    assert back.detections.tracker_id is not None
+    assert back.detections.tracker_id.tolist() == [1]
+    assert [e.type for e in back.events] == ["zone_enter"]
