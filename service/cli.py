@@ -66,7 +66,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, default=None, help="write an annotated image/video")
     p.set_defaults(func=_cmd_detect)
 
-    p = sub.add_parser("eval", help="COCO mAP of a model on a labelled image set")
+    p = sub.add_parser(
+        "eval",
+        help="COCO mAP of a model on a labelled image set; --track: IDF1/MOTA and counts",
+    )
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--backend", default="auto")
     p.add_argument("--coco", type=Path, default=None, help="COCO JSON (default: synthetic set)")
@@ -75,6 +78,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=Path(".cache/heldout"))
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--output", type=Path, default=None, help="write the JSON report here")
+    p.add_argument(
+        "--track",
+        action="store_true",
+        help="score tracking instead: IDF1/MOTA on synthetic clips with identities, and exact "
+        "zone/line counts on a counting clip (needs vdet[eval])",
+    )
+    p.add_argument("--clips", type=int, default=3, help="--track: synthetic clips (seeds 0..N-1)")
+    p.add_argument("--seconds", type=float, default=8.0, help="--track: length of each clip")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("export", help="Ultralytics .pt -> ONNX with the raw head")
@@ -155,7 +166,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_engine_inspect)
 
     p = sub.add_parser("generate", help="render a synthetic dataset or a clip with truth")
-    p.add_argument("kind", choices=["dataset", "clip"])
+    p.add_argument(
+        "kind",
+        choices=["dataset", "clip", "counting-clip"],
+        help="counting-clip: objects crossing a known line and entering a known zone, with "
+        "the zones and the expected counts in its JSON",
+    )
     p.add_argument("--output", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--count", type=int, default=100, help="images (dataset)")
@@ -167,13 +183,24 @@ def _build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmarks; results as JSON",
         description="pipeline: one clip through decode -> detector, per stage; engine: the "
-        "backend alone at each batch size; kernels, gpu-pipeline, streams: the GPU benchmarks "
-        "of a source checkout (bench/gpu/*.py; arguments after -- go to them); serve: a real "
-        "`vdet serve` driven over HTTP and WebSocket; report: result JSON -> markdown and plots.",
+        "backend alone at each batch size; tracking: the tracker's cost per frame beside the "
+        "detector's (--frames: detector frames); kernels, gpu-pipeline, streams: the GPU "
+        "benchmarks of a source checkout (bench/gpu/*.py; arguments after -- go to them); serve: "
+        "a real `vdet serve` driven over HTTP and WebSocket; report: result JSON -> markdown and "
+        "plots.",
     )
     p.add_argument(
         "scenario",
-        choices=["pipeline", "engine", "kernels", "gpu-pipeline", "streams", "serve", "report"],
+        choices=[
+            "pipeline",
+            "engine",
+            "tracking",
+            "kernels",
+            "gpu-pipeline",
+            "streams",
+            "serve",
+            "report",
+        ],
         help="what to measure, or report",
     )
     p.add_argument("inputs", nargs="*", type=Path, help="report: result JSON files")
@@ -359,6 +386,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from vdet.pipeline.detector import Detector
     from vdet.pipeline.model import ModelError
 
+    if args.track:
+        return _cmd_eval_track(args)
     coco = args.coco
     if coco is None:
         coco = _heldout_set(args.cache_dir, args.synthetic)
@@ -374,6 +403,35 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
     from vdet.bench import environment
 
+    text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _cmd_eval_track(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from vdet.bench import environment
+    from vdet.pipeline.detector import Detector
+    from vdet.pipeline.model import ModelError
+
+    if importlib.util.find_spec("motmetrics") is None:
+        raise UsageError("--track needs py-motmetrics: pip install 'vdet[eval]'")
+    if not 1 <= args.clips <= 100 or not 1.0 <= args.seconds <= 600.0:
+        raise UsageError("--clips must be 1..100 and --seconds 1..600")
+    from vdet.tracking.evaluation import evaluate_tracking
+
+    try:
+        detector = Detector.open(args.model or asset_path("demo.onnx"), args.backend)
+    except (FileNotFoundError, ModelError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    with detector:
+        report = evaluate_tracking(
+            detector, range(args.clips), seconds=args.seconds, progress=_progress("eval --track")
+        )
     text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -547,11 +605,14 @@ def _cmd_engine_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from vdet.dataset.writers import write_dataset, write_video_with_truth
+    from vdet.dataset.writers import write_counting_clip, write_dataset, write_video_with_truth
 
     if args.kind == "dataset":
         paths = write_dataset(args.output, {"images": range(args.seed, args.seed + args.count)})
         print(json.dumps({k: str(v) for k, v in paths.items()}))
+    elif args.kind == "counting-clip":
+        truth = write_counting_clip(args.output, args.seed, seconds=args.seconds, fps=args.fps)
+        print(json.dumps({"clip": str(args.output), "truth": str(truth)}))
     else:
         truth = write_video_with_truth(args.output, args.seed, seconds=args.seconds, fps=args.fps)
         print(json.dumps({"clip": str(args.output), "truth": str(truth)}))
@@ -590,6 +651,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"vdet bench: --batches must be integers, got {args.batches!r}", file=sys.stderr)
             return 2
         result = run_engine_bench(model, args.backend, batches, iterations=args.iterations)
+    elif args.scenario == "tracking":
+        from vdet.tracking.bench import run_tracking_bench
+
+        result = run_tracking_bench(
+            model=str(model),
+            backend=args.backend,
+            source=args.source or str(asset_path("sample.mp4")),
+            detector_frames=args.frames,
+        )
     else:
         source = args.source or str(asset_path("sample.mp4"))
         result = run_pipeline_bench(

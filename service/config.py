@@ -34,6 +34,7 @@ from pydantic_settings import (
 )
 
 from vdet.ingest.worker import IngestOptions
+from vdet.tracking.specs import TrackingSpec, ZoneList
 
 CONFIG_ENV_VAR = "VDET_CONFIG"
 STREAM_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -120,6 +121,15 @@ class StreamSpec(_Strict):
         le=255,
         description="Run this stream on this GPU index (of `gpu.devices`); null: placed by "
         "the least-loaded policy. Ignored on the CPU.",
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec,
+        description="Object tracking (track ids, zone and line events); on by default.",
+    )
+    zones: ZoneList = Field(
+        default_factory=list,
+        description="Polygon zones and counting lines (needs tracking); also at "
+        "/v1/streams/{id}/zones.",
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import (
@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from vdet.types import DetectionResult, SourceState, SourceStatus
+from vdet.types import DetectionResult, SourceState, SourceStatus, TrackingSummary
 
 # 1 ms .. 2 s, roughly x2 per step with a finer grid where real-time budgets sit (5-50 ms).
 LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
@@ -68,6 +68,7 @@ class _SourceTotals:
     reconnects: int = 0
     gpu: str = "cpu"
     series: _FrameSeries | None = None
+    zone_series: set[tuple[str, str]] = field(default_factory=set)  # (zone, class) gauges set
 
 
 class Metrics:
@@ -185,8 +186,28 @@ class Metrics:
             "1 when the worker processes share their GPU through NVIDIA MPS, else 0.",
             registry=r,
         )
+        self.zone_objects = Gauge(
+            "vdet_zone_objects",
+            "Tracks inside a polygon zone now, by class (a track stays counted while briefly "
+            "unseen, until its tracker ends it).",
+            ["source", "zone", "class"],
+            registry=r,
+        )
+        self.line_crossings = Counter(
+            "vdet_line_crossings_total",
+            "Tracks that crossed a counting line, by class and direction (in / out).",
+            ["source", "zone", "class", "direction"],
+            registry=r,
+        )
+        self.tracks_started = Counter(
+            "vdet_tracks_started_total",
+            "Tracks confirmed (given an id) by a stream's tracker, by class.",
+            ["source", "class"],
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._totals: dict[str, _SourceTotals] = {}
+        self._class_names: tuple[str, ...] = ()
 
     # --- pipeline --------------------------------------------------------------------------
 
@@ -208,6 +229,37 @@ class Metrics:
             child.observe(seconds)
         series.end_to_end.observe(t.end_to_end)
         series.processed.inc()
+        if result.tracking is not None or result.events or totals.zone_series:
+            self._observe_tracking(result, totals)  # (also drops zone gauges of tracking off)
+
+    def set_class_names(self, names: tuple[str, ...]) -> None:
+        """The model's class names, for the `class` label of tracking series (else ids)."""
+        self._class_names = tuple(names)
+
+    def _class_label(self, class_id: int) -> str:
+        names = self._class_names
+        return names[class_id] if 0 <= class_id < len(names) else str(class_id)
+
+    def _observe_tracking(self, result: DetectionResult, totals: _SourceTotals) -> None:
+        """Zone occupancy, line crossings and started tracks of one result (its stream's
+        publishing thread only, so `totals.zone_series` has one writer)."""
+        source = result.source_id
+        for event in result.events:
+            if event.type == "line_cross" and event.direction is not None:
+                label = self._class_label(event.class_id)
+                self.line_crossings.labels(source, event.zone, label, event.direction).inc()
+        summary = result.tracking or TrackingSummary()
+        for class_id in summary.tracks_started:
+            self.tracks_started.labels(source, self._class_label(class_id)).inc()
+        current: set[tuple[str, str]] = set()
+        for occupancy in summary.occupancy:
+            key = (occupancy.zone, self._class_label(occupancy.class_id))
+            self.zone_objects.labels(source, *key).set(occupancy.objects)
+            current.add(key)
+        # Occupancy lists zeros too: a series missing now is of a zone deleted or redrawn.
+        for zone, label in totals.zone_series - current:
+            self.zone_objects.remove(source, zone, label)
+        totals.zone_series = current
 
     # --- sources ---------------------------------------------------------------------------
 
@@ -297,6 +349,9 @@ class Metrics:
                 self.source_state,
                 self.source_last_frame_age,
                 self.source_gpu,
+                self.zone_objects,
+                self.line_crossings,
+                self.tracks_started,
             ):
                 metric.remove_by_labels({"source": source_id})
 

@@ -323,6 +323,7 @@ class Runtime:
         self.sources_started = 0
         try:
             self.streams, self.backend = self._open_streams()
+            self.metrics.set_class_names(self.backend.class_names)
             self.metrics.set_backend(
                 backend=self.backend.backend,
                 device=self.backend.device,

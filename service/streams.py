@@ -31,6 +31,9 @@ from vdet.ingest.urls import validate_source_url
 from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
+from vdet.tracking.specs import ZoneSpec
+from vdet.tracking.stream_tracking import StreamTracking
+from vdet.tracking.zones import Zone, check_in_frame, resolve_zones
 from vdet.types import (
     DecodedFrame,
     DetectionResult,
@@ -39,7 +42,9 @@ from vdet.types import (
     SourceState,
     SourceStatus,
     StageTimings,
+    TrackingSummary,
     VideoFrame,
+    ZoneEvent,
 )
 
 log = logging.getLogger(__name__)
@@ -188,7 +193,9 @@ class Snapshot:
 class _Stream:
     """One stream's parts. `lock` guards the mutable fields below it."""
 
-    def __init__(self, spec: StreamSpec, params: PostprocessParams, url: str) -> None:
+    def __init__(
+        self, spec: StreamSpec, params: PostprocessParams, url: str, zones: tuple[Zone, ...]
+    ) -> None:
         self.spec = spec
         self.url = url
         self.mailbox = FrameMailbox()
@@ -198,6 +205,9 @@ class _Stream:
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
         self.params = params
+        self.zones = zones
+        # Touched by the pipeline thread only: tracks live and die with their stream.
+        self.tracking = StreamTracking()
         self.closed = False
         self.frames_processed = 0
         self.snapshot: Snapshot | None = None
@@ -216,6 +226,8 @@ class _Outgoing:
     frame: DecodedFrame
     detections: Detections
     timings: StageTimings
+    events: tuple[ZoneEvent, ...] = ()
+    tracking: TrackingSummary | None = None
 
 
 class StreamManager:
@@ -273,7 +285,7 @@ class StreamManager:
         """
         url = validate_source_url(spec.url)
         params = self._params_for(spec)
-        stream = _Stream(spec, params, url)
+        stream = _Stream(spec, params, url, self._zones_for(spec.zones))
         with self._lock:
             if self._closed:
                 raise StreamError("the stream manager is shut down")
@@ -414,21 +426,26 @@ class StreamManager:
         return gpu_worker.to_bgr(snap.frame), snap.result
 
     def update_params(self, stream_id: str, **changes: Any) -> StreamView:
-        """Change a running stream's conf_threshold / iou_threshold / max_det / classes.
+        """Change a running stream's conf_threshold / iou_threshold / max_det / classes /
+        tracking / zones.
 
-        A key given as None resets that field to the server default (classes: all classes);
-        keys not given are kept. Takes effect from the next frame. Raises ValueError for
-        unknown class names or fields, UnknownStreamError.
+        A key given as None resets that field to the server default (classes: all classes;
+        tracking: default settings; zones: none); keys not given are kept. Takes effect from
+        the next frame. Raises ValueError for unknown class names or fields, UnknownStreamError.
         """
-        allowed = {"conf_threshold", "iou_threshold", "max_det", "classes"}
+        allowed = {"conf_threshold", "iou_threshold", "max_det", "classes", "tracking", "zones"}
         if unknown := set(changes) - allowed:
             raise ValueError(f"cannot change {sorted(unknown)}; changeable: {sorted(allowed)}")
         stream = self._stream(stream_id)
+        frame_wh = self._frame_size(stream)
         with stream.lock:
             merged = stream.spec.model_dump() | changes
+            for key in ("tracking", "zones"):  # null: back to the default
+                if merged.get(key) is None:
+                    merged.pop(key, None)
             spec = StreamSpec.model_validate(merged)
-            stream.params = self._params_for(spec)
-            stream.spec = spec
+            params, zones = self._params_for(spec), self._zones_for(spec.zones, frame_wh)
+            stream.params, stream.zones, stream.spec = params, zones, spec
         return self._view(stream)
 
     def sync_metrics(self) -> None:
@@ -466,6 +483,23 @@ class StreamManager:
             max_det=spec.max_det,
             classes=spec.classes,
         )
+
+    def _zones_for(
+        self, specs: Sequence[ZoneSpec], frame_wh: tuple[int, int] | None = None
+    ) -> tuple[Zone, ...]:
+        """Zones with class ids; pixel zones checked against the frame size when known."""
+        zones = resolve_zones(specs, lambda refs: resolve_classes(refs, self._names))
+        if frame_wh is not None:
+            check_in_frame(specs, frame_wh)
+        return zones
+
+    def _frame_size(self, stream: _Stream) -> tuple[int, int] | None:
+        with stream.lock:
+            worker = stream.worker
+        status = worker.status() if worker is not None else None
+        if status is None or not status.width or not status.height:
+            return None
+        return status.width, status.height
 
     def _view(self, stream: _Stream) -> StreamView:
         with stream.lock:
@@ -511,6 +545,7 @@ class StreamManager:
                 continue
             with stream.lock:
                 params, gpu_worker = stream.params, stream.gpu_worker
+                tracking, zones = stream.spec.tracking, stream.zones
             try:
                 if isinstance(frame, VideoFrame):
                     ((detections, timings),) = self._detector.detect([frame.image_bgr], params)
@@ -518,14 +553,29 @@ class StreamManager:
                     detections, timings = gpu_worker.detect(source_id, frame, params)
                 else:
                     raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU worker")
+                outgoing = _Outgoing(stream, frame, detections, timings)
+                if tracking.enabled:
+                    tracked = stream.tracking.update(
+                        detections, frame.size_wh, frame.arrival_time, tracking.params(), zones
+                    )
+                    outgoing = dataclasses.replace(
+                        outgoing,
+                        detections=tracked.detections,
+                        events=tracked.events,
+                        tracking=tracked.summary,
+                    )
+                else:
+                    stream.tracking.reset()
             except Exception as exc:  # keep serving: one bad frame must not end the stream
                 error = f"{type(exc).__name__}: {exc}"
                 with stream.lock:
                     repeated, stream.pipeline_error = stream.pipeline_error == error, error
                 if not repeated:  # a broken model fails every frame: log each new error once
-                    log.exception("detection failed on %s frame %d", source_id, frame.index)
+                    log.exception(
+                        "detection or tracking failed on %s frame %d", source_id, frame.index
+                    )
                 continue
-            self._outbox.put(_Outgoing(stream, frame, detections, timings))
+            self._outbox.put(outgoing)
 
     def _publish_loop(self) -> None:
         """The publisher thread: results -> hub, snapshot, counts and metrics, in the order
@@ -556,6 +606,8 @@ class StreamManager:
             image_size_wh=frame.size_wh,
             detections=item.detections,
             timings=timings,
+            events=item.events,
+            tracking=item.tracking,
         )
         with stream.lock:
             if stream.closed:  # removed meanwhile: nothing of it is published any more

@@ -70,6 +70,9 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_worker_up": "gauge",
         "vdet_worker_restarts": "counter",
         "vdet_mps_active": "gauge",
+        "vdet_zone_objects": "gauge",
+        "vdet_line_crossings": "counter",
+        "vdet_tracks_started": "counter",
     }
     info = samples(metrics)
     labels = (("backend", "onnxruntime"), ("data_path", "cpu"), ("device", "cpu"))

@@ -25,6 +25,7 @@ from vdet.api import (
     routes_streams,
     routes_ui,
     routes_workers,
+    routes_zones,
 )
 from vdet.api.auth import require_api_key
 from vdet.api.live import LiveVideo
@@ -43,6 +44,10 @@ Real-time object detection on video streams (RTSP, HTTP, files) and single image
   `/v1/events?after=<seq>` push `{"type": "result", "result": ...}` messages; pass the last
   `seq` you saw as `after` when reconnecting to continue without gaps or duplicates. A
   `{"type": "gap", ...}` message says the requested seq has left the replay buffer.
+* **Tracking and zones**: each stream detection has a `track_id` (ByteTrack, per stream);
+  `/v1/streams/{id}/zones` holds polygon zones and counting lines, and each result's `events`
+  lists the `zone_enter`, `zone_exit` (with `dwell_s`) and `line_cross` (with `direction`)
+  its frame caused, under the result's `seq`.
 * **Detect** (`/v1/detect`): one image in, detections out.
 * **Auth**: when the server has an API key, send `X-API-Key` or `Authorization: Bearer`;
   WebSockets may use `?api_key=` or the subprotocol `vdet.api-key.<key>` (with `vdet.v1`).
@@ -75,7 +80,10 @@ def create_app(
         description=_DESCRIPTION,
         lifespan=lifespan,
         openapi_tags=[
-            {"name": "streams", "description": "Video sources and their latest results."},
+            {
+                "name": "streams",
+                "description": "Video sources, their latest results, zones and lines.",
+            },
             {"name": "detect", "description": "Detection on uploaded images."},
             {"name": "ops", "description": "Health, readiness and metrics (no API key)."},
         ],
@@ -93,6 +101,7 @@ def create_app(
     app.include_router(routes_streams.router, dependencies=protected, responses=errors)
     app.state.live_video = LiveVideo(settings.live, runtime.metrics)
     app.include_router(routes_live.router, dependencies=protected, responses=errors)
+    app.include_router(routes_zones.router, dependencies=protected, responses=errors)
     app.include_router(routes_detect.router, dependencies=protected, responses=errors)
     app.include_router(routes_workers.router, dependencies=protected, responses=errors)
     app.include_router(routes_events.router)  # WebSockets check the key in the handshake
