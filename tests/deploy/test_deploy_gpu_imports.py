@@ -44,6 +44,11 @@ GPU_PATH = (
 NOT_SERVING = {
     "ultralytics",  # vdet export / train (the train extra)
     "matplotlib",  # vdet bench report (dev)
+    "motmetrics",  # vdet eval --track (the eval extra)
+    "supervision",  # vdet bench tracking's optional peer
+    "trackers",  # vdet bench tracking's optional peer
+    "httpx",  # vdet bench serve's client (the bench extra)
+    "websockets",  # vdet bench serve's WebSocket clients (the bench extra)
 }
 
 
