@@ -117,6 +117,7 @@ class _Worker:
         self.name = f"w{index}"
         self.gpu_label = "cpu" if gpu is None else str(gpu)
         self.process: multiprocessing.process.BaseProcess | None = None
+        self.reaped: multiprocessing.process.BaseProcess | None = None  # handled by _on_exit
         self.channel: Channel | None = None
         self.started_at = 0.0
         self.alive = False
@@ -604,7 +605,7 @@ class WorkerPool:
             running = {
                 w.process.sentinel: w
                 for w in self._workers
-                if w.process is not None and w.process.exitcode is None
+                if w.process is not None and w.process is not w.reaped
             }
             for sentinel in multiprocessing.connection.wait(
                 list(running), timeout=_SUPERVISOR_TICK_S
@@ -690,11 +691,12 @@ class WorkerPool:
             pass
         finally:
             worker.alive = False
+            # Only the supervisor reaps a process (two threads reaping one race, and the loser
+            # sees it as still running): here it is only waited for, to name how it ended.
             process = worker.process
-            if process is not None:  # its pipe closes as it dies: name how it ended
-                process.join(1.0)
-            code = None if process is None else process.exitcode
-            worker.fail_pending(f"worker {worker.name} {_describe_exit(code)}")
+            if process is not None:
+                multiprocessing.connection.wait([process.sentinel], timeout=1.0)
+            worker.fail_pending(f"worker {worker.name} has exited")
             worker.ready.set()
             channel.close()
 
@@ -703,7 +705,8 @@ class WorkerPool:
         (seconds from now), or None when it is not restarted."""
         process = worker.process
         assert process is not None
-        process.join(1.0)
+        worker.reaped = process  # each process is handled once
+        process.join(5.0)
         worker.alive = False
         reason = f"worker {worker.name} {_describe_exit(process.exitcode)}"
         if worker.start_error is not None:
