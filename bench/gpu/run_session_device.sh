@@ -91,17 +91,22 @@ workers)
   [ -z "${VDET_WORKERS_ONLY:-}" ] && gpu_tests $((570 - (SECONDS - started)))
   ;;
 serve)
-  # vdet serve as users run it: `vdet bench serve` with worker processes at
-  # $VDET_SERVE_STREAMS beside the hand-made shards of the same run, then the GPU
-  # worker-process tests (kill -9, SIGTERM) in what is left.
-  export PATH="$SITE/bin:$PATH"
-  timeout 400 vdet bench serve --backend torch \
+  # vdet serve as users run it, installed in a venv over the image's torch: `vdet bench serve`
+  # with worker processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run,
+  # then the GPU worker-process tests (kill -9, SIGTERM) in what is left.
+  python3 -m venv --system-site-packages /tmp/venv
+  /tmp/venv/bin/python -m pip install -q --no-index --no-deps --no-compile .whl/*.whl \
+    >>"$OUT/install-$phase.log" 2>&1
+  /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile . \
+    >>"$OUT/install-$phase.log" 2>&1
+  unset PYTHONPATH
+  timeout 330 /tmp/venv/bin/vdet bench serve --backend torch \
     --streams "${VDET_SERVE_STREAMS:-64,96}" --duration 10 --clients 4 \
     --variant "workers:workers.processes=auto" --shards-harness b1:x8:mps \
     --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
   echo "bench serve rc=$? ($((SECONDS - started)) s)"
   tail -n 25 "$OUT/serve.log"
-  timeout $((575 - (SECONDS - started))) python3 -m pytest -m gpu \
+  timeout $((500 - (SECONDS - started))) /tmp/venv/bin/python -m pytest -m gpu \
     tests/gpu/test_gpu_workers_serve.py -q -s -rs -p no:cacheprovider >"$OUT/workers.log" 2>&1
   echo "workers rc=$? ($((SECONDS - started)) s)"
   cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
