@@ -94,7 +94,9 @@ serve)
   # vdet serve as users run it, installed in a venv over the image's torch: `vdet bench serve`
   # with worker processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run,
   # then the GPU worker-process tests (kill -9, SIGTERM) in what is left.
-  python3 -m venv --system-site-packages /tmp/venv
+  python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
+  python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    >"$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth"
   /tmp/venv/bin/python -m pip install -q --no-index --no-deps --no-compile .whl/*.whl \
     >>"$OUT/install-$phase.log" 2>&1
   /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile . \
