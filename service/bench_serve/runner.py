@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from vdet.bench import cpu_model
 from vdet.bench_serve import control, gpu_memory, scrape
 from vdet.bench_serve.events_client import client_main
 from vdet.bench_serve.options import ServeBenchOptions, Variant
@@ -118,14 +119,7 @@ def vdet_commit() -> str | None:
 
 
 def machine() -> Machine:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     gpus = gpu_memory.read_gpu_memory()
     return Machine(
         host_cpu=cpu,
