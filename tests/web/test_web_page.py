@@ -50,7 +50,9 @@ _PIXELS_JS = """
   }
   const d = view.drawn[0];
   const sx = canvas.width / view.frame.sourceWidth, sy = canvas.height / view.frame.sourceHeight;
-  const x = Math.round(d.box[0] * sx);
+  // The stroke (2 px or wider) is centred on the box's left edge, which is rarely on a pixel
+  // boundary: only the column at floor(x) is covered whole; its neighbours are blended.
+  const x = Math.floor(d.box[0] * sx);
   const y1 = Math.round(d.box[1] * sy) + 2, y2 = Math.round(d.box[3] * sy) - 2;
   const edge = Array.from(ctx.getImageData(x, y1, 1, Math.max(1, y2 - y1)).data);
   const raw = new OffscreenCanvas(canvas.width, canvas.height).getContext('2d');
