@@ -91,9 +91,15 @@ workers)
   [ -z "${VDET_WORKERS_ONLY:-}" ] && gpu_tests $((570 - (SECONDS - started)))
   ;;
 serve)
-  # vdet serve as users run it, installed in a venv over the image's torch: `vdet bench serve`
-  # with worker processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run,
-  # then the GPU worker-process tests (kill -9, SIGTERM) in what is left.
+  # vdet serve as users run it, installed in a venv over the image's torch: the GPU
+  # worker-process tests (kill -9 and the restart, SIGTERM), then `vdet bench serve` with worker
+  # processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run, in what is
+  # left of $VDET_SERVE_BUDGET seconds.
+  # This script's knobs are read here and dropped: vdet serve refuses unknown VDET_ variables.
+  budget=${VDET_SERVE_BUDGET:-500} tests_s=${VDET_WORKERS_TESTS_S:-200}
+  streams=${VDET_SERVE_STREAMS:-64,96} shards=${VDET_SHARDS_HARNESS:-}
+  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SHARDS_HARNESS
+  unset PYTHONPATH  # else the venv's pip takes /tmp/site's wheels as already installed
   python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
   python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
     >"$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth"
@@ -101,18 +107,18 @@ serve)
     >>"$OUT/install-$phase.log" 2>&1
   /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile . \
     >>"$OUT/install-$phase.log" 2>&1
-  unset PYTHONPATH
-  timeout 330 /tmp/venv/bin/vdet bench serve --backend torch \
-    --streams "${VDET_SERVE_STREAMS:-64,96}" --duration 10 --clients 4 \
-    --variant "workers:workers.processes=auto" --shards-harness b1:x8:mps \
-    --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
-  echo "bench serve rc=$? ($((SECONDS - started)) s)"
-  tail -n 25 "$OUT/serve.log"
-  timeout $((500 - (SECONDS - started))) /tmp/venv/bin/python -m pytest -m gpu \
+  export PATH="/tmp/venv/bin:$PATH"
+  timeout "$tests_s" /tmp/venv/bin/python -m pytest -m gpu \
     tests/gpu/test_gpu_workers_serve.py -q -s -rs -p no:cacheprovider >"$OUT/workers.log" 2>&1
   echo "workers rc=$? ($((SECONDS - started)) s)"
   cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
   grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" | tail -n 12
+  timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch \
+    --streams "$streams" --duration 10 --clients 4 \
+    --variant "workers:workers.processes=auto" ${shards:+--shards-harness "$shards"} \
+    --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
+  echo "bench serve rc=$? ($((SECONDS - started)) s)"
+  tail -n 25 "$OUT/serve.log"
   ;;
 tests)
   gpu_tests 230
