@@ -1,34 +1,36 @@
-"""ONNX -> TensorRT plan, for TensorRT 10.8+ and 11.x, into the engine cache.
+"""ONNX -> TensorRT plan, for TensorRT 10.8+ / 11.x and TensorRT for RTX 1.7+, into the cache.
 
 This module owns the offline build stage: choosing how the network is typed and what precision
 it runs in, the batch optimization profile, the builder settings (workspace limit, optimization
-level, a persisted timing cache), loading vdet's plugin library when the graph has our node,
-reporting parser failures with the failing nodes' names, and handing the build to
-`EngineCache.get_or_build` under the right key. Serving only deserializes (the tensorrt backend).
+level, a persisted timing cache on full TensorRT, the target compute capabilities on TensorRT for
+RTX), loading vdet's plugin library when the graph has our node, reporting parser failures with
+the failing nodes' names, recording the layers and precisions of the network it built, and
+handing the build to `EngineCache.get_or_build` under the right key. Serving only deserializes
+(the tensorrt backend). The two libraries differ only where `vdet.engines.library` says.
 
-Precision (`plan_precision`). TensorRT 11 removed the precision builder flags and the implicit
-INT8 calibrators: every network is strongly typed and precision lives in the ONNX. So:
+Precision (`plan_precision`). TensorRT 11 and TensorRT for RTX have no precision builder flags
+and no implicit INT8 calibrators: every network is strongly typed and precision lives in the
+ONNX. So:
 
-    ONNX carries     requested       TensorRT 10.x                 TensorRT 11.x
+    ONNX carries     requested       TensorRT 10.x                 TensorRT 11.x, for RTX
     Q/DQ int8        auto | int8     strongly typed                strongly typed
     fp16 compute     auto | fp16     strongly typed                strongly typed
     fp32             auto | fp32     weakly typed, no flags        strongly typed
     fp32             fp16            BuilderFlag.FP16              AutoCast to fp16, then typed
     fp32             int8            refused: run `vdet quantize` (vdet uses no calibrator)
 
-The TensorRT-dependent code imports `tensorrt` lazily and uses only documented Python API that
-exists in both 10.8+ and 11.x; everything that decides (precision, profile, key, error text) is
-plain Python and tested on the CPU.
+The library-dependent code imports it lazily and uses only documented Python API that exists in
+TensorRT 10.8+, 11.x and TensorRT for RTX; everything that decides (precision, profile, key,
+targets, error text) is plain Python and tested on the CPU, and TensorRT for RTX, which builds
+without a GPU, builds real plans in the CPU tests.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import onnx
 
 from vdet.engines.cache import (
+    PORTABLE_GPU,
     CachedEngine,
     EngineCache,
     EngineKey,
@@ -45,6 +48,14 @@ from vdet.engines.cache import (
     OptimizationProfile,
     read_manifest,
     verify_plan,
+)
+from vdet.engines.library import (
+    TENSORRT,
+    LibraryError,
+    TensorRTLibrary,
+    default_library,
+    library,
+    version_tuple,
 )
 from vdet.engines.surgery import DecodeNmsAttributes, add_decode_nms_file, plugin_node
 from vdet.pipeline.model import ModelError, ModelInfo, file_sha256, load_model_info
@@ -56,7 +67,7 @@ log = logging.getLogger(__name__)
 
 Precision = Literal["fp32", "fp16", "int8"]
 REQUESTED_PRECISIONS = ("auto", "fp32", "fp16", "int8")
-MIN_TENSORRT = (10, 8)
+MIN_TENSORRT = TENSORRT.min_version
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
@@ -73,10 +84,10 @@ class TensorRTUnavailableError(BuildError):
 
 def tensorrt_version_tuple(version: str) -> tuple[int, int]:
     """(major, minor) of a TensorRT version string such as "10.8.0.43"."""
-    match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None:
-        raise BuildError(f"cannot read the TensorRT version {version!r}")
-    return int(match.group(1)), int(match.group(2))
+    try:
+        return version_tuple(version)
+    except LibraryError as exc:
+        raise BuildError(f"cannot read the TensorRT version {version!r}") from exc
 
 
 def onnx_precision(model: onnx.ModelProto) -> Precision:
@@ -108,12 +119,20 @@ class PrecisionPlan:
     convert_fp16: bool = False
 
 
-def plan_precision(tensorrt_major: int, requested: str, carried: Precision) -> PrecisionPlan:
-    """Decide typing and flags; BuildError for a combination that cannot be built."""
+def plan_precision(
+    tensorrt_major: int,
+    requested: str,
+    carried: Precision,
+    *,
+    lib: TensorRTLibrary = TENSORRT,
+) -> PrecisionPlan:
+    """Decide typing and flags for `lib` at `tensorrt_major`; BuildError when it cannot build."""
     if requested not in REQUESTED_PRECISIONS:
         raise BuildError(f"precision must be one of {REQUESTED_PRECISIONS}, got {requested!r}")
-    if tensorrt_major < MIN_TENSORRT[0]:
-        raise BuildError(f"TensorRT {tensorrt_major}.x is too old: vdet needs 10.8 or newer")
+    if tensorrt_major < lib.min_version[0]:
+        wanted = ".".join(str(v) for v in lib.min_version)
+        raise BuildError(f"{lib.title} {tensorrt_major}.x is too old: vdet needs {wanted} or newer")
+    typed_only = lib.always_strongly_typed or tensorrt_major >= 11
     if carried == "int8":
         if requested not in ("auto", "int8"):
             raise BuildError(
@@ -131,14 +150,14 @@ def plan_precision(tensorrt_major: int, requested: str, carried: Precision) -> P
     if requested == "int8":
         raise BuildError(
             "int8 needs a Q/DQ ONNX: run `vdet quantize` on calibration frames and build that "
-            "model (TensorRT 11 has no implicit INT8 calibration, and vdet does not use 10.x's "
-            "calibrators either)"
+            "model (TensorRT 11 and TensorRT for RTX have no implicit INT8 calibration, and vdet "
+            "does not use 10.x's calibrators either)"
         )
     if requested == "fp16":
-        if tensorrt_major >= 11:
+        if typed_only:
             return PrecisionPlan("fp16", strongly_typed=True, convert_fp16=True)
         return PrecisionPlan("fp16", strongly_typed=False, fp16_flag=True)
-    return PrecisionPlan("fp32", strongly_typed=tensorrt_major >= 11)
+    return PrecisionPlan("fp32", strongly_typed=typed_only)
 
 
 def resolve_profile(model_batch: int | None, requested: OptimizationProfile) -> OptimizationProfile:
@@ -241,7 +260,10 @@ class BuildOptions:
 
 
 def default_timing_cache(cache_dir: Path, key: EngineKey) -> Path:
-    """One timing cache per GPU model and TensorRT version (it is specific to both)."""
+    """One timing cache per GPU model and TensorRT version (it is specific to both).
+
+    Full TensorRT only: TensorRT for RTX has no timing cache (its APIs are no-ops there).
+    """
     slot = key.slot("timing").split(".")[1]  # "<gpu>-sm<cc>"
     return cache_dir / f"timing.{slot}.trt{key.tensorrt_version}.cache"
 
@@ -261,8 +283,9 @@ class EngineRequest:
     options: BuildOptions
     prepared_onnx: Path
     workdir: Path
-    timing_cache: Path
+    timing_cache: Path | None
     device: int = 0
+    library: TensorRTLibrary = TENSORRT
 
     def model_metadata(self) -> dict[str, Any]:
         return {
@@ -301,23 +324,30 @@ class EngineRequest:
             self.info.input_hw,
             self.key.profile,
             self.timing_cache,
+            lib=self.library,
+            targets=self.key.targets,
         )
 
     def _fp16_onnx(self) -> Path:
-        """TensorRT 11's fp16 from an fp32 ONNX: ModelOpt AutoCast, then the surgery again."""
+        """Strongly typed fp16 from an fp32 ONNX: ModelOpt AutoCast (fp32 I/O kept), then the
+        surgery again. The converted model is kept in the work folder, keyed by the source's
+        sha256, so a rebuild reuses it."""
         try:
             from vdet.engines.quantize import convert_fp16
         except ImportError as exc:  # pragma: no cover - the quant extra is missing
             raise BuildError(
-                "fp16 on TensorRT 11 converts the ONNX with NVIDIA ModelOpt AutoCast: "
+                f"fp16 on {self.library.title} converts the ONNX with NVIDIA ModelOpt AutoCast: "
                 "pip install 'vdet[quant]', or convert it yourself and build that model"
             ) from exc
         half = self.workdir / f"{self.source.stem}.{self.info.sha256[:12]}.fp16.onnx"
         try:
-            convert_fp16(self.source, half)
+            if not half.is_file():
+                half.parent.mkdir(parents=True, exist_ok=True)
+                convert_fp16(self.source, half)
         except ImportError as exc:
             raise BuildError(
-                "fp16 on TensorRT 11 needs NVIDIA ModelOpt AutoCast: pip install 'vdet[quant]'"
+                f"fp16 on {self.library.title} needs NVIDIA ModelOpt AutoCast: "
+                "pip install 'vdet[quant]'"
             ) from exc
         if self.options.plugin_nms is None:
             return half
@@ -334,32 +364,41 @@ def engine_request(
     device: int = 0,
     tensorrt_version: str | None = None,
     gpu: tuple[str, str] | None = None,
+    lib: TensorRTLibrary | str | None = None,
+    targets: tuple[str, ...] | None = None,
 ) -> EngineRequest:
-    """The request for `source` on this machine (its TensorRT version and GPU).
+    """The request for `source` on this machine (its library, version and GPU).
 
-    `tensorrt_version` and `gpu` (name, compute capability) default to the installed TensorRT
-    and GPU `device`; passing both lets the key be computed without either (tests, planning).
+    `lib` is full TensorRT or TensorRT for RTX (default: `default_library()`). `tensorrt_version`
+    and `gpu` (name, compute capability) default to the installed library and GPU `device`;
+    passing both lets the key be computed without either (tests, planning). `targets` are the
+    compute capabilities a TensorRT-for-RTX plan is built for, on a machine with or without a
+    GPU (default: GPU `device`'s); full TensorRT builds for the GPU it runs on only.
     """
     source, cache_dir = Path(source), Path(cache_dir)
+    try:
+        lib = _resolve_library(lib)
+    except LibraryError as exc:
+        raise TensorRTUnavailableError(str(exc)) from exc
     try:
         info = load_model_info(source)
     except ModelError as exc:
         raise BuildError(str(exc)) from exc
     if tensorrt_version is None:
-        tensorrt_version = _tensorrt().__version__
-    if gpu is None:
-        from vdet.engines.gpu import CudaError, gpu_identity
-
-        try:
-            identity = gpu_identity(device)
-        except CudaError as exc:
-            raise TensorRTUnavailableError(f"no usable GPU {device}: {exc}") from exc
-        gpu = (identity.name, identity.compute_capability)
+        tensorrt_version = str(_load(lib).__version__)
+    if options.plugin_nms is not None and not lib.supports_plugins:
+        raise BuildError(
+            f"{lib.title} ships no plugin headers, so vdet's decode + NMS plugin cannot be built "
+            "into its engines; serve the raw-head engine (engine.plugin_nms: false), whose decode "
+            "+ NMS runs as vdet's own kernel after the engine in the same CUDA graph"
+        )
+    gpu = _key_gpu(lib, device, gpu, targets)
     major, minor = tensorrt_version_tuple(tensorrt_version)
-    if (major, minor) < MIN_TENSORRT:
-        raise BuildError(f"TensorRT {tensorrt_version} is too old: vdet needs 10.8 or newer")
+    if (major, minor) < lib.min_version:
+        wanted = ".".join(str(v) for v in lib.min_version)
+        raise BuildError(f"{lib.title} {tensorrt_version} is too old: vdet needs {wanted} or newer")
     model = onnx.load(str(source), load_external_data=False)
-    plan = plan_precision(major, options.precision, onnx_precision(model))
+    plan = plan_precision(major, options.precision, onnx_precision(model), lib=lib)
     profile = resolve_profile(info.batch, options.profile)
 
     workdir = cache_dir / "onnx"
@@ -384,8 +423,11 @@ def engine_request(
         onnx_sha256=file_sha256(prepared),
         precision=plan.precision,
         profile=profile,
+        flavour=lib.flavour,
     )
-    timing = options.timing_cache or default_timing_cache(cache_dir, key)
+    timing = None
+    if lib.has_timing_cache:
+        timing = options.timing_cache or default_timing_cache(cache_dir, key)
     return EngineRequest(
         source=source,
         info=info,
@@ -397,7 +439,58 @@ def engine_request(
         workdir=workdir,
         timing_cache=timing,
         device=device,
+        library=lib,
     )
+
+
+def _resolve_library(lib: TensorRTLibrary | str | None) -> TensorRTLibrary:
+    if lib is None:
+        return default_library()
+    if isinstance(lib, str):
+        return library(lib)
+    return lib
+
+
+def _key_gpu(
+    lib: TensorRTLibrary,
+    device: int,
+    gpu: tuple[str, str] | None,
+    targets: tuple[str, ...] | None,
+) -> tuple[str, str]:
+    """The key's (gpu_name, compute capability): the GPU itself, or a portable target list."""
+    if lib.builds_without_gpu:
+        if not targets:
+            if gpu is None:
+                gpu = _this_gpu(
+                    device,
+                    f"{lib.title} builds on a machine without a GPU for named targets only: "
+                    "pass --target (e.g. --target sm86,sm89)",
+                )
+            targets = (gpu[1],)
+        try:
+            lib.check_targets(targets)
+        except LibraryError as exc:
+            raise BuildError(str(exc)) from exc
+        return PORTABLE_GPU, ",".join(sorted(targets, key=version_tuple))
+    if gpu is None:
+        gpu = _this_gpu(device, f"{lib.title} builds on the GPU it serves")
+    if targets and tuple(targets) != (gpu[1],):
+        raise BuildError(
+            f"{lib.title} builds only for the GPU it runs on ({gpu[0]}, compute capability "
+            f"{gpu[1]}), not for {', '.join(targets)}: --target needs TensorRT for RTX "
+            "(pip install 'vdet[tensorrt-rtx]')"
+        )
+    return gpu
+
+
+def _this_gpu(device: int, why: str) -> tuple[str, str]:
+    from vdet.engines.gpu import CudaError, gpu_identity
+
+    try:
+        identity = gpu_identity(device)
+    except CudaError as exc:
+        raise TensorRTUnavailableError(f"no usable GPU {device} ({exc}); {why}") from exc
+    return identity.name, identity.compute_capability
 
 
 def build_cached(
@@ -406,9 +499,11 @@ def build_cached(
     cache_dir: str | os.PathLike[str],
     *,
     device: int = 0,
+    lib: TensorRTLibrary | str | None = None,
+    targets: tuple[str, ...] | None = None,
 ) -> CachedEngine:
     """Reuse the cached engine for `source`, or build it (a mismatching plan is rebuilt)."""
-    request = engine_request(source, options, cache_dir, device=device)
+    request = engine_request(source, options, cache_dir, device=device, lib=lib, targets=targets)
     return request.get_or_build(EngineCache(cache_dir))
 
 
@@ -416,24 +511,29 @@ def build_cached(
 
 
 def tensorrt_installed() -> bool:
-    """Whether TensorRT's Python package is installed, without importing it.
+    """Whether full TensorRT's Python package is installed, without importing it.
 
     A namespace package does not count: any folder called tensorrt/ on sys.path (a test folder
     of that name, with tests/ on the path) would otherwise pass for TensorRT.
     """
-    spec = importlib.util.find_spec("tensorrt")
-    return spec is not None and spec.origin is not None
+    return TENSORRT.installed()
+
+
+def any_tensorrt_installed() -> bool:
+    """Whether full TensorRT or TensorRT for RTX is installed."""
+    return any(lib.installed() for lib in (TENSORRT, library("tensorrt-rtx")))
+
+
+def _load(lib: TensorRTLibrary) -> Any:
+    """The library's module; TensorRTUnavailableError (a BuildError) when it cannot be used."""
+    try:
+        return lib.load()
+    except LibraryError as exc:
+        raise TensorRTUnavailableError(str(exc)) from exc
 
 
 def _tensorrt() -> Any:
-    if not tensorrt_installed():
-        raise TensorRTUnavailableError(
-            "TensorRT's Python package is not installed here: build engines in NVIDIA's "
-            "TensorRT container or with `pip install tensorrt-cu12` (docs/tensorrt.md)"
-        )
-    import tensorrt as trt
-
-    return trt
+    return _load(TENSORRT)
 
 
 def _make_logger(trt: Any, verbose: bool) -> Any:
@@ -465,14 +565,23 @@ def build_engine(
     input_hw: tuple[int, int],
     profile: OptimizationProfile,
     timing_cache: Path | None,
+    *,
+    lib: TensorRTLibrary = TENSORRT,
+    targets: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Parse `onnx_path`, build, write the plan to `plan_path`; return the build's details."""
-    trt = _tensorrt()
-    major, _ = tensorrt_version_tuple(trt.__version__)
+    """Parse `onnx_path`, build, write the plan to `plan_path`; return the build's details.
+
+    `targets` are TensorRT for RTX's compute capabilities (full TensorRT builds for its GPU).
+    """
+    trt = _load(lib)
+    version = str(trt.__version__)
+    strongly_typed = plan.strongly_typed or lib.strongly_typed(version)
     logger = _make_logger(trt, options.verbose)
     model = onnx.load(str(onnx_path), load_external_data=False)
     plugin_library = None
     if plugin_node(model) is not None:
+        if not lib.supports_plugins:
+            raise BuildError(f"{onnx_path} has vdet's plugin node, which {lib.title} cannot load")
         from vdet.plugins.loader import load_into_tensorrt
 
         plugin_library = load_into_tensorrt(trt, options.plugin_library)
@@ -480,8 +589,9 @@ def build_engine(
     start = time.monotonic()
     builder = trt.Builder(logger)
     flags = 0
-    if plan.strongly_typed and major < 11:
-        # 11.x is always strongly typed and deprecates the flag; 10.x needs it.
+    if plan.strongly_typed and not lib.strongly_typed(version):
+        # 11.x and TensorRT for RTX are always strongly typed (the flag is deprecated); 10.x
+        # needs it.
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
@@ -489,42 +599,79 @@ def build_engine(
         errors = [parser.get_error(i) for i in range(parser.num_errors)]
         lines = format_parser_errors(errors) or logger.errors or ["no error reported"]
         raise BuildError(
-            f"TensorRT {trt.__version__} could not parse {onnx_path}:\n  " + "\n  ".join(lines)
+            f"{lib.title} {version} could not parse {onnx_path}:\n  " + "\n  ".join(lines)
         )
 
     config = builder.create_builder_config()
     if options.workspace_mib is not None:
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, options.workspace_mib << 20)
     config.builder_optimization_level = options.optimization_level
+    # Layer names, types and precisions in the plan, for `vdet engine inspect` on a GPU.
+    config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED
     if plan.fp16_flag:
         config.set_flag(trt.BuilderFlag.FP16)
+    try:
+        lib.set_build_targets(trt, config, targets)
+    except LibraryError as exc:
+        raise BuildError(str(exc)) from exc
 
     shapes = _add_profile(trt, builder, network, config, input_hw, profile)
-    cache_loaded = _use_timing_cache(config, timing_cache)
+    cache_loaded = _use_timing_cache(config, timing_cache) if lib.has_timing_cache else False
+    layers = network_layers(network)
 
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        detail = "\n  ".join(logger.errors[-10:]) or "see TensorRT's log above"
-        raise BuildError(f"TensorRT failed to build {onnx_path}:\n  {detail}")
+        detail = "\n  ".join(logger.errors[-10:]) or f"see {lib.title}'s log above"
+        raise BuildError(f"{lib.title} {version} failed to build {onnx_path}:\n  {detail}")
     plan_path.parent.mkdir(parents=True, exist_ok=True)
     with open(plan_path, "wb") as f:
         f.write(serialized)
-    if timing_cache is not None:
+    if timing_cache is not None and lib.has_timing_cache:
         _save_timing_cache(config, timing_cache)
     return {
-        "tensorrt_version": trt.__version__,
+        "library": lib.flavour,
+        "tensorrt_version": version,
+        "targets": list(targets) if lib.builds_without_gpu else None,
+        "network": layers,
         "onnx": str(onnx_path),
-        "strongly_typed": plan.strongly_typed or major >= 11,
+        "strongly_typed": strongly_typed,
         "fp16_flag": plan.fp16_flag,
         "converted_fp16": plan.convert_fp16,
         "precision": plan.precision,
         "optimization_level": options.optimization_level,
         "workspace_mib": options.workspace_mib,
         "input_shapes": shapes,
-        "timing_cache": str(timing_cache) if timing_cache else None,
+        "timing_cache": str(timing_cache) if timing_cache and lib.has_timing_cache else None,
         "timing_cache_reused": cache_loaded,
         "plugin_library": str(plugin_library) if plugin_library else None,
         "seconds": round(time.monotonic() - start, 3),
+    }
+
+
+def network_layers(network: Any) -> dict[str, Any]:
+    """What the builder was given, as TensorRT typed it: layer count, layers per type, the
+    number of layer outputs per data type, and the network's I/O types.
+
+    Read from the network definition before the build, so it needs no GPU; the built engine's
+    own layer list (fusions, chosen kernels) needs a GPU to deserialize (`vdet engine inspect`).
+    """
+    per_type: dict[str, int] = {}
+    per_dtype: dict[str, int] = {}
+    for i in range(network.num_layers):
+        layer = network.get_layer(i)
+        kind = str(layer.type).rsplit(".", 1)[-1]
+        per_type[kind] = per_type.get(kind, 0) + 1
+        for j in range(layer.num_outputs):
+            dtype = str(layer.get_output_type(j)).rsplit(".", 1)[-1]
+            per_dtype[dtype] = per_dtype.get(dtype, 0) + 1
+    inputs = [network.get_input(i) for i in range(network.num_inputs)]
+    outputs = [network.get_output(i) for i in range(network.num_outputs)]
+    return {
+        "layers": int(network.num_layers),
+        "layer_types": dict(sorted(per_type.items())),
+        "output_dtypes": dict(sorted(per_dtype.items())),
+        "inputs": {t.name: str(t.dtype).rsplit(".", 1)[-1] for t in inputs},
+        "outputs": {t.name: str(t.dtype).rsplit(".", 1)[-1] for t in outputs},
     }
 
 
@@ -616,11 +763,29 @@ def inspect_plan(
     return report
 
 
+def plan_library(plan: Path) -> TensorRTLibrary:
+    """The library a plan was built with, from its manifest."""
+    return library(read_manifest(plan).key.flavour)
+
+
+def can_deserialize(plan: Path) -> bool:
+    """Whether `tensorrt_io` may try this plan here: its library is installed and a GPU is
+    visible (deserializing needs one, even to list the layers)."""
+    from vdet.engines.gpu import gpu_count
+
+    try:
+        return plan_library(plan).installed() and gpu_count() > 0
+    except (EngineMismatchError, LibraryError):
+        return False
+
+
 def tensorrt_io(plan: Path) -> dict[str, Any]:
-    """Deserialize a plan and list its I/O tensors and profiles (needs TensorRT and a GPU)."""
-    trt = _tensorrt()
-    logger = _make_logger(trt, verbose=False)
+    """Deserialize a plan and list its I/O tensors, profiles and layers (needs the plan's library
+    and a GPU it runs on)."""
     manifest = read_manifest(plan)
+    lib = library(manifest.key.flavour)
+    trt = _load(lib)
+    logger = _make_logger(trt, verbose=False)
     if manifest.key.plugin_sha256 is not None:
         from vdet.plugins.loader import load_for_plan
 
@@ -628,7 +793,9 @@ def tensorrt_io(plan: Path) -> dict[str, Any]:
     runtime = trt.Runtime(logger)
     engine = runtime.deserialize_cuda_engine(plan.read_bytes())
     if engine is None:
-        raise BuildError(f"TensorRT {trt.__version__} cannot deserialize {plan}: {logger.errors}")
+        raise BuildError(
+            f"{lib.title} {trt.__version__} cannot deserialize {plan}: {logger.errors}"
+        )
     tensors = []
     for i in range(engine.num_io_tensors):
         name = engine.get_tensor_name(i)
@@ -640,8 +807,12 @@ def tensorrt_io(plan: Path) -> dict[str, Any]:
                 "shape": list(engine.get_tensor_shape(name)),
             }
         )
+    inspector = engine.create_engine_inspector()
+    layers = json.loads(inspector.get_engine_information(trt.LayerInformationFormat.JSON))
     return {
+        "library": lib.flavour,
         "tensorrt_version": trt.__version__,
         "io": tensors,
         "profiles": engine.num_optimization_profiles,
+        "layers": layers.get("Layers", layers),
     }

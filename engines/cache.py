@@ -1,20 +1,25 @@
 """The TensorRT engine cache: one plan per model, GPU, precision and profile, each with a manifest.
 
 This module owns where engines live on disk, what makes a plan reusable, and building one in the
-background while the service keeps serving. A plan is only valid for the GPU model (and compute
-capability), TensorRT version, plugin library and ONNX file it was built from, and for the
-precision and batch profile it was built with: `EngineKey` holds exactly those, and the JSON
-manifest beside each plan records the key it was built for plus the plan's own sha256.
+background while the service keeps serving. A plan is only valid for the library it was built
+with (flavour: full TensorRT or TensorRT for RTX, and its version), the GPUs it targets, the
+plugin library and ONNX file it was built from, and the precision and batch profile it was built
+with: `EngineKey` holds exactly those, and the JSON manifest beside each plan records the key it
+was built for plus the plan's own sha256. A full-TensorRT plan targets the one GPU model it was
+built on; a TensorRT-for-RTX plan is portable and targets a list of compute capabilities
+(`gpu_name` "portable").
 
-    <root>/<stem>.<gpu>-sm<cc>.<precision>.b<min>-<opt>-<max>.plan
-    <root>/<stem>.<gpu>-sm<cc>.<precision>.b<min>-<opt>-<max>.json     (manifest)
+    <root>/<stem>.<gpu>-sm<cc>.<precision>.b<min>-<opt>-<max>.plan           (full TensorRT)
+    <root>/<stem>.rtx-sm<cc>[-<cc>...].<precision>.b<min>-<opt>-<max>.plan   (TensorRT for RTX)
+    ... and the same name with .json: the manifest
 
-The file name carries what the caller asks for (model, GPU, precision, profile), so GPUs of
-different models can share one cache volume; what the caller cannot choose (TensorRT version,
-plugin build, the ONNX file's content) is checked against the manifest. A plan whose manifest is
-missing, unreadable or names another key, or whose bytes do not match the manifest's sha256, is
-refused with a message that says which field differs, and `get_or_build` rebuilds it in place.
-The manifest is written after the plan, so it is the commit point of a build.
+The file name carries what the caller asks for (model, library, GPU or targets, precision,
+profile), so GPUs of different models can share one cache volume; what the caller cannot choose
+(the library's version, plugin build, the ONNX file's content) is checked against the manifest.
+A plan whose manifest is missing, unreadable or names another key, or whose bytes do not match
+the manifest's sha256, is refused with a message that says which field differs, and
+`get_or_build` rebuilds it in place. The manifest is written after the plan, so it is the
+commit point of a build.
 
 It must not import TensorRT: the build itself is a function handed in (engines/build.py makes
 the TensorRT one), so everything here runs, and is tested, on a CPU.
@@ -40,7 +45,9 @@ from vdet.pipeline.model import file_sha256
 
 log = logging.getLogger(__name__)
 
-MANIFEST_SCHEMA = 1
+# 2: the key has the library flavour, and compute_capability may list several targets.
+MANIFEST_SCHEMA = 2
+PORTABLE_GPU = "portable"
 PLAN_SUFFIX = ".plan"
 MANIFEST_SUFFIX = ".json"
 # What an engine computes in: fp32 (TF32 allowed where TensorRT picks it), fp16, or whatever the
@@ -91,7 +98,9 @@ class EngineKey:
     """Everything a plan depends on. Two keys are equal exactly when one plan serves both.
 
     `plugin_sha256` is None for an engine without vdet's plugin node. `compute_capability` is
-    "major.minor" (an A10 is "8.6").
+    "major.minor" (an A10 is "8.6"); for a portable TensorRT-for-RTX plan it lists every target,
+    ascending and comma-separated ("8.6,8.9"), and `gpu_name` is "portable". `tensorrt_version`
+    is the version of the library named by `flavour` ("10.8.0.43", "1.7.1.116").
     """
 
     gpu_name: str
@@ -101,22 +110,34 @@ class EngineKey:
     onnx_sha256: str
     precision: str
     profile: OptimizationProfile
+    flavour: str = "tensorrt"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
-        if not re.fullmatch(r"\d+\.\d+", self.compute_capability):
+        if not re.fullmatch(r"\d+\.\d+(,\d+\.\d+)*", self.compute_capability):
             raise ValueError(
-                f"compute capability must be 'major.minor', got {self.compute_capability!r}"
+                "compute capability must be 'major.minor' (a list: '8.6,8.9'), got "
+                f"{self.compute_capability!r}"
             )
+        if self.flavour not in ("tensorrt", "tensorrt-rtx"):
+            raise ValueError(f"flavour must be tensorrt or tensorrt-rtx, got {self.flavour!r}")
         for name in ("gpu_name", "tensorrt_version", "onnx_sha256"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
 
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The compute capabilities this plan runs on."""
+        return tuple(self.compute_capability.split(","))
+
     def slot(self, stem: str) -> str:
         """The file name (without suffix) of this key's plan for a model called `stem`."""
-        gpu = re.sub(r"[^a-z0-9]+", "-", self.gpu_name.lower()).strip("-") or "gpu"
-        sm = self.compute_capability.replace(".", "")
+        sm = "-".join(cc.replace(".", "") for cc in self.targets)
+        if self.flavour == "tensorrt-rtx":
+            gpu = "rtx" if self.gpu_name == PORTABLE_GPU else "rtx-" + _slug(self.gpu_name)
+        else:
+            gpu = _slug(self.gpu_name)
         model = re.sub(r"[^A-Za-z0-9_.-]+", "-", stem).strip(".-") or "model"
         return f"{model}.{gpu}-sm{sm}.{self.precision}.{self.profile.label}"
 
@@ -136,6 +157,7 @@ class EngineKey:
             profile=OptimizationProfile(
                 int(profile["min"]), int(profile["opt"]), int(profile["max"])
             ),
+            flavour=str(data["flavour"]),
         )
 
     def differences(self, other: EngineKey) -> list[str]:
@@ -331,6 +353,10 @@ class EngineCache:
                 yield
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
 def _write_atomic(path: Path, text: str) -> None:

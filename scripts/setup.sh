@@ -2,7 +2,8 @@
 # Create .venv and install vdet into it. Serving needs nothing else: PyAV's wheels carry FFmpeg.
 #   scripts/setup.sh            runtime only (vdet serve, detect, eval)
 #   scripts/setup.sh --dev      + test/lint tools, Ultralytics + CPU PyTorch (export, training),
-#                               NVIDIA ModelOpt (vdet quantize), onnx-graphsurgeon (vdet engine)
+#                               NVIDIA ModelOpt (vdet quantize), onnx-graphsurgeon (vdet engine),
+#                               TensorRT for RTX (real engines built on the CPU in the tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -14,7 +15,7 @@ if [[ "${1:-}" == "--dev" ]]; then
   python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
   # strict editable mode links the package into a tree that mypy can follow (package-dir
   # maps vdet onto service/); re-run this script after adding a module.
-  python -m pip install -q -e ".[dev,train,quant,tensorrt]" --config-settings editable_mode=strict
+  python -m pip install -q -e ".[dev,train,quant,tensorrt,tensorrt-rtx,eval]" --config-settings editable_mode=strict
   # The torch backend's converter, so its CPU tests run here too (the rest of the gpu extra,
   # PyNvVideoCodec and CUDA bindings, only works on a machine with an NVIDIA driver).
   python -m pip install -q "onnx2torch==1.5.15"

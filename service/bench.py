@@ -24,6 +24,17 @@ from vdet.pipeline.detector import Detector
 _PACKAGES = ("vdet", "numpy", "onnxruntime", "opencv-python-headless", "av", "torch")
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what `platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict[str, object]:
     """Where and with what a benchmark ran."""
     versions = {}
@@ -32,14 +43,7 @@ def environment() -> dict[str, object]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "host_cpu": cpu,

@@ -4,7 +4,9 @@ One markdown file per input (`<stem>.md`) and, for the streams benchmark, PNG pl
 `<stem>-latency_cdf.png`, `<stem>-streams_scaling.png` and `<stem>-stability.png`, all in one
 output folder. The markdown links the plots by file name, so it reads correctly from that folder.
 
-The streams schema (``"benchmark": "streams"``) is the main one; the older result files in
+The streams schema (``"benchmark": "streams"``) is the main one; `vdet bench serve` results
+(``"benchmark": "serve"``) get their markdown from vdet.bench_serve.report and the streams
+plots of their steps. The older result files in
 bench/results/ (CPU pipeline, GPU pipeline, CUDA kernels, model eval, INT8 studies) get a table
 of their headline figures. A file of none of these shapes is skipped with a note.
 
@@ -136,11 +138,13 @@ def _mapping_list(value: Any) -> list[Mapping[str, Any]]:
 def result_kind(data: Any) -> str | None:
     """Which schema a result file follows; None when it is not one this module knows.
 
-    One of "streams", "pipeline", "gpu_pipeline", "cuda_kernels", "model_eval",
+    One of "serve", "streams", "pipeline", "gpu_pipeline", "cuda_kernels", "model_eval",
     "int8_accuracy", "int8_sensitivity".
     """
     if not isinstance(data, Mapping):
         return None
+    if data.get("benchmark") == "serve":
+        return "serve"
     runs = _mapping_list(data.get("runs"))
     if data.get("benchmark") == "streams" or (runs and "system" in runs[0]):
         return "streams"
@@ -578,6 +582,10 @@ def render_markdown(
         return None
     if kind == "streams":
         lines = _streams_markdown(data, stem, plots or {})
+    elif kind == "serve":
+        from vdet.bench_serve.report import render_serve_markdown
+
+        lines = render_serve_markdown(data, stem, plots or {})
     else:
         lines = _LEGACY[kind](data, stem)
     while lines and not lines[-1]:
@@ -828,9 +836,9 @@ def write_report(inputs: Sequence[Path], out_dir: Path) -> Report:
             report.notes.append(f"{path}: not a benchmark result this report knows; skipped")
             continue
         plots: dict[str, str] = {}
-        if kind == "streams":
+        if kind in ("streams", "serve"):
             try:
-                plots = write_plots(data, out_dir, stem)
+                plots = write_plots(_as_streams(data) if kind == "serve" else data, out_dir, stem)
             except ModuleNotFoundError as exc:  # matplotlib is in the dev extra only
                 report.notes.append(f"{path}: no plots ({exc}); markdown only")
         markdown = render_markdown(data, stem, plots)
@@ -839,6 +847,13 @@ def write_report(inputs: Sequence[Path], out_dir: Path) -> Report:
         md_path.write_text(markdown, encoding="utf-8")
         report.written += [md_path, *(out_dir / name for name in plots.values())]
     return report
+
+
+def _as_streams(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A serve result's steps as streams runs, for the streams plots (vdet.bench_serve.report)."""
+    from vdet.bench_serve.report import as_streams_runs
+
+    return {"runs": as_streams_runs(data)}
 
 
 def run_cli(inputs: Sequence[Path], out_dir: Path | None) -> int:

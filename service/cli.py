@@ -72,7 +72,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_detect)
 
-    p = sub.add_parser("eval", help="COCO mAP of a model on a labelled image set")
+    p = sub.add_parser(
+        "eval",
+        help="COCO mAP of a model on a labelled image set; --track: IDF1/MOTA and counts",
+    )
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--backend", default="auto")
     p.add_argument("--coco", type=Path, default=None, help="COCO JSON (default: synthetic set)")
@@ -81,6 +84,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path, default=Path(".cache/heldout"))
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--output", type=Path, default=None, help="write the JSON report here")
+    p.add_argument(
+        "--track",
+        action="store_true",
+        help="score tracking instead: IDF1/MOTA on synthetic clips with identities, and exact "
+        "zone/line counts on a counting clip (needs vdet[eval])",
+    )
+    p.add_argument("--clips", type=int, default=3, help="--track: synthetic clips (seeds 0..N-1)")
+    p.add_argument("--seconds", type=float, default=8.0, help="--track: length of each clip")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("export", help="Ultralytics .pt -> ONNX with the raw head")
@@ -142,13 +153,31 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--plugin-library", type=Path, default=None, help="libvdet_plugins.so")
     p.add_argument("--device", type=int, default=0, help="CUDA device index")
+    p.add_argument(
+        "--library",
+        choices=["tensorrt", "tensorrt-rtx"],
+        default=None,
+        help="full TensorRT or TensorRT for RTX (default: the settings' backend if it names one, "
+        "TensorRT for RTX with --target, else whichever is installed, full TensorRT first)",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="TensorRT for RTX: compute capabilities to build for, e.g. sm86 or sm86,sm89 "
+        "(no GPU needed); default: this machine's GPU",
+    )
     p.set_defaults(func=_cmd_engine_build)
     p = engine.add_parser("inspect", help="a plan's manifest, whether it is intact, its I/O")
     p.add_argument("plan", type=Path)
     p.set_defaults(func=_cmd_engine_inspect)
 
     p = sub.add_parser("generate", help="render a synthetic dataset or a clip with truth")
-    p.add_argument("kind", choices=["dataset", "clip"])
+    p.add_argument(
+        "kind",
+        choices=["dataset", "clip", "counting-clip"],
+        help="counting-clip: objects crossing a known line and entering a known zone, with "
+        "the zones and the expected counts in its JSON",
+    )
     p.add_argument("--output", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--count", type=int, default=100, help="images (dataset)")
@@ -160,13 +189,24 @@ def _build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmarks; results as JSON",
         description="pipeline: one clip through decode -> detector, per stage; engine: the "
-        "backend alone at each batch size; kernels, gpu-pipeline, streams: the GPU benchmarks "
-        "of a source checkout (bench/gpu/*.py; arguments after -- go to them); report: result "
-        "JSON -> markdown and plots.",
+        "backend alone at each batch size; tracking: the tracker's cost per frame beside the "
+        "detector's (--frames: detector frames); kernels, gpu-pipeline, streams: the GPU "
+        "benchmarks of a source checkout (bench/gpu/*.py; arguments after -- go to them); serve: "
+        "a real `vdet serve` driven over HTTP and WebSocket; report: result JSON -> markdown and "
+        "plots.",
     )
     p.add_argument(
         "scenario",
-        choices=["pipeline", "engine", "kernels", "gpu-pipeline", "streams", "report"],
+        choices=[
+            "pipeline",
+            "engine",
+            "tracking",
+            "kernels",
+            "gpu-pipeline",
+            "streams",
+            "serve",
+            "report",
+        ],
         help="what to measure, or report",
     )
     p.add_argument("inputs", nargs="*", type=Path, help="report: result JSON files")
@@ -181,6 +221,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frames", type=int, default=150)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--output", type=Path, default=None)
+    from vdet.bench_serve.options import add_arguments as add_serve_arguments
+
+    add_serve_arguments(p)
     p.set_defaults(func=_cmd_bench)
     return parser
 
@@ -240,6 +283,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         # stalled /healthz for half a second. Results are small JSON; send them as they are.
         ws_per_message_deflate=False,
         http=http_protocol(settings.limits.header_timeout_s),
+        # Live video responses never end by themselves: give them this long after SIGTERM or
+        # Ctrl-C, then cut them, so that shutdown cannot wait forever on a viewer.
+        timeout_graceful_shutdown=5,
     )
     GracefulServer(config, app).run()  # WebSocket goodbyes, then exit 0 on SIGTERM
     return 0
@@ -371,6 +417,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from vdet.pipeline.detector import Detector
     from vdet.pipeline.model import ModelError
 
+    if args.track:
+        return _cmd_eval_track(args)
     coco = args.coco
     if coco is None:
         coco = _heldout_set(args.cache_dir, args.synthetic)
@@ -386,6 +434,35 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         )
     from vdet.bench import environment
 
+    text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _cmd_eval_track(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from vdet.bench import environment
+    from vdet.pipeline.detector import Detector
+    from vdet.pipeline.model import ModelError
+
+    if importlib.util.find_spec("motmetrics") is None:
+        raise UsageError("--track needs py-motmetrics: pip install 'vdet[eval]'")
+    if not 1 <= args.clips <= 100 or not 1.0 <= args.seconds <= 600.0:
+        raise UsageError("--clips must be 1..100 and --seconds 1..600")
+    from vdet.tracking.evaluation import evaluate_tracking
+
+    try:
+        detector = Detector.open(args.model or asset_path("demo.onnx"), args.backend)
+    except (FileNotFoundError, ModelError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    with detector:
+        report = evaluate_tracking(
+            detector, range(args.clips), seconds=args.seconds, progress=_progress("eval --track")
+        )
     text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -481,6 +558,7 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
 
     from vdet.config import ConfigError, EngineSettings, load_settings
     from vdet.engines.build import BuildError, BuildOptions, build_cached
+    from vdet.engines.library import FLAVOURS, LibraryError, parse_targets
     from vdet.plugins.loader import PluginLibraryError
 
     try:
@@ -508,8 +586,17 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
     if not Path(model).is_file():
         raise UsageError(f"model not found: {model}")
     try:
+        targets = parse_targets(args.target) if args.target is not None else None
+    except LibraryError as exc:
+        raise UsageError(str(exc)) from None
+    flavour = args.library or (settings.backend if settings.backend in FLAVOURS else None)
+    if flavour is None and targets is not None:
+        flavour = "tensorrt-rtx"
+    try:
         options = BuildOptions.from_settings(engine, settings.detection)
-        cached = build_cached(model, options, engine.cache_dir, device=args.device)
+        cached = build_cached(
+            model, options, engine.cache_dir, device=args.device, lib=flavour, targets=targets
+        )
     except PluginLibraryError as exc:
         raise UsageError(str(exc)) from None
     except BuildError as exc:
@@ -524,7 +611,9 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
                 "precision": manifest.key.precision,
                 "profile": manifest.key.profile.label,
                 "gpu": manifest.key.gpu_name,
+                "library": manifest.key.flavour,
                 "tensorrt": manifest.key.tensorrt_version,
+                "compute_capability": manifest.key.compute_capability,
                 "build_seconds": manifest.build_seconds,
             }
         )
@@ -533,11 +622,11 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_inspect(args: argparse.Namespace) -> int:
-    from vdet.engines.build import BuildError, inspect_plan, tensorrt_installed, tensorrt_io
+    from vdet.engines.build import BuildError, can_deserialize, inspect_plan, tensorrt_io
 
     if not args.plan.is_file():
         raise UsageError(f"plan not found: {args.plan}")
-    deserialize = tensorrt_io if tensorrt_installed() else None
+    deserialize = tensorrt_io if can_deserialize(args.plan) else None
     try:
         report = inspect_plan(args.plan, deserialize=deserialize)
     except BuildError as exc:
@@ -547,11 +636,14 @@ def _cmd_engine_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from vdet.dataset.writers import write_dataset, write_video_with_truth
+    from vdet.dataset.writers import write_counting_clip, write_dataset, write_video_with_truth
 
     if args.kind == "dataset":
         paths = write_dataset(args.output, {"images": range(args.seed, args.seed + args.count)})
         print(json.dumps({k: str(v) for k, v in paths.items()}))
+    elif args.kind == "counting-clip":
+        truth = write_counting_clip(args.output, args.seed, seconds=args.seconds, fps=args.fps)
+        print(json.dumps({"clip": str(args.output), "truth": str(truth)}))
     else:
         truth = write_video_with_truth(args.output, args.seed, seconds=args.seconds, fps=args.fps)
         print(json.dumps({"clip": str(args.output), "truth": str(truth)}))
@@ -563,6 +655,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from vdet.bench_report import run_cli
 
         return run_cli(args.inputs, args.out_dir)
+    if args.scenario == "serve":
+        from vdet.bench_serve.command import run_cli as run_serve_cli
+
+        return run_serve_cli(args)
     from vdet.bench import GPU_SCRIPTS, gpu_script, run_engine_bench, run_pipeline_bench
 
     if args.scenario in GPU_SCRIPTS:
@@ -586,6 +682,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             print(f"vdet bench: --batches must be integers, got {args.batches!r}", file=sys.stderr)
             return 2
         result = run_engine_bench(model, args.backend, batches, iterations=args.iterations)
+    elif args.scenario == "tracking":
+        from vdet.tracking.bench import run_tracking_bench
+
+        result = run_tracking_bench(
+            model=str(model),
+            backend=args.backend,
+            source=args.source or str(asset_path("sample.mp4")),
+            detector_frames=args.frames,
+        )
     else:
         source = args.source or str(asset_path("sample.mp4"))
         result = run_pipeline_bench(

@@ -35,6 +35,7 @@ from pydantic_settings import (
 
 from vdet.ingest.urls import SourcePolicy, redact
 from vdet.ingest.worker import IngestOptions
+from vdet.tracking.specs import TrackingSpec, ZoneList
 
 CONFIG_ENV_VAR = "VDET_CONFIG"
 STREAM_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -124,6 +125,15 @@ class StreamSpec(_Strict):
         le=255,
         description="Run this stream on this GPU index (of `gpu.devices`); null: placed by "
         "the least-loaded policy. Ignored on the CPU.",
+    )
+    tracking: TrackingSpec = Field(
+        default_factory=TrackingSpec,
+        description="Object tracking (track ids, zone and line events); on by default.",
+    )
+    zones: ZoneList = Field(
+        default_factory=list,
+        description="Polygon zones and counting lines (needs tracking); also at "
+        "/v1/streams/{id}/zones.",
     )
 
     @field_validator("id")
@@ -318,6 +328,16 @@ class GpuSettings(_Strict):
         "docs/gpu-data-path.md.",
     )
 
+    mps: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="NVIDIA MPS for the stream worker processes sharing a GPU (their kernels "
+        "then run concurrently instead of time-sliced): on starts a private MPS control daemon "
+        "for vdet's own workers and fails if it cannot; auto does so when "
+        "nvidia-cuda-mps-control exists, no MPS daemon is already reachable and a GPU has "
+        "more than one worker; off never. An MPS daemon that is already running (CUDA_MPS_PIPE_"
+        "DIRECTORY) is used as it is. vdet stops the daemon it started.",
+    )
+
     @field_validator("devices")
     @classmethod
     def _distinct_devices(cls, value: list[int] | None) -> list[int] | None:
@@ -375,6 +395,55 @@ class LimitSettings(_Strict):
     retry_after_s: int = Field(
         default=1, ge=1, le=3600, description="Retry-After sent with a 503 for a busy detect."
     )
+
+
+class WorkerSettings(_Strict):
+    """Stream worker processes: where `vdet serve` runs its streams (docs/workers.md).
+
+    One process's threads share one Python interpreter lock, which bounds how many streams one
+    process carries (about 16 real-time 1080p streams with a GPU backend, measured on an H200).
+    With worker processes, the API process keeps the API, the results hub, WebSockets and
+    /metrics, and each worker runs the decoding and detection of its share of the streams.
+    """
+
+    processes: Literal["auto"] | int = Field(
+        default="auto",
+        description="Worker processes per GPU (GPU backends), or in all (CPU). 0 runs every "
+        "stream inside the API process. auto: on a GPU node, enough per GPU for that GPU's "
+        "share of max_streams at streams_per_process each; on the CPU, 0.",
+    )
+    streams_per_process: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="Most streams one worker process takes (8 real-time 1080p30 streams per "
+        "process held with no drops on an H200; see docs/workers.md).",
+    )
+    start_timeout_s: float = Field(
+        default=180.0,
+        ge=1.0,
+        le=3600.0,
+        description="How long a worker may take to load its model and report ready.",
+    )
+    call_timeout_s: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=600.0,
+        description="How long a control call (add, change, remove, status) may wait for its "
+        "worker before it fails with 503.",
+    )
+    restart: bool = Field(
+        default=True,
+        description="Restart a worker that dies and re-add its streams there; false leaves "
+        "its streams failed.",
+    )
+
+    @field_validator("processes")
+    @classmethod
+    def _process_count(cls, value: Literal["auto"] | int) -> Literal["auto"] | int:
+        if value != "auto" and not (isinstance(value, int) and 0 <= value <= 64):
+            raise ValueError("processes must be 'auto' or a whole number from 0 to 64")
+        return value
 
 
 ENGINE_DIR_ENV = "ENGINE_DIR"
@@ -452,6 +521,32 @@ class EngineSettings(_Strict):
         return self
 
 
+class LiveSettings(_Strict):
+    """Live video (GET /v1/streams/{id}/live.mjpeg and the web page's live view)."""
+
+    max_viewers: int = Field(
+        default=8,
+        ge=0,
+        le=256,
+        description="Most live video responses open at once, all streams together (each one "
+        "costs a JPEG encode per new frame unless another viewer of the same stream and size "
+        "shares it); 0 turns live video off.",
+    )
+    max_fps: float = Field(
+        default=15.0, gt=0.0, le=60.0, description="Highest frame rate a viewer may ask for."
+    )
+    jpeg_quality: int = Field(default=75, ge=20, le=95, description="JPEG quality of live frames.")
+    max_width: int = Field(
+        default=1280,
+        ge=160,
+        le=7680,
+        description="Live frames wider than this are scaled down to it before encoding.",
+    )
+    encoder_threads: int = Field(
+        default=2, ge=1, le=32, description="Threads that may encode live frames at once."
+    )
+
+
 class Settings(BaseSettings):
     """Everything `vdet serve` needs. See the module docstring for where values come from."""
 
@@ -466,8 +561,9 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535, description="TCP port to listen on.")
     api_key: SecretStr | None = Field(
         default=None,
-        description="When set, every endpoint except /healthz, /readyz and /metrics requires it "
-        "(X-API-Key or Authorization: Bearer; WebSockets: ?api_key= or subprotocol).",
+        description="When set, every endpoint except /healthz, /readyz, /metrics and the web "
+        "page's files (/, /ui/) requires it (X-API-Key or Authorization: Bearer; WebSockets: "
+        "?api_key= or subprotocol).",
     )
     max_streams: int = Field(default=16, ge=1, le=1024, description="Most concurrent streams.")
     max_upload_bytes: int = Field(
@@ -510,6 +606,13 @@ class Settings(BaseSettings):
     gpu: GpuSettings = Field(
         default_factory=GpuSettings,
         description="NVDEC decode, per-GPU workers, CUDA graphs and batching (GPU backends).",
+    )
+    workers: WorkerSettings = Field(
+        default_factory=WorkerSettings,
+        description="Stream worker processes behind the one API (see docs/workers.md).",
+    )
+    live: LiveSettings = Field(
+        default_factory=LiveSettings, description="Live video for the web page and viewers."
     )
     sources: list[StreamSpec] = Field(
         default_factory=list,
@@ -570,9 +673,18 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
         _config_file.reset(token)
 
 
+# VDET_* variables that vdet reads itself, outside Settings: accepted next to the settings.
+OTHER_ENV_VARS: frozenset[str] = frozenset(
+    {
+        CONFIG_ENV_VAR,
+        "VDET_KERNEL_CACHE",  # compiled CUDA kernels (vdet.plugins.launch)
+    }
+)
+
+
 def _check_env_names(environ: Mapping[str, str]) -> None:
     """Reject VDET_* variables that name no setting: a typo must not be silently ignored."""
-    known = {name.upper() for name in Settings.model_fields} | {CONFIG_ENV_VAR[5:]}
+    known = {name.upper() for name in Settings.model_fields} | {v[5:] for v in OTHER_ENV_VARS}
     unknown = sorted(
         name
         for name in environ

@@ -15,11 +15,15 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from vdet.types import DetectionResult
+
+log = logging.getLogger(__name__)
 
 
 class SubscriptionEnd(enum.StrEnum):
@@ -162,6 +166,13 @@ class ResultsHub:
         self._evicted_through: dict[str, int] = {}
         self._latest: dict[str, DetectionResult] = {}
         self._subscribers: set[Subscription] = set()
+        self._on_publish: Callable[[DetectionResult], object] | None = None
+
+    def on_publish(self, callback: Callable[[DetectionResult], object] | None) -> None:
+        """Call `callback(numbered result)` on the publishing thread, after each publish, while
+        anyone subscribes: work every subscriber would otherwise repeat on its event loop
+        (encoding) is done once, off the loop."""
+        self._on_publish = callback
 
     def publish(self, result: DetectionResult) -> DetectionResult:
         """Number `result`, keep it and hand it to subscribers; returns the numbered copy."""
@@ -182,6 +193,12 @@ class ResultsHub:
                 if sub.source_id is None or sub.source_id == source:
                     with contextlib.suppress(RuntimeError):  # that subscriber's loop is gone
                         sub._loop.call_soon_threadsafe(sub._deliver, numbered)
+            ahead = self._on_publish if self._subscribers else None
+        if ahead is not None:
+            try:
+                ahead(numbered)
+            except Exception:  # only an optimisation: the result is published regardless
+                log.exception("on_publish failed for result %d", numbered.seq)
         return numbered
 
     @property
@@ -199,6 +216,21 @@ class ResultsHub:
     def latest(self, source_id: str) -> DetectionResult | None:
         with self._lock:
             return self._latest.get(source_id)
+
+    def find(self, source_id: str, frame_index: int, wait_s: float = 0.0) -> DetectionResult | None:
+        """The kept result of one source's frame, waiting up to `wait_s` for it to be published
+        (it may be on its way from a worker process); None if it never is."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self._lock:
+                for result in reversed(self._per_source.get(source_id, ())):
+                    if result.frame_index == frame_index:
+                        return result
+                    if result.frame_index < frame_index:
+                        break
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.005)
 
     def since(self, after_seq: int, source_id: str | None = None) -> list[DetectionResult]:
         """Kept results with seq > after_seq, oldest first, of one source or of all."""

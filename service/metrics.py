@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import (
@@ -22,7 +22,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from vdet.types import DetectionResult, SourceState, SourceStatus
+from vdet.types import DetectionResult, SourceState, SourceStatus, TrackingSummary
 
 # 1 ms .. 2 s, roughly x2 per step with a finer grid where real-time budgets sit (5-50 ms).
 LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
@@ -70,6 +70,7 @@ class _SourceTotals:
     damaged: int = 0
     gpu: str = "cpu"
     series: _FrameSeries | None = None
+    zone_series: set[tuple[str, str]] = field(default_factory=set)  # (zone, class) gauges set
 
 
 class Metrics:
@@ -148,6 +149,19 @@ class Metrics:
             "vdet_websocket_clients", "WebSocket event clients connected now.", registry=r
         )
         self.streams = Gauge("vdet_streams", "Streams configured now.", registry=r)
+        self.live_viewers = Gauge(
+            "vdet_live_viewers", "Live video (MJPEG) responses open now.", registry=r
+        )
+        self.live_encode_seconds = Histogram(
+            "vdet_live_encode_seconds",
+            "Time to draw, scale and JPEG-encode one live frame (shared by the viewers of the "
+            "same stream and size).",
+            buckets=LATENCY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.live_frames_sent = Counter(
+            "vdet_live_frames_sent_total", "Live video frames sent, all viewers.", registry=r
+        )
         self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
         self.gpu_memory_used = Gauge(
             "vdet_gpu_memory_used_bytes",
@@ -171,8 +185,45 @@ class Metrics:
             ["gpu"],
             registry=r,
         )
+        self.worker_up = Gauge(
+            "vdet_worker_up",
+            "1 while a stream worker process runs and answers, 0 while it is being restarted.",
+            ["worker", "gpu"],
+            registry=r,
+        )
+        self.worker_restarts = Counter(
+            "vdet_worker_restarts_total",
+            "Times a stream worker process died and was started again.",
+            ["worker", "gpu"],
+            registry=r,
+        )
+        self.mps_active = Gauge(
+            "vdet_mps_active",
+            "1 when the worker processes share their GPU through NVIDIA MPS, else 0.",
+            registry=r,
+        )
+        self.zone_objects = Gauge(
+            "vdet_zone_objects",
+            "Tracks inside a polygon zone now, by class (a track stays counted while briefly "
+            "unseen, until its tracker ends it).",
+            ["source", "zone", "class"],
+            registry=r,
+        )
+        self.line_crossings = Counter(
+            "vdet_line_crossings_total",
+            "Tracks that crossed a counting line, by class and direction (in / out).",
+            ["source", "zone", "class", "direction"],
+            registry=r,
+        )
+        self.tracks_started = Counter(
+            "vdet_tracks_started_total",
+            "Tracks confirmed (given an id) by a stream's tracker, by class.",
+            ["source", "class"],
+            registry=r,
+        )
         self._lock = threading.Lock()
         self._totals: dict[str, _SourceTotals] = {}
+        self._class_names: tuple[str, ...] = ()
 
     # --- pipeline --------------------------------------------------------------------------
 
@@ -194,6 +245,37 @@ class Metrics:
             child.observe(seconds)
         series.end_to_end.observe(t.end_to_end)
         series.processed.inc()
+        if result.tracking is not None or result.events or totals.zone_series:
+            self._observe_tracking(result, totals)  # (also drops zone gauges of tracking off)
+
+    def set_class_names(self, names: tuple[str, ...]) -> None:
+        """The model's class names, for the `class` label of tracking series (else ids)."""
+        self._class_names = tuple(names)
+
+    def _class_label(self, class_id: int) -> str:
+        names = self._class_names
+        return names[class_id] if 0 <= class_id < len(names) else str(class_id)
+
+    def _observe_tracking(self, result: DetectionResult, totals: _SourceTotals) -> None:
+        """Zone occupancy, line crossings and started tracks of one result (its stream's
+        publishing thread only, so `totals.zone_series` has one writer)."""
+        source = result.source_id
+        for event in result.events:
+            if event.type == "line_cross" and event.direction is not None:
+                label = self._class_label(event.class_id)
+                self.line_crossings.labels(source, event.zone, label, event.direction).inc()
+        summary = result.tracking or TrackingSummary()
+        for class_id in summary.tracks_started:
+            self.tracks_started.labels(source, self._class_label(class_id)).inc()
+        current: set[tuple[str, str]] = set()
+        for occupancy in summary.occupancy:
+            key = (occupancy.zone, self._class_label(occupancy.class_id))
+            self.zone_objects.labels(source, *key).set(occupancy.objects)
+            current.add(key)
+        # Occupancy lists zeros too: a series missing now is of a zone deleted or redrawn.
+        for zone, label in totals.zone_series - current:
+            self.zone_objects.remove(source, zone, label)
+        totals.zone_series = current
 
     # --- sources ---------------------------------------------------------------------------
 
@@ -265,6 +347,14 @@ class Metrics:
                 age = (time.time() if now is None else now) - status.last_frame_time
                 self.source_last_frame_age.labels(source_id).set(max(0.0, age))
 
+    def restart_source(self, source_id: str) -> None:
+        """The source's worker was replaced: its next status counts from zero again, and the
+        counters go on from where they are (they never go down)."""
+        with self._lock:
+            totals = self._totals.get(source_id)
+            if totals is not None:
+                totals.decoded = totals.dropped = totals.reconnects = 0
+
     def remove_source(self, source_id: str) -> None:
         """Drop every series labelled with a deleted source."""
         with self._lock:
@@ -281,6 +371,9 @@ class Metrics:
                 self.source_state,
                 self.source_last_frame_age,
                 self.source_gpu,
+                self.zone_objects,
+                self.line_crossings,
+                self.tracks_started,
             ):
                 metric.remove_by_labels({"source": source_id})
 
@@ -293,11 +386,40 @@ class Metrics:
         if memory_bytes is not None:
             self.gpu_memory_used.labels(gpu).set(memory_bytes)
 
+    # --- worker processes -------------------------------------------------------------------
+
+    def set_worker_up(self, worker: str, gpu: str, up: bool) -> None:
+        self.worker_up.labels(worker, gpu).set(1.0 if up else 0.0)
+
+    def count_worker_restart(self, worker: str, gpu: str) -> None:
+        self.worker_restarts.labels(worker, gpu).inc()
+
     # --- service ---------------------------------------------------------------------------
 
-    def set_backend(self, *, backend: str, device: str, model: str, precision: str) -> None:
+    def set_stream_count(self, count: int) -> None:
+        self.streams.set(count)
+
+    def set_backend(
+        self,
+        *,
+        backend: str,
+        device: str,
+        model: str,
+        precision: str,
+        data_path: str = "cpu",
+        selection: str = "",
+    ) -> None:
+        """What serves: `data_path` "gpu" (NVDEC, our kernels, CUDA graphs) or "cpu" (CPU
+        decode, every frame through the detector); `selection` says why this backend."""
         self.backend.info(
-            {"backend": backend, "device": device, "model": model, "precision": precision}
+            {
+                "backend": backend,
+                "device": device,
+                "model": model,
+                "precision": precision,
+                "data_path": data_path,
+                "selection": selection,
+            }
         )
 
     def render(self) -> bytes:

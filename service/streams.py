@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from vdet.config import DetectionDefaults, IngestSettings, StreamSpec
-from vdet.hub import ResultsHub
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
 from vdet.ingest.urls import redact, validate_source_url
@@ -33,6 +32,9 @@ from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.rates import RateMeter
+from vdet.tracking.specs import ZoneSpec
+from vdet.tracking.stream_tracking import StreamTracking
+from vdet.tracking.zones import Zone, check_in_frame, resolve_zones
 from vdet.types import (
     DecodedFrame,
     DetectionResult,
@@ -41,7 +43,9 @@ from vdet.types import (
     SourceState,
     SourceStatus,
     StageTimings,
+    TrackingSummary,
     VideoFrame,
+    ZoneEvent,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,15 @@ class DetectorLike(Protocol):
     def detect(
         self, images_bgr: Sequence[ImageArray], params: PostprocessParams | None = None
     ) -> list[tuple[Detections, StageTimings]]: ...
+
+
+class ResultSink(Protocol):
+    """Where published results go: the `ResultsHub` in this process, or (in a stream worker
+    process) the channel to the API process's hub (vdet.workers.child)."""
+
+    def publish(self, result: DetectionResult) -> DetectionResult: ...
+
+    def remove_source(self, source_id: str) -> None: ...
 
 
 class GpuWorkerLike(Protocol):
@@ -168,6 +181,7 @@ class StreamView:
     last_frame_age_s: float | None
     pipeline_error: str | None
     fps_processed: float | None = None  # published per second, over the last seconds
+    worker: str | None = None  # the worker process running it; None: the API process itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,7 +195,9 @@ class Snapshot:
 class _Stream:
     """One stream's parts. `lock` guards the mutable fields below it."""
 
-    def __init__(self, spec: StreamSpec, params: PostprocessParams, url: str) -> None:
+    def __init__(
+        self, spec: StreamSpec, params: PostprocessParams, url: str, zones: tuple[Zone, ...]
+    ) -> None:
         self.spec = spec
         self.url = url
         self.mailbox = FrameMailbox()
@@ -191,6 +207,9 @@ class _Stream:
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
         self.params = params
+        self.zones = zones
+        # Touched by the pipeline thread only: tracks live and die with their stream.
+        self.tracking = StreamTracking()
         self.closed = False
         self.frames_processed = 0
         self.processed_rate = RateMeter()
@@ -210,6 +229,8 @@ class _Outgoing:
     frame: DecodedFrame
     detections: Detections
     timings: StageTimings
+    events: tuple[ZoneEvent, ...] = ()
+    tracking: TrackingSummary | None = None
 
 
 class StreamManager:
@@ -219,7 +240,7 @@ class StreamManager:
         self,
         detector: DetectorLike,
         class_names: Sequence[str],
-        hub: ResultsHub,
+        hub: ResultSink,
         metrics: Metrics,
         *,
         max_streams: int,
@@ -267,7 +288,7 @@ class StreamManager:
         """
         url = validate_source_url(spec.url, self._ingest.source_policy.policy())
         params = self._params_for(spec)
-        stream = _Stream(spec, params, url)
+        stream = _Stream(spec, params, url, self._zones_for(spec.zones))
         with self._lock:
             if self._closed:
                 raise StreamError("the stream manager is shut down")
@@ -408,21 +429,26 @@ class StreamManager:
         return gpu_worker.to_bgr(snap.frame), snap.result
 
     def update_params(self, stream_id: str, **changes: Any) -> StreamView:
-        """Change a running stream's conf_threshold / iou_threshold / max_det / classes.
+        """Change a running stream's conf_threshold / iou_threshold / max_det / classes /
+        tracking / zones.
 
-        A key given as None resets that field to the server default (classes: all classes);
-        keys not given are kept. Takes effect from the next frame. Raises ValueError for
-        unknown class names or fields, UnknownStreamError.
+        A key given as None resets that field to the server default (classes: all classes;
+        tracking: default settings; zones: none); keys not given are kept. Takes effect from
+        the next frame. Raises ValueError for unknown class names or fields, UnknownStreamError.
         """
-        allowed = {"conf_threshold", "iou_threshold", "max_det", "classes"}
+        allowed = {"conf_threshold", "iou_threshold", "max_det", "classes", "tracking", "zones"}
         if unknown := set(changes) - allowed:
             raise ValueError(f"cannot change {sorted(unknown)}; changeable: {sorted(allowed)}")
         stream = self._stream(stream_id)
+        frame_wh = self._frame_size(stream)
         with stream.lock:
             merged = stream.spec.model_dump() | changes
+            for key in ("tracking", "zones"):  # null: back to the default
+                if merged.get(key) is None:
+                    merged.pop(key, None)
             spec = StreamSpec.model_validate(merged)
-            stream.params = self._params_for(spec)
-            stream.spec = spec
+            params, zones = self._params_for(spec), self._zones_for(spec.zones, frame_wh)
+            stream.params, stream.zones, stream.spec = params, zones, spec
         return self._view(stream)
 
     def sync_metrics(self) -> None:
@@ -460,6 +486,23 @@ class StreamManager:
             max_det=spec.max_det,
             classes=spec.classes,
         )
+
+    def _zones_for(
+        self, specs: Sequence[ZoneSpec], frame_wh: tuple[int, int] | None = None
+    ) -> tuple[Zone, ...]:
+        """Zones with class ids; pixel zones checked against the frame size when known."""
+        zones = resolve_zones(specs, lambda refs: resolve_classes(refs, self._names))
+        if frame_wh is not None:
+            check_in_frame(specs, frame_wh)
+        return zones
+
+    def _frame_size(self, stream: _Stream) -> tuple[int, int] | None:
+        with stream.lock:
+            worker = stream.worker
+        status = worker.status() if worker is not None else None
+        if status is None or not status.width or not status.height:
+            return None
+        return status.width, status.height
 
     def _view(self, stream: _Stream) -> StreamView:
         with stream.lock:
@@ -507,6 +550,7 @@ class StreamManager:
                 continue
             with stream.lock:
                 params, gpu_worker = stream.params, stream.gpu_worker
+                tracking, zones = stream.spec.tracking, stream.zones
             try:
                 if isinstance(frame, VideoFrame):
                     ((detections, timings),) = self._detector.detect([frame.image_bgr], params)
@@ -514,14 +558,29 @@ class StreamManager:
                     detections, timings = gpu_worker.detect(source_id, frame, params)
                 else:
                     raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU worker")
+                outgoing = _Outgoing(stream, frame, detections, timings)
+                if tracking.enabled:
+                    tracked = stream.tracking.update(
+                        detections, frame.size_wh, frame.arrival_time, tracking.params(), zones
+                    )
+                    outgoing = dataclasses.replace(
+                        outgoing,
+                        detections=tracked.detections,
+                        events=tracked.events,
+                        tracking=tracked.summary,
+                    )
+                else:
+                    stream.tracking.reset()
             except Exception as exc:  # keep serving: one bad frame must not end the stream
                 error = f"{type(exc).__name__}: {exc}"
                 with stream.lock:
                     repeated, stream.pipeline_error = stream.pipeline_error == error, error
                 if not repeated:  # a broken model fails every frame: log each new error once
-                    log.exception("detection failed on %s frame %d", source_id, frame.index)
+                    log.exception(
+                        "detection or tracking failed on %s frame %d", source_id, frame.index
+                    )
                 continue
-            self._outbox.put(_Outgoing(stream, frame, detections, timings))
+            self._outbox.put(outgoing)
 
     def _publish_loop(self) -> None:
         """The publisher thread: results -> hub, snapshot, counts and metrics, in the order
@@ -552,6 +611,8 @@ class StreamManager:
             image_size_wh=frame.size_wh,
             detections=item.detections,
             timings=timings,
+            events=item.events,
+            tracking=item.tracking,
         )
         with stream.lock:
             if stream.closed:  # removed meanwhile: nothing of it is published any more

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -19,13 +19,22 @@ IntArray = npt.NDArray[np.int32]
 ImageArray = npt.NDArray[np.uint8]
 
 
+# `Detections.tracker_id` of a detection that is on no confirmed track.
+NO_TRACK = -1
+
+
 @dataclass(frozen=True)
 class Detections:
-    """Boxes of one image in source pixels, xyxy, best score first."""
+    """Boxes of one image in source pixels, xyxy, best score first.
+
+    `tracker_id` is set by a stream's tracker (vdet.tracking): the id of each detection's
+    track, or NO_TRACK (-1); None where no tracker ran (uploads, streams with tracking off).
+    """
 
     xyxy: FloatArray
     scores: FloatArray
     class_ids: IntArray
+    tracker_id: IntArray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.scores)
@@ -35,6 +44,8 @@ class Detections:
             raise ValueError(f"scores must have shape ({n},), got {self.scores.shape}")
         if self.class_ids.shape != (n,):
             raise ValueError(f"class_ids must have shape ({n},), got {self.class_ids.shape}")
+        if self.tracker_id is not None and self.tracker_id.shape != (n,):
+            raise ValueError(f"tracker_id must have shape ({n},), got {self.tracker_id.shape}")
 
     @classmethod
     def empty(cls) -> Detections:
@@ -48,7 +59,8 @@ class Detections:
         return len(self.scores)
 
     def select(self, keep: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> Detections:
-        return Detections(self.xyxy[keep], self.scores[keep], self.class_ids[keep])
+        tracker_id = None if self.tracker_id is None else self.tracker_id[keep]
+        return Detections(self.xyxy[keep], self.scores[keep], self.class_ids[keep], tracker_id)
 
 
 class ColourMatrix(enum.StrEnum):
@@ -125,9 +137,55 @@ class StageTimings:
     end_to_end: float = 0.0
 
 
+ZoneEventType = Literal["zone_enter", "zone_exit", "line_cross"]
+CrossDirection = Literal["in", "out"]
+
+
+@dataclass(frozen=True)
+class ZoneEvent:
+    """A track entering or leaving a polygon zone, or crossing a line, on one frame.
+
+    `direction` is set on line_cross only ("in": from the left to the right of the line's
+    first -> second point, as seen on the image); `dwell_s` on zone_exit only (seconds from
+    the frame the track entered to the last frame it was seen inside).
+    """
+
+    type: ZoneEventType
+    zone: str
+    track_id: int
+    class_id: int
+    direction: CrossDirection | None = None
+    dwell_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ZoneOccupancy:
+    """How many tracks of one class are inside one polygon zone now."""
+
+    zone: str
+    class_id: int
+    objects: int
+
+
+@dataclass(frozen=True)
+class TrackingSummary:
+    """What a stream's tracker adds to one frame's result, besides track ids and events.
+
+    `occupancy` covers every (zone, class) seen in a zone since the zone was set, zeros
+    included, so that a (zone, class) missing from it is of a zone deleted or redrawn.
+    """
+
+    tracks_started: tuple[int, ...] = ()  # the class id of each track confirmed on this frame
+    occupancy: tuple[ZoneOccupancy, ...] = ()
+
+
 @dataclass(frozen=True)
 class DetectionResult:
-    """What the results hub stores and the API serves for one processed frame."""
+    """What the results hub stores and the API serves for one processed frame.
+
+    `events` and `tracking` come from the stream's tracker (empty / None without one); events
+    ride on the result of the frame that caused them and so share its seq.
+    """
 
     source_id: str
     frame_index: int
@@ -138,6 +196,8 @@ class DetectionResult:
     detections: Detections
     timings: StageTimings
     seq: int = 0  # assigned by the results hub, strictly increasing across all sources
+    events: tuple[ZoneEvent, ...] = ()
+    tracking: TrackingSummary | None = None
 
 
 class SourceState(enum.StrEnum):

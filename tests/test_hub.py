@@ -206,3 +206,42 @@ async def test_subscription_is_an_async_iterator_that_stops_when_closed() -> Non
         if len(seen) == 2:
             sub.close()
     assert seen == [1, 2]
+
+
+def test_on_publish_runs_on_the_publishing_thread_only_while_someone_subscribes() -> None:
+    hub = ResultsHub()
+    seen: list[tuple[int, str]] = []
+    hub.on_publish(lambda r: seen.append((r.seq, threading.current_thread().name)))
+    hub.publish(result("a"))
+    assert seen == []  # nobody listens: nothing to prepare
+
+    async def subscribed() -> None:
+        sub = hub.subscribe()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, hub.publish, result("a"))
+        finally:
+            sub.close()
+
+    asyncio.run(subscribed())
+    assert len(seen) == 1 and seen[0][0] == 2
+    assert seen[0][1] != threading.main_thread().name
+
+
+def test_a_failing_on_publish_loses_no_result() -> None:
+    hub = ResultsHub()
+
+    def broken(_: object) -> None:
+        raise RuntimeError("boom")
+
+    hub.on_publish(broken)
+
+    async def subscribed() -> int:
+        sub = hub.subscribe()
+        try:
+            numbered = hub.publish(result("a"))
+            return (await sub.get()).seq if numbered.seq else -1
+        finally:
+            sub.close()
+
+    assert asyncio.run(subscribed()) == 1
+    assert hub.latest("a") is not None

@@ -61,16 +61,26 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_source_last_frame_age_seconds": "gauge",
         "vdet_websocket_clients": "gauge",
         "vdet_streams": "gauge",
+        "vdet_live_viewers": "gauge",
+        "vdet_live_encode_seconds": "histogram",
+        "vdet_live_frames_sent": "counter",
         "vdet_backend_info": "gauge",
         "vdet_gpu_memory_used_bytes": "gauge",
         "vdet_source_gpu": "gauge",
         "vdet_gpu_streams": "gauge",
         "vdet_gpu_frames_processed": "counter",
+        "vdet_worker_up": "gauge",
+        "vdet_worker_restarts": "counter",
+        "vdet_mps_active": "gauge",
+        "vdet_zone_objects": "gauge",
+        "vdet_line_crossings": "counter",
+        "vdet_tracks_started": "counter",
     }
     info = samples(metrics)
+    labels = (("backend", "onnxruntime"), ("data_path", "cpu"), ("device", "cpu"))
     key = (
         "vdet_backend_info",
-        (("backend", "onnxruntime"), ("device", "cpu"), ("model", "m.onnx"), ("precision", "fp32")),
+        (*labels, ("model", "m.onnx"), ("precision", "fp32"), ("selection", "")),
     )
     assert info[key] == 1.0
 

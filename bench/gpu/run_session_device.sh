@@ -24,6 +24,8 @@
 #   batcher   the GPU tests, then batched (threads stage their own frames) against batch 1
 #   ceiling   the batched graphs alone (inference ceiling), then unpaced batched 64 streams
 #   runs      only the many-stream runs named in $VDET_RUNS
+#   workers   vdet serve with worker processes on the GPU, then the GPU tests
+#   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards)
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
 # transfer folder, which takes back only a few files), they come back as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -77,6 +79,47 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 echo "install: $((SECONDS - started)) s"
 
 case $phase in
+workers)
+  # `vdet serve` with stream worker processes on the GPU (the real entry point), then the
+  # rest of the GPU tests in what is left.
+  export PATH="$SITE/bin:$PATH"
+  timeout 300 python3 -m pytest -m gpu tests/gpu/test_gpu_workers_serve.py -q -s -rs \
+    -p no:cacheprovider >"$OUT/workers.log" 2>&1
+  echo "workers rc=$? ($((SECONDS - started)) s)"
+  cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
+  grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" | tail -n 20
+  [ -z "${VDET_WORKERS_ONLY:-}" ] && gpu_tests $((570 - (SECONDS - started)))
+  ;;
+serve)
+  # vdet serve as users run it, installed in a venv over the image's torch: the GPU
+  # worker-process tests (kill -9 and the restart, SIGTERM), then `vdet bench serve` with worker
+  # processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run, in what is
+  # left of $VDET_SERVE_BUDGET seconds.
+  # This script's knobs are read here and dropped: vdet serve refuses unknown VDET_ variables.
+  budget=${VDET_SERVE_BUDGET:-500} tests_s=${VDET_WORKERS_TESTS_S:-200}
+  streams=${VDET_SERVE_STREAMS:-64,96} shards=${VDET_SHARDS_HARNESS:-}
+  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SHARDS_HARNESS
+  unset PYTHONPATH  # else the venv's pip takes /tmp/site's wheels as already installed
+  python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
+  python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    >"$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth"
+  /tmp/venv/bin/python -m pip install -q --no-index --no-deps --no-compile .whl/*.whl \
+    >>"$OUT/install-$phase.log" 2>&1
+  /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile . \
+    >>"$OUT/install-$phase.log" 2>&1
+  export PATH="/tmp/venv/bin:$PATH"
+  timeout "$tests_s" /tmp/venv/bin/python -m pytest -m gpu \
+    tests/gpu/test_gpu_workers_serve.py -q -s -rs -p no:cacheprovider >"$OUT/workers.log" 2>&1
+  echo "workers rc=$? ($((SECONDS - started)) s)"
+  cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
+  grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" | tail -n 12
+  timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch \
+    --streams "$streams" --duration 10 --clients 4 \
+    --variant "workers:workers.processes=auto" ${shards:+--shards-harness "$shards"} \
+    --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
+  echo "bench serve rc=$? ($((SECONDS - started)) s)"
+  tail -n 25 "$OUT/serve.log"
+  ;;
 tests)
   gpu_tests 230
   if [ -d .trt-include ]; then

@@ -3,7 +3,8 @@
 `RequestGuard`, an ASGI middleware in front of every route, answers in this order and reads
 no byte of a body before the checks that can refuse it without one:
 
-1. the API key (when one is set) on every path but the open ones (`OPEN_PATHS`): 401;
+1. the API key (when one is set) on every path but the open ones (`OPEN_PATHS`,
+   `OPEN_PREFIXES`): 401;
 2. `POST /v1/detect` beyond `limits.max_concurrent_detect` requests at once: 503 with
    `Retry-After`, counted from the request head to the response;
 3. a declared `Content-Length` over the route's body limit (`max_upload_bytes` for
@@ -45,10 +46,21 @@ from vdet.ingest.urls import redact
 log = logging.getLogger(__name__)
 
 DETECT_PATH = "/v1/detect"
-# Never behind the API key: probes, metrics and the API's own description.
+# Never behind the API key: probes, metrics, the API's own description and the web page's
+# files (vdet.api.routes_ui: they hold no data; the page sends the key with its API calls).
 OPEN_PATHS = frozenset(
-    {"/healthz", "/readyz", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+    {
+        "/",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/redoc",
+        "/openapi.json",
+    }
 )
+OPEN_PREFIXES = ("/ui/",)
 MAX_REPORTED_ERRORS = 20
 EXCERPT_CHARS = 80
 
@@ -78,6 +90,7 @@ class RequestGuard:
         if (
             self.api_key is not None
             and path not in OPEN_PATHS
+            and not path.startswith(OPEN_PREFIXES)
             and not headers_carry_key(headers, self.api_key)
         ):
             await _answer(

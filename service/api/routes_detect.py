@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from vdet.api.deps import DetectorDep, RuntimeDep
+from vdet.api.deps import RuntimeDep, StreamsDep
 from vdet.api.images import SUPPORTED_FORMATS, UnsupportedImageError, decode_image
 from vdet.api.schemas import DetectOut, ErrorOut, detections_out, timings_out
 from vdet.streams import resolve_params
@@ -135,7 +135,7 @@ async def _read_multipart(request: Request, limit: int) -> bytes:
 async def detect(
     request: Request,
     rt: RuntimeDep,
-    detector: DetectorDep,
+    streams: StreamsDep,
     conf: Annotated[
         float | None,
         Query(ge=0.0, le=1.0, description="Minimum score (default: the server's setting)."),
@@ -171,7 +171,7 @@ async def detect(
     except UnsupportedImageError as exc:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail=str(exc)) from exc
     decoded = time.perf_counter()
-    ((dets, timings),) = await run_in_threadpool(detector.detect, [image], params)
+    dets, timings = await run_in_threadpool(streams.detect, image, params)
     timings_ms = timings_out(timings)
     timings_ms.decode = (decoded - started) * 1e3
     timings_ms.end_to_end = (time.perf_counter() - started) * 1e3

@@ -32,9 +32,10 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnected
 
 from vdet.api.auth import websocket_auth
-from vdet.api.deps import Runtime, runtime_of
-from vdet.api.schemas import EndEvent, GapEvent
+from vdet.api.deps import runtime_of
+from vdet.api.schemas import EndEvent, GapEvent, ResultEventEncoder
 from vdet.hub import Subscription, SubscriptionEnd, SubscriptionEndedError
+from vdet.runtime import Runtime
 
 router = APIRouter()
 
@@ -88,8 +89,8 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
     if not authorised:
         await _deny(ws, status.HTTP_401_UNAUTHORIZED, "missing or invalid API key")
         return
-    manager = rt.manager
-    if not rt.ready or manager is None:
+    streams = rt.streams
+    if not rt.ready or streams is None:
         await _deny(ws, status.HTTP_503_SERVICE_UNAVAILABLE, "the service is not ready")
         return
     try:
@@ -104,7 +105,7 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
     # and before checking the stream exists, so that a removal after the check still ends
     # this subscription (the hub ends the subscriptions of a source when it is removed).
     sub = rt.hub.subscribe(source_id, after)
-    if source_id is not None and source_id not in manager:
+    if source_id is not None and source_id not in streams:
         sub.close()
         await _deny(ws, status.HTTP_404_NOT_FOUND, f"no stream {source_id!r}")
         return
@@ -167,7 +168,7 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
                 last_sent = seq
 
     names = rt.class_names
-    encoder = rt.encoder
+    encoder: ResultEventEncoder = ws.app.state.encoder
     try:
         replay = sub.replay
         if replay.gap and after is not None:

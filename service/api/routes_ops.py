@@ -28,12 +28,18 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
     # Started means the source's worker runs, not that its camera is up: a camera outage is
     # visible per stream and in metrics, and must not take the whole service out of rotation.
     configured = len(rt.settings.sources)
+    backend = rt.backend
     body = ReadyOut(
         ready=rt.ready,
-        detector_loaded=rt.detector is not None,
+        detector_loaded=rt.backend is not None,
+        worker_processes=rt.worker_processes,
+        mps=rt.mps_active,
         sources_configured=configured,
         sources_started=rt.sources_started,
         detail=None if rt.ready else "starting or stopping",
+        backend=backend.backend if backend is not None else None,
+        data_path=backend.data_path if backend is not None else None,
+        backend_selection=backend.selection if backend is not None else None,
     )
     if rt.ready:
         return body
@@ -53,8 +59,9 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
 )
 async def metrics(rt: RuntimeDep) -> Response:
     def render() -> bytes:
-        if rt.manager is not None:
-            rt.manager.sync_metrics()
+        streams = rt.streams
+        if streams is not None:
+            streams.sync_metrics()
         text: bytes = rt.metrics.render()
         return text
 

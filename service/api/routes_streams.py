@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
 
-from vdet.api.deps import ManagerDep, RuntimeDep
-from vdet.api.images import draw_detections, encode_jpeg
+from vdet.api.deps import RuntimeDep, StreamsDep
+from vdet.api.frames import latest_jpeg
 from vdet.api.schemas import (
     DetectionResultOut,
     EffectiveParams,
@@ -24,7 +24,7 @@ from vdet.api.schemas import (
 )
 from vdet.config import StreamSpec
 from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url, redact
-from vdet.streams import StreamView
+from vdet.streams import StreamView, UnknownStreamError
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 
@@ -37,6 +37,7 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
     p, s = view.params, view.status
     return StreamOut(
         id=view.spec.id,
+        worker=view.worker,
         spec=view.spec.model_copy(update={"url": redact(view.spec.url)}),
         effective=EffectiveParams(
             conf_threshold=p.conf_threshold,
@@ -89,7 +90,7 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
     },
 )
 def add_stream(
-    spec: StreamSpec, response: Response, manager: ManagerDep, rt: RuntimeDep
+    spec: StreamSpec, response: Response, streams: StreamsDep, rt: RuntimeDep
 ) -> StreamOut:
     if not rt.settings.allow_file_sources and not is_network_url(spec.url):
         raise HTTPException(
@@ -98,17 +99,17 @@ def add_stream(
             f"use one of {', '.join(f'{s}://' for s in NETWORK_SCHEMES)}",
         )
     try:
-        view = manager.add(spec)
+        view = streams.add(spec)
     except ValueError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
     response.headers["Location"] = f"/v1/streams/{spec.id}"
-    return stream_out(view, manager.class_names)
+    return stream_out(view, streams.class_names)
 
 
 @router.get("", response_model=StreamListOut, summary="List streams, sorted by id")
-def list_streams(manager: ManagerDep) -> StreamListOut:
-    names = manager.class_names
-    return StreamListOut(streams=[stream_out(v, names) for v in manager.list()])
+def list_streams(streams: StreamsDep) -> StreamListOut:
+    names = streams.class_names
+    return StreamListOut(streams=[stream_out(v, names) for v in streams.list()])
 
 
 @router.get(
@@ -117,8 +118,8 @@ def list_streams(manager: ManagerDep) -> StreamListOut:
     summary="A stream's spec, effective thresholds and source status",
     responses=_NOT_FOUND,
 )
-def get_stream(stream_id: str, manager: ManagerDep) -> StreamOut:
-    return stream_out(manager.get(stream_id), manager.class_names)
+def get_stream(stream_id: str, streams: StreamsDep) -> StreamOut:
+    return stream_out(streams.get(stream_id), streams.class_names)
 
 
 @router.patch(
@@ -130,13 +131,13 @@ def get_stream(stream_id: str, manager: ManagerDep) -> StreamOut:
         422: {"model": ErrorOut, "description": "Invalid body or unknown class names."},
     },
 )
-def patch_stream(stream_id: str, patch: StreamPatch, manager: ManagerDep) -> StreamOut:
+def patch_stream(stream_id: str, patch: StreamPatch, streams: StreamsDep) -> StreamOut:
     changes = {name: getattr(patch, name) for name in patch.model_fields_set}
     try:
-        view = manager.update_params(stream_id, **changes)
+        view = streams.update_params(stream_id, **changes)
     except ValueError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
-    return stream_out(view, manager.class_names)
+    return stream_out(view, streams.class_names)
 
 
 @router.delete(
@@ -146,8 +147,8 @@ def patch_stream(stream_id: str, patch: StreamPatch, manager: ManagerDep) -> Str
     summary="Stop and remove a stream, its latest result and its metrics",
     responses=_NOT_FOUND,
 )
-def delete_stream(stream_id: str, manager: ManagerDep) -> Response:
-    manager.remove(stream_id)
+def delete_stream(stream_id: str, streams: StreamsDep) -> Response:
+    streams.remove(stream_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -160,11 +161,15 @@ def delete_stream(stream_id: str, manager: ManagerDep) -> Response:
         204: {"description": "The stream has not produced a result yet (no body)."},
     },
 )
-def latest_detections(stream_id: str, manager: ManagerDep) -> DetectionResultOut | Response:
-    snap = manager.snapshot(stream_id)
-    if snap is None:
+def latest_detections(
+    stream_id: str, streams: StreamsDep, rt: RuntimeDep
+) -> DetectionResultOut | Response:
+    if stream_id not in streams:
+        raise UnknownStreamError(f"no stream {stream_id!r}")
+    latest = rt.hub.latest(stream_id)
+    if latest is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    return result_out(snap.result, manager.class_names)
+    return result_out(latest, streams.class_names)
 
 
 @router.get(
@@ -180,14 +185,12 @@ def latest_detections(stream_id: str, manager: ManagerDep) -> DetectionResultOut
         **_NOT_FOUND,
     },
 )
-def snapshot(stream_id: str, manager: ManagerDep) -> Response:
-    snap = manager.snapshot_image(stream_id)
-    if snap is None:
+def snapshot(stream_id: str, streams: StreamsDep) -> Response:
+    frame = latest_jpeg(streams, stream_id)
+    if frame is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
-    frame_bgr, result = snap
-    image = draw_detections(frame_bgr, result.detections, manager.class_names)
     return Response(
-        content=encode_jpeg(image),
+        content=frame.jpeg,
         media_type="image/jpeg",
-        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(result.seq)},
+        headers={"Cache-Control": "no-store", "X-Vdet-Seq": str(frame.seq)},
     )

@@ -14,8 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vdet.api.schemas_tracking import ZoneEventOut, events_out
 from vdet.config import ClassRef, ConfThreshold, IouThreshold, MaxDet, StreamSpec
-from vdet.types import DetectionResult, Detections, SourceState, StageTimings
+from vdet.tracking.specs import TrackingSpec, ZoneList
+from vdet.types import NO_TRACK, DetectionResult, Detections, SourceState, StageTimings
 
 
 class ErrorOut(BaseModel):
@@ -33,6 +35,12 @@ class DetectionOut(BaseModel):
     score: float = Field(ge=0.0, le=1.0, description="Confidence of the class.")
     box: tuple[float, float, float, float] = Field(
         description="[x1, y1, x2, y2] in source-image pixels (x2, y2 exclusive)."
+    )
+    track_id: int | None = Field(
+        default=None,
+        description="Streams with tracking: the object's track id, stable across frames while "
+        "the tracker follows it (ids start at 1 per stream); null for a detection on no "
+        "confirmed track, for uploads and for streams with tracking off.",
     )
 
 
@@ -62,6 +70,11 @@ class DetectionResultOut(BaseModel):
     image_width: int
     image_height: int
     detections: list[DetectionOut]
+    events: list[ZoneEventOut] = Field(
+        default_factory=list,
+        description="Zone and line events this frame caused (zone_enter, zone_exit, "
+        "line_cross), in zone order; they share the result's seq.",
+    )
     timings_ms: TimingsMs
 
 
@@ -129,6 +142,9 @@ class StreamStatusOut(BaseModel):
 
 class StreamOut(BaseModel):
     id: str
+    worker: str | None = Field(
+        default=None, description="The worker process running it; null: the API process."
+    )
     spec: StreamSpec = Field(description="The stream as added, with any PATCHed changes.")
     effective: EffectiveParams
     status: StreamStatusOut
@@ -148,6 +164,12 @@ class StreamPatch(BaseModel):
     iou_threshold: IouThreshold | None = None
     max_det: MaxDet | None = None
     classes: list[ClassRef] | None = Field(default=None, min_length=1, max_length=1000)
+    tracking: TrackingSpec | None = Field(
+        default=None, description="Tracker settings (replaced whole); null: the defaults."
+    )
+    zones: ZoneList | None = Field(
+        default=None, description="All zones and lines (replaced whole); null: none."
+    )
 
 
 class HealthOut(BaseModel):
@@ -157,9 +179,30 @@ class HealthOut(BaseModel):
 class ReadyOut(BaseModel):
     ready: bool
     detector_loaded: bool
+    worker_processes: int = Field(
+        default=0, description="Stream worker processes running; 0: streams run in-process."
+    )
+    mps: bool = Field(
+        default=False, description="Whether the worker processes share their GPU through MPS."
+    )
     sources_configured: int = Field(description="Streams declared in the configuration.")
     sources_started: int = Field(description="Of those, streams whose workers have started.")
     detail: str | None = None
+    backend: str | None = Field(
+        default=None,
+        description="The inference backend serving (tensorrt, tensorrt-rtx, torch, onnxruntime); "
+        "null before the detector is loaded.",
+    )
+    data_path: Literal["gpu", "cpu"] | None = Field(
+        default=None,
+        description="gpu: NVDEC decode, vdet's kernels and one CUDA graph per stream on the GPU; "
+        "cpu: frames decode on the CPU and run through the detector one by one.",
+    )
+    backend_selection: str | None = Field(
+        default=None,
+        description="Why this backend serves: configured, or what `backend: auto` chose and what "
+        "it passed over (e.g. TensorRT for RTX on a GPU it does not run on).",
+    )
 
 
 # --- WebSocket messages ----------------------------------------------------------------------
@@ -190,14 +233,20 @@ class EndEvent(BaseModel):
 
 def detections_out(dets: Detections, names: Sequence[str]) -> list[DetectionOut]:
     xyxy, scores, ids = dets.xyxy.tolist(), dets.scores.tolist(), dets.class_ids.tolist()
+    tracks: list[int | None] = (
+        [None] * len(ids)
+        if dets.tracker_id is None
+        else [None if t == NO_TRACK else t for t in dets.tracker_id.tolist()]
+    )
     return [
         DetectionOut(
             class_id=cid,
             class_name=names[cid] if 0 <= cid < len(names) else str(cid),
             score=score,
             box=(box[0], box[1], box[2], box[3]),
+            track_id=track,
         )
-        for box, score, cid in zip(xyxy, scores, ids, strict=True)
+        for box, score, cid, track in zip(xyxy, scores, ids, tracks, strict=True)
     ]
 
 
@@ -223,15 +272,18 @@ def result_out(result: DetectionResult, names: Sequence[str]) -> DetectionResult
         image_width=w,
         image_height=h,
         detections=detections_out(result.detections, names),
+        events=events_out(result.events, names),
         timings_ms=timings_out(result.timings),
     )
 
 
 class ResultEventEncoder:
     """JSON text of `ResultEvent`s, cached by seq: every WebSocket client of a result shares one
-    encoding. Thread-safe, so that replays can be encoded off the event loop."""
+    encoding. Thread-safe: the thread that publishes a result encodes it ahead (while anyone
+    subscribes, see `create_app`), so the event loop only looks the text up; replays older
+    than the cache are encoded off the event loop (`encode_many`)."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 4096) -> None:
         self._capacity = capacity
         self._cache: OrderedDict[int, str] = OrderedDict()
         self._lock = threading.Lock()

@@ -20,7 +20,8 @@ This module only renders; writing datasets and clips lives in `vdet.dataset.writ
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import cv2
 import numpy as np
@@ -86,6 +87,7 @@ class SceneObject:
     vx: float = 0.0
     vy: float = 0.0
     spin: float = 0.0
+    identity: int | None = None  # videos: the object's ground-truth track id
 
     def moved(self, width: int, height: int) -> SceneObject:
         """The pose one frame later, bouncing off the frame's edges."""
@@ -93,7 +95,16 @@ class SceneObject:
         cx, vx = _bounce(self.cx + self.vx, self.vx, r, width - r)
         cy, vy = _bounce(self.cy + self.vy, self.vy, r, height - r)
         return SceneObject(
-            self.class_id, cx, cy, self.size, self.angle + self.spin, self.rgb, vx, vy, self.spin
+            self.class_id,
+            cx,
+            cy,
+            self.size,
+            self.angle + self.spin,
+            self.rgb,
+            vx,
+            vy,
+            self.spin,
+            self.identity,
         )
 
 
@@ -102,6 +113,7 @@ class Annotation:
     class_id: int
     xyxy: tuple[int, int, int, int]
     visible_fraction: float
+    track_id: int | None = None  # videos: the same object has the same id on every frame
 
     @property
     def class_name(self) -> str:
@@ -279,7 +291,7 @@ def render(
         kept.append(obj)
         _paint(img, mask, x0, y0, obj, rng)
     annotations = tuple(
-        Annotation(o.class_id, boxes[i], round(float(visible[i]) / areas[i], 4))
+        Annotation(o.class_id, boxes[i], round(float(visible[i]) / areas[i], 4), o.identity)
         for i, o in enumerate(kept)
     )
     return RenderedScene(_finish(img, rng, config), annotations), kept
@@ -332,25 +344,39 @@ def render_video(
     config: SceneConfig | None = None,
     max_speed: float = 9.0,
 ) -> tuple[list[ImageArray], list[VideoFrameTruth]]:
-    """Frames of one clip (a static background, moving objects) and their ground truth.
+    """Frames of one clip (a static background, moving objects) and their ground truth,
+    with each object's identity (`Annotation.track_id`, 1..n) the same on every frame.
 
     The background and its grain are fixed per clip, as a fixed camera sees them, and only a
     little sensor noise changes per frame: the clip then compresses like real footage.
     """
+    frames: list[ImageArray] = []
+    truth: list[VideoFrameTruth] = []
+    for image, frame_truth in iter_video(seed, num_frames, fps, config, max_speed):
+        frames.append(image)
+        truth.append(frame_truth)
+    return frames, truth
+
+
+def iter_video(
+    seed: int,
+    num_frames: int,
+    fps: float = 30.0,
+    config: SceneConfig | None = None,
+    max_speed: float = 9.0,
+) -> Iterator[tuple[ImageArray, VideoFrameTruth]]:
+    """`render_video` one frame at a time (a long 1080p clip does not fit in memory)."""
     config = config or SceneConfig()
     rng = np.random.default_rng(seed)
     background = render_background(rng, config)
     objects = random_objects(rng, config, max_speed=max_speed)
     scene, objects = render(background, objects, rng, config)  # a clean first frame
+    objects = [replace(o, identity=i) for i, o in enumerate(objects, start=1)]
     frame_config = SceneConfig(**{**config.__dict__, "noise_sigma": min(config.noise_sigma, 2.0)})
-    frames: list[ImageArray] = []
-    truth: list[VideoFrameTruth] = []
     for i in range(num_frames):
         scene, _ = render(background, objects, rng, frame_config, enforce_visibility=False)
-        frames.append(scene.image_bgr)
-        truth.append(VideoFrameTruth(i, i / fps, scene.annotations))
+        yield scene.image_bgr, VideoFrameTruth(i, i / fps, scene.annotations)
         objects = [o.moved(config.width, config.height) for o in objects]
-    return frames, truth
 
 
 def class_colour_bgr(class_id: int) -> tuple[int, int, int]:

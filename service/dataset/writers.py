@@ -224,12 +224,15 @@ def truth_to_json(
 
 
 def _annotation_json(a: Annotation) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "class_id": a.class_id,
         "class": a.class_name,
         "box": list(a.xyxy),
         "visible_fraction": a.visible_fraction,
     }
+    if a.track_id is not None:
+        out["track_id"] = a.track_id
+    return out
 
 
 def write_video_with_truth(
@@ -246,4 +249,33 @@ def write_video_with_truth(
     write_clip(clip_path, frames, fps=fps, **encode)
     truth_path = clip_path.with_suffix(".json")
     truth_path.write_text(json.dumps(truth_to_json(truth, fps, config.width, config.height)))
+    return truth_path
+
+
+def write_counting_clip(clip_path: Path, seed: int, seconds: float = 6.0, fps: int = 30) -> Path:
+    """Render and encode a counting clip (vdet.dataset.counting); beside it, `<clip>.json`
+    holds its per-frame truth, its zones (ready for `StreamSpec.zones`) and the expected
+    crossings and entries."""
+    from vdet.dataset.counting import counting_zones, expected_counts, iter_counting_video
+
+    truth: list[VideoFrameTruth] = []
+    with ClipWriter(clip_path, fps=fps) as writer:
+        for image, frame_truth in iter_counting_video(seed, round(seconds * fps), fps=fps):
+            writer.write(image)
+            truth.append(frame_truth)
+    crossings, entries = expected_counts(truth)
+    config = SceneConfig()
+    record = truth_to_json(truth, fps, config.width, config.height)
+    record["zones"] = counting_zones()
+    record["expected"] = {
+        "line_cross": [
+            {"zone": z, "class": c, "direction": d, "count": n}
+            for (z, c, d), n in sorted(crossings.items())
+        ],
+        "zone_enter": [
+            {"zone": z, "class": c, "count": n} for (z, c), n in sorted(entries.items())
+        ],
+    }
+    truth_path = clip_path.with_suffix(".json")
+    truth_path.write_text(json.dumps(record))
     return truth_path

@@ -51,7 +51,12 @@ def test_ready_once_started_and_503_before(make_settings: MakeSettings, clip: Pa
             "detector_loaded": True,
             "sources_configured": 1,
             "sources_started": 1,
+            "worker_processes": 0,
+            "mps": False,
             "detail": None,
+            "backend": "onnxruntime",
+            "data_path": "cpu",
+            "backend_selection": "configured: backend onnxruntime",
         }
         assert [s["id"] for s in client.get("/v1/streams").json()["streams"]] == ["configured"]
     # After shutdown the streams are gone and the service reports not ready.
@@ -113,6 +118,8 @@ def test_metrics_cover_the_pipeline_and_forget_deleted_streams(
     assert info["model"].startswith("tiny.onnx@")
     assert info["device"].startswith("cpu")
     assert info["precision"] == "fp32"
+    assert info["data_path"] == "cpu"
+    assert info["selection"] == "configured: backend onnxruntime"
 
     assert client.delete("/v1/streams/cam").status_code == 204
     s = scrape(client)

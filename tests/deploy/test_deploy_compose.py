@@ -78,7 +78,9 @@ def test_gpu_service_reserves_an_nvidia_gpu_and_caches_engines(effective: dict[s
     vdet = effective["services"]["vdet"]
     assert vdet["build"]["dockerfile"] == "deploy/Dockerfile.gpu"
     devices = vdet["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    assert devices == [
+        {"driver": "nvidia", "count": 1, "capabilities": ["gpu", "compute", "utility", "video"]}
+    ]
     assert "engines:/var/lib/vdet/engines:rw" in vdet["volumes"]
     assert "engines" in effective["volumes"]
 

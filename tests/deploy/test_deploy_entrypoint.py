@@ -1,8 +1,9 @@
-"""deploy/gpu-entrypoint.sh, run for real with a stand-in `vdet` first on PATH.
+"""deploy/gpu-entrypoint.sh, run for real with stand-ins for `vdet` and `python` first on PATH.
 
-The stand-in records each call (its arguments and VDET_BACKEND) and answers `vdet engine ...`
-as told by FAKE_ENGINE: `absent` (exit 2, as argparse does for an unknown command), `fails`
-(the build exits 1) or `ok`.
+The `vdet` stand-in records each call (its arguments and VDET_BACKEND). The `python` stand-in
+answers the entrypoint's CUDA probe as told by FAKE_CUDA: `ok` (torch sees the GPU) or `broken`
+(it does not, as with a driver too old for CUDA 13). A GPU is "visible" when the folder given as
+NVIDIA_DEVICE_DIR holds an `nvidia0` (the real one is /dev). Nothing else is imitated.
 """
 
 from __future__ import annotations
@@ -18,36 +19,46 @@ SCRIPT = REPO / "deploy/gpu-entrypoint.sh"
 
 FAKE_VDET = """#!/bin/sh
 printf '%s|%s\\n' "${VDET_BACKEND:-}" "$*" >> "$CALLS"
-if [ "${1:-}" = engine ]; then
-    case "$FAKE_ENGINE" in
-        absent) echo "vdet: error: argument command: invalid choice: 'engine'" >&2; exit 2 ;;
-        fails) [ "${2:-}" = build ] && { echo "engine build exploded" >&2; exit 1; } ;;
-    esac
-fi
 exit 0
+"""
+FAKE_PYTHON = """#!/bin/sh
+case "$FAKE_CUDA" in
+    ok) exit 0 ;;
+    *) echo "torch 2.14.1 (CUDA 13.0) sees no usable GPU"; exit 3 ;;
+esac
 """
 
 
 def run_entrypoint(
     tmp_path: Path,
-    engine: str,
     *args: str,
+    gpu: bool = True,
+    cuda: str = "ok",
     backend: str | None = None,
     engine_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], list[tuple[str, ...]]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "vdet"
-    fake.write_text(FAKE_VDET)
-    fake.chmod(0o755)
+    for name, text in (("vdet", FAKE_VDET), ("python", FAKE_PYTHON)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    devices = tmp_path / "dev"
+    devices.mkdir(exist_ok=True)
+    if gpu:
+        (devices / "nvidia0").write_text("")
     calls = tmp_path / "calls.txt"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VDET_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VDET_", "NVIDIA_"))}
     env.update(
         PATH=f"{bin_dir}:/usr/bin:/bin",
         CALLS=str(calls),
-        FAKE_ENGINE=engine,
+        FAKE_CUDA=cuda,
+        NVIDIA_DEVICE_DIR=str(devices),
+        NVIDIA_DRIVER_CAPABILITIES="compute,utility,video",
         ENGINE_DIR=str(engine_dir or tmp_path / "engines"),
     )
+    env.pop("ALLOW_CPU_FALLBACK", None)
+    env.update(extra_env or {})
     if backend is not None:
         env["VDET_BACKEND"] = backend
     result = subprocess.run(
@@ -62,54 +73,59 @@ def run_entrypoint(
     return result, [tuple(line.split("|", 1)) for line in recorded]
 
 
-def test_without_vdet_engine_it_serves_on_onnxruntime_and_says_why(tmp_path: Path) -> None:
-    result, calls = run_entrypoint(tmp_path, "absent")
+def test_on_a_gpu_it_serves_with_backend_auto_and_says_what_decides(tmp_path: Path) -> None:
+    result, calls = run_entrypoint(tmp_path, "serve", "--port", "9000")
     assert result.returncode == 0, result.stderr
-    assert calls == [("", "engine --help"), ("onnxruntime", "serve")]
-    assert "'vdet engine' is not available in this vdet" in result.stderr
-    assert "invalid choice: 'engine'" in result.stderr
-    assert "serving with the onnxruntime backend" in result.stderr
-
-
-def test_a_failed_engine_build_falls_back_to_onnxruntime(tmp_path: Path) -> None:
-    result, calls = run_entrypoint(tmp_path, "fails", "serve", "--port", "9000")
-    assert result.returncode == 0, result.stderr
-    engines = tmp_path / "engines"
-    assert calls == [
-        ("", "engine --help"),
-        ("", f"engine build --cache-dir {engines}"),
-        ("onnxruntime", "serve --port 9000"),
-    ]
-    assert "'vdet engine build' failed" in result.stderr
-
-
-def test_a_built_engine_serves_on_tensorrt(tmp_path: Path) -> None:
-    result, calls = run_entrypoint(tmp_path, "ok")
-    assert result.returncode == 0, result.stderr
-    assert calls[-1] == ("tensorrt", "serve")
+    assert calls == [("", "serve --port 9000")]  # VDET_BACKEND unset: the config's auto
+    assert "GPU visible: backend auto" in result.stderr and "/readyz says which" in result.stderr
     assert (tmp_path / "engines").is_dir()
-    assert "serving with the tensorrt backend" in result.stderr
+    assert "lacks 'video'" not in result.stderr
 
 
-def test_an_unusable_engine_cache_falls_back(tmp_path: Path) -> None:
-    # A regular file where the cache folder should be: not creatable, even by root.
-    (tmp_path / "not-a-dir").write_text("")
-    result, calls = run_entrypoint(tmp_path, "ok", engine_dir=tmp_path / "not-a-dir" / "engines")
+def test_a_gpu_that_cuda_cannot_use_is_refused_not_served_on_the_cpu(tmp_path: Path) -> None:
+    result, calls = run_entrypoint(tmp_path, cuda="broken")
+    assert result.returncode == 1
+    assert calls == []
+    assert "a GPU is visible but CUDA cannot use it" in result.stderr
+    assert "sees no usable GPU" in result.stderr and "R580" in result.stderr
+    assert "ALLOW_CPU_FALLBACK=1" in result.stderr
+
+    result, calls = run_entrypoint(tmp_path, cuda="broken", extra_env={"ALLOW_CPU_FALLBACK": "1"})
     assert result.returncode == 0, result.stderr
-    assert calls == [("", "engine --help"), ("onnxruntime", "serve")]
-    assert "is not writable" in result.stderr
+    assert calls == [("onnxruntime", "serve")]
+
+
+def test_without_a_gpu_it_serves_on_onnxruntime_and_says_why(tmp_path: Path) -> None:
+    result, calls = run_entrypoint(tmp_path, gpu=False)
+    assert result.returncode == 0, result.stderr
+    assert calls == [("onnxruntime", "serve")]
+    assert "no NVIDIA GPU in this container" in result.stderr
+
+
+def test_missing_nvdec_and_an_unwritable_cache_are_reported(tmp_path: Path) -> None:
+    (tmp_path / "not-a-dir").write_text("")  # a file where the cache folder should be
+    result, calls = run_entrypoint(
+        tmp_path,
+        engine_dir=tmp_path / "not-a-dir" / "engines",
+        extra_env={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert calls == [("", "serve")]
+    assert "lacks 'video': NVDEC is not mounted" in result.stderr
+    assert "is not writable" in result.stderr and "torch CUDA graphs will serve" in result.stderr
 
 
 @pytest.mark.parametrize(
     ("args", "backend", "expected"),
     [
         (("detect", "clip.mp4"), None, [("", "detect clip.mp4")]),
-        (("serve",), "onnxruntime", [("onnxruntime", "serve")]),
+        (("engine", "build", "--target", "sm86"), None, [("", "engine build --target sm86")]),
+        (("serve",), "torch", [("torch", "serve")]),
     ],
 )
 def test_other_commands_and_an_explicit_backend_run_as_given(
     tmp_path: Path, args: tuple[str, ...], backend: str | None, expected: list[tuple[str, ...]]
 ) -> None:
-    result, calls = run_entrypoint(tmp_path, "ok", *args, backend=backend)
+    result, calls = run_entrypoint(tmp_path, *args, backend=backend, cuda="broken")
     assert result.returncode == 0, result.stderr
     assert calls == expected

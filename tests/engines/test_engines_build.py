@@ -168,6 +168,7 @@ def _request(
         cache,
         tensorrt_version=version,
         gpu=A10,
+        lib="tensorrt",
     )
 
 
@@ -341,7 +342,8 @@ def test_engine_inspect_reports_a_plan(tmp_path: Path, capsys: pytest.CaptureFix
 def test_engine_build_without_tensorrt(
     demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    rc = main(["engine", "build", "--model", str(demo), "--cache-dir", str(tmp_path)])
+    build = ["engine", "build", "--model", str(demo), "--cache-dir", str(tmp_path)]
+    rc = main([*build, "--library", "tensorrt"])
     assert rc == 1
     assert "TensorRT's Python package is not installed" in capsys.readouterr().err
     assert main(["engine", "build", "--model", str(tmp_path / "none.onnx")]) == 2

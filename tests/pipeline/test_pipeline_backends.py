@@ -209,6 +209,34 @@ def test_auto_picks_the_best_available(
     assert fake.options == {"colour": "blue"}
 
 
+def test_auto_passes_over_a_backend_that_fails_to_load_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, write_head_model: HeadModelWriter
+) -> None:
+    """An engine that cannot be built or loaded must not stop the service: `auto` serves the
+    next backend and the reason travels with it (/readyz, vdet_backend)."""
+    known_backends()
+
+    def broken(path: Path, **options: Any) -> InferenceBackend:
+        raise RuntimeError("engine build failed: node 'x' (Foo) unsupported")
+
+    specs = {
+        "broken": BackendSpec("broken", broken, 400, lambda: True, lambda p: True),
+        "absent": BackendSpec(
+            "absent", FakeBackend, 350, lambda: False, lambda p: True, lambda: "no GPU here"
+        ),
+    }
+    for kind, spec in specs.items():
+        monkeypatch.setitem(backends._REGISTRY, kind, spec)
+    with create_backend("auto", mean_model(write_head_model, 1), threads=1) as backend:
+        assert type(backend) is OnnxRuntimeBackend
+        assert backend.selection.startswith("auto: onnxruntime")
+        assert "broken: failed to load (engine build failed: node 'x'" in backend.selection
+        assert "absent: no GPU here" in backend.selection
+        assert not backend.gpu_data_path
+    with create_backend("onnxruntime", mean_model(write_head_model, 1), threads=1) as backend:
+        assert backend.selection == "configured: backend onnxruntime"
+
+
 @pytest.mark.slow
 @pytest.mark.train
 def test_real_yolov8n_runs_on_onnxruntime(yolov8n_export: YoloExporter) -> None:

@@ -9,14 +9,18 @@ backend module elsewhere calls `register_backend` itself and must be imported fi
 modules should import their heavy library at module level only if a failed import should hide
 the backend entirely.
 
-`create_backend("auto", path)` picks, among registered backends that are available on this
-machine and accept the file, the one with the highest priority: tensorrt (300) > torch on CUDA
-(200) > onnxruntime (100).
+`create_backend("auto", path)` tries, among registered backends that are available on this
+machine and accept the file, the highest priority first, and takes the first that loads:
+tensorrt (300, full TensorRT on any NVIDIA GPU) > tensorrt-rtx (290, TensorRT for RTX on the
+GPUs it targets) > torch on CUDA (200) > onnxruntime (100). A factory that raises (an engine
+that cannot be built or loaded) is logged and passed over. The backend it returns says why it
+was chosen (`InferenceBackend.selection`).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import pkgutil
 import threading
@@ -29,6 +33,8 @@ from .base import InferenceBackend
 
 AUTO = "auto"
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class BackendSpec:
@@ -39,6 +45,16 @@ class BackendSpec:
     priority: int
     is_available: Callable[[], bool]
     accepts: Callable[[Path], bool]
+    # Why `is_available` is False here, for `auto`'s explanation; None: "not available here".
+    unavailable_reason: Callable[[], str] | None = None
+
+    def why_unavailable(self) -> str:
+        if self.unavailable_reason is None:
+            return "not available here"
+        try:
+            return self.unavailable_reason()
+        except Exception as exc:  # an explanation must never stop the choice
+            return f"not available here ({exc})"
 
 
 _REGISTRY: dict[str, BackendSpec] = {}
@@ -70,24 +86,45 @@ def create_backend(
     _discover()
     path = Path(model_path)
     if kind == AUTO:
-        spec = _best_available(path)
-    elif kind in _REGISTRY:
-        spec = _REGISTRY[kind]
-    else:
+        return _first_that_loads(path, options)
+    if kind not in _REGISTRY:
         raise ValueError(
             f"unknown backend {kind!r}; known: {', '.join(known_backends())}{_skipped_note()}"
         )
-    return spec.factory(path, **options)
+    backend = _REGISTRY[kind].factory(path, **options)
+    backend.selection = f"configured: backend {kind}"
+    return backend
 
 
-def _best_available(path: Path) -> BackendSpec:
-    candidates = [s for s in _REGISTRY.values() if s.accepts(path) and s.is_available()]
-    if not candidates:
-        raise ValueError(
-            f"no registered backend can run {path} here; known: "
-            f"{', '.join(known_backends())}{_skipped_note()}"
+def _first_that_loads(path: Path, options: dict[str, Any]) -> InferenceBackend:
+    """`auto`: the highest-priority available backend whose factory succeeds."""
+    ranked = sorted((s for s in _REGISTRY.values() if s.accepts(path)), key=lambda s: -s.priority)
+    passed_over: list[str] = []
+    failures: list[BaseException] = []
+    for spec in ranked:
+        if not spec.is_available():
+            passed_over.append(f"{spec.kind}: {spec.why_unavailable()}")
+            continue
+        try:
+            backend = spec.factory(path, **options)
+        except Exception as exc:
+            log.warning(
+                "backend auto: %s cannot serve %s (%s); trying the next", spec.kind, path, exc
+            )
+            passed_over.append(f"{spec.kind}: failed to load ({exc})")
+            failures.append(exc)
+            continue
+        why = f"auto: {spec.kind}, the highest-priority backend that loads here"
+        backend.selection = why + (
+            f" (passed over: {'; '.join(passed_over)})" if passed_over else ""
         )
-    return max(candidates, key=lambda spec: spec.priority)
+        return backend
+    if failures:
+        raise failures[-1]
+    raise ValueError(
+        f"no registered backend can run {path} here; known: "
+        f"{', '.join(known_backends())}{_skipped_note()}"
+    )
 
 
 def _discover() -> None:

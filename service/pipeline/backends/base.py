@@ -26,6 +26,15 @@ class InferenceBackend(ABC):
 
     name: str
     info: ModelInfo
+    # Why this backend serves: set by `create_backend` ("configured: ...", or what `auto` chose
+    # and what it passed over); /readyz and the vdet_backend metric show it.
+    selection: str = ""
+
+    @property
+    def gpu_data_path(self) -> bool:
+        """Whether this backend feeds the GPU data path (NVDEC, our kernels, one CUDA graph per
+        stream: vdet.gpu_workers); False: frames decode on the CPU and go through `infer`."""
+        return False
 
     @property
     @abstractmethod

@@ -1,23 +1,33 @@
 """TensorRT: a serialized engine from the engine cache, one execution context per source.
 
-This module owns `TensorRTBackend` (kind `tensorrt`, priority 300: `auto`'s first choice where
-`tensorrt` imports and a GPU exists). It deserializes one plan once, then gives every calling
-thread (each video source runs its own worker thread) its own `IExecutionContext`, CUDA stream
-and device buffers, so sources never wait for each other's copies. `infer` is the host-side
-generic contract: float32 NCHW in, the raw head out (`set_input_shape`, `set_tensor_address`,
-`execute_async_v3`, then a synchronise). An end-to-end engine (built with the decode + NMS
-plugin, `engine.plugin_nms`) has no raw head; `infer_end_to_end` returns its detections.
+This module owns `TensorRTBackend`, registered twice: kind `tensorrt` (full TensorRT, priority
+300: `auto`'s first choice where `tensorrt` imports and a GPU exists) and kind `tensorrt-rtx`
+(TensorRT for RTX, priority 290, where it imports and the GPU's compute capability is one it
+runs on: 8.0, 8.6, 8.9, 12.x, not Hopper). One class serves both: the plan's manifest names its
+library, and `vdet.engines.library` says what differs (the module, the runtime config with its
+JIT runtime cache on TensorRT for RTX, persisted beside the plan per GPU).
+
+It deserializes one plan once, then gives every calling thread (each video source runs its own
+worker thread) its own `IExecutionContext`, CUDA stream and device buffers, so sources never
+wait for each other's copies. `infer` is the host-side generic contract: float32 NCHW in, the
+raw head out (`set_input_shape`, `set_tensor_address`, `execute_async_v3`, then a synchronise).
+An end-to-end engine (built with the decode + NMS plugin, `engine.plugin_nms`, full TensorRT
+only) has no raw head; `infer_end_to_end` returns its detections. On the GPU data path a
+raw-head engine is a `TensorRTGraphNetwork`: vdet.pipeline.gpu_runner captures our NV12
+letterbox kernel, the engine's enqueue and our NVRTC decode + NMS kernel in one CUDA graph.
 
 Engines come from `vdet.engines` (build and cache); this module never builds one itself except
 through `EngineRequest.get_or_build`. For an ONNX model without a valid cached engine the
-factory either builds first, or (`engine.build_in_background`, the default) serves on ONNX
-Runtime and swaps TensorRT in when the engine is ready (`handoff.serve_while_building`).
+factory either builds first, or (`engine.build_in_background`, the default) serves on the torch
+backend on CUDA (ONNX Runtime where torch cannot run) and swaps TensorRT in when the engine is
+ready (`handoff.serve_while_building`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +38,13 @@ import numpy as np
 from ...engines.cache import (
     CachedEngine,
     EngineCache,
+    EngineKey,
     EngineManifest,
     EngineMismatchError,
     verify_plan,
 )
-from ...engines.gpu import CudaError, cuda_call, gpu_count, gpu_identity, runtime
+from ...engines.gpu import CudaError, GpuIdentity, cuda_call, gpu_count, gpu_identity, runtime
+from ...engines.library import TENSORRT, TENSORRT_RTX, LibraryError, TensorRTLibrary, library
 from ...types import FloatArray
 from ..model import ModelInfo
 from . import BackendSpec, register_backend
@@ -50,9 +62,64 @@ NUM_DETECTIONS = "num_detections"
 
 def tensorrt_available() -> bool:
     """TensorRT's Python package is installed and the CUDA runtime sees a GPU."""
-    from ...engines.build import tensorrt_installed
+    return TENSORRT.installed() and gpu_count() > 0
 
-    return tensorrt_installed() and gpu_count() > 0
+
+def tensorrt_rtx_available(device: int = 0) -> bool:
+    """TensorRT for RTX is installed and GPU `device` is one it runs on."""
+    return unavailable_reason(TENSORRT_RTX, device) is None
+
+
+def unavailable_reason(lib: TensorRTLibrary, device: int = 0) -> str | None:
+    """Why `lib` cannot serve on GPU `device` here; None when it can."""
+    if not lib.installed():
+        return f"{lib.title} is not installed"
+    if gpu_count() == 0:
+        return "no CUDA GPU is visible"
+    try:
+        gpu = gpu_identity(device)
+    except CudaError as exc:
+        return f"GPU {device} cannot be queried ({exc})"
+    if not lib.runs_on(gpu.compute_capability):
+        return (
+            f"{lib.title} does not run on {gpu.name} (compute capability "
+            f"{gpu.compute_capability}; it serves {', '.join(sorted(lib.runtime_targets or ()))})"
+        )
+    return None
+
+
+def plan_refusals(
+    key: EngineKey, lib: TensorRTLibrary, version: str, gpu: GpuIdentity
+) -> list[str]:
+    """Why a plan with `key` cannot run with `lib` `version` on `gpu`; empty when it can.
+
+    Full TensorRT: the same version and the GPU model it was built on. TensorRT for RTX: the
+    same version and a GPU whose compute capability is one of the plan's targets.
+    """
+    reasons = []
+    if key.flavour != lib.flavour:
+        reasons.append(f"built with {library(key.flavour).title}, this is {lib.title}")
+    elif key.tensorrt_version != version:
+        reasons.append(f"built with {lib.title} {key.tensorrt_version}, this is {version}")
+    if key.flavour == TENSORRT_RTX.flavour:
+        if gpu.compute_capability not in key.targets:
+            reasons.append(
+                f"built for compute capability {', '.join(key.targets)}, this is {gpu.name} "
+                f"({gpu.compute_capability})"
+            )
+    elif (key.gpu_name, key.compute_capability) != (gpu.name, gpu.compute_capability):
+        reasons.append(
+            f"built for {key.gpu_name} (sm {key.compute_capability}), this is {gpu.name} "
+            f"(sm {gpu.compute_capability})"
+        )
+    return reasons
+
+
+def runtime_cache_path(plan: Path, gpu: GpuIdentity) -> Path:
+    """Where TensorRT for RTX's JIT runtime cache for `plan` on `gpu` lives: beside the plan,
+    one per GPU model (the cache is only valid for the GPU and driver that compiled it)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.name.lower()).strip("-") or "gpu"
+    return plan.with_name(f"{plan.stem}.{slug}.runtime-cache")
 
 
 @dataclass
@@ -62,28 +129,36 @@ class _Lane:
     context: Any
     stream: Any
     buffers: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (ptr, bytes)
+    warmed: bool = False
 
 
 class TensorRTBackend(InferenceBackend):
-    """A deserialized TensorRT engine; a context, stream and buffers per calling thread."""
+    """A deserialized TensorRT or TensorRT-for-RTX engine; a context, stream and buffers per
+    calling thread. `name` is the plan's library flavour."""
 
-    name = "tensorrt"
+    name = TENSORRT.flavour
 
     def __init__(self, plan: str | os.PathLike[str], *, device: int = 0) -> None:
-        import tensorrt as trt
-
         from ...engines.build import _make_logger
 
-        self._trt = trt
         plan = Path(plan)
         manifest = verify_plan(plan)
-        self._check_here(plan, manifest, device)
+        try:
+            self.library = library(manifest.key.flavour)
+            trt = self.library.load()
+        except LibraryError as exc:
+            raise RuntimeError(f"{plan}: {exc}") from exc
+        self._trt = trt
+        self.name = self.library.flavour
+        self._gpu = self._check_here(plan, manifest, device, self.library, str(trt.__version__))
         self.manifest = manifest
         self.plan = plan
         self.info = _model_info(plan, manifest)
         self.precision = manifest.key.precision
         self._device = device
-        cuda_call(runtime().cudaSetDevice(device), "cudaSetDevice")
+        rt = runtime()
+        cuda_call(rt.cudaSetDevice(device), "cudaSetDevice")
+        cuda_call(rt.cudaFree(0), "cudaFree(0)")  # the context the runtime cache checks against
         if manifest.key.plugin_sha256 is not None:
             from vdet.plugins.loader import load_for_plan
 
@@ -93,7 +168,7 @@ class TensorRTBackend(InferenceBackend):
         self._engine = self._runtime.deserialize_cuda_engine(plan.read_bytes())
         if self._engine is None:
             raise RuntimeError(
-                f"TensorRT {trt.__version__} cannot deserialize {plan}: "
+                f"{self.library.title} {trt.__version__} cannot deserialize {plan}: "
                 f"{'; '.join(self._logger.errors) or 'see its log'}"
             )
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
@@ -109,32 +184,94 @@ class TensorRTBackend(InferenceBackend):
         self._local = threading.local()
         self._lanes: list[_Lane] = []
         self._closed = False
+        self.runtime_cache: Path | None = None
+        self._runtime_cache: Any = None
+        self._runtime_config = self._make_runtime_config()
 
     @staticmethod
-    def _check_here(plan: Path, manifest: EngineManifest, device: int) -> None:
-        """Refuse a plan built for another GPU model or TensorRT version, with the reason."""
-        import tensorrt as trt
-
+    def _check_here(
+        plan: Path, manifest: EngineManifest, device: int, lib: TensorRTLibrary, version: str
+    ) -> GpuIdentity:
+        """Refuse a plan built for another library, version or GPU, with the reasons."""
         gpu = gpu_identity(device)
-        key = manifest.key
-        reasons = []
-        if key.tensorrt_version != trt.__version__:
-            reasons.append(f"built with TensorRT {key.tensorrt_version}, this is {trt.__version__}")
-        if (key.gpu_name, key.compute_capability) != (gpu.name, gpu.compute_capability):
-            reasons.append(
-                f"built for {key.gpu_name} (sm {key.compute_capability}), this is {gpu.name} "
-                f"(sm {gpu.compute_capability})"
-            )
+        reasons = plan_refusals(manifest.key, lib, version, gpu)
         if reasons:
             raise EngineMismatchError(
                 f"{plan} cannot run here: {'; '.join(reasons)}. Rebuild it: vdet engine build"
             )
+        return gpu
+
+    def _make_runtime_config(self) -> Any:
+        """TensorRT for RTX: one runtime config for every context, with the JIT runtime cache
+        loaded from beside the plan (kernels compiled for this GPU on an earlier start).
+
+        Kernels compile at the first inference of each shape (the eager warm-up call before a
+        CUDA graph is captured). EAGER specialization compiles the shape-specialized kernels
+        right then, instead of in the background while a generic kernel runs: a graph captured
+        during a LAZY swap would keep the generic kernel. vdet captures its own graphs, so the
+        library's own graph capture stays off.
+        """
+        if not self.library.has_runtime_cache:
+            return None
+        trt = self._trt
+        config = self._engine.create_runtime_config()
+        config.dynamic_shapes_kernel_specialization_strategy = (
+            trt.DynamicShapesKernelSpecializationStrategy.EAGER
+        )
+        config.cuda_graph_strategy = trt.CudaGraphStrategy.DISABLED
+        cache = config.create_runtime_cache()
+        path = runtime_cache_path(self.plan, self._gpu)
+        if path.is_file():
+            if cache.deserialize(path.read_bytes()):
+                log.info("runtime cache %s loaded", path)
+            else:
+                log.warning(
+                    "runtime cache %s does not fit this GPU, driver or %s version; kernels "
+                    "compile again",
+                    path,
+                    self.library.title,
+                )
+        if not config.set_runtime_cache(cache):
+            log.warning("%s refused the runtime cache; kernels compile on every start", self.name)
+            return config
+        self.runtime_cache, self._runtime_cache = path, cache
+        return config
+
+    def save_runtime_cache(self) -> bool:
+        """Write the JIT runtime cache beside the plan (atomically); False when there is none
+        or it cannot be written (a read-only cache folder only costs compile time)."""
+        with self._lock:
+            cache, path = self._runtime_cache, self.runtime_cache
+            if cache is None or path is None:
+                return False
+            try:
+                blob = cache.serialize()
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+                with open(tmp, "wb") as f:
+                    f.write(blob)
+                tmp.replace(path)
+            except OSError as exc:
+                log.warning("runtime cache %s not saved: %s", path, exc)
+                return False
+        return True
+
+    def execution_context(self) -> Any:
+        """A new execution context of the engine (through the runtime config on RTX)."""
+        context = self.library.execution_context(self._engine, self._runtime_config)
+        if context is None:
+            raise RuntimeError(f"{self.library.title} could not create an execution context")
+        return context
+
+    @property
+    def gpu_data_path(self) -> bool:
+        return not self.end_to_end
 
     @property
     def device(self) -> str:
         key = self.manifest.key
         version = key.tensorrt_version
-        return f"cuda:{self._device} {key.gpu_name} (tensorrt {version}, {self.precision})"
+        where = self._gpu.name
+        return f"cuda:{self._device} {where} ({self.library.flavour} {version}, {self.precision})"
 
     @property
     def max_batch(self) -> int | None:
@@ -151,9 +288,7 @@ class TensorRTBackend(InferenceBackend):
             if self._closed:
                 raise RuntimeError(f"{self!r} is closed")
             cuda_call(rt.cudaSetDevice(self._device), "cudaSetDevice")
-            context = self._engine.create_execution_context()
-            if context is None:
-                raise RuntimeError("TensorRT could not create an execution context (GPU memory?)")
+            context = self.execution_context()
             stream = cuda_call(
                 rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreate"
             )
@@ -206,6 +341,9 @@ class TensorRTBackend(InferenceBackend):
                 "cudaMemcpyAsync D2H",
             )
         cuda_call(rt.cudaStreamSynchronize(lane.stream), "cudaStreamSynchronize")
+        if not lane.warmed:
+            lane.warmed = True
+            self.save_runtime_cache()  # this shape's kernels are compiled now
         return hosts
 
     def _chunks(self, batch: FloatArray) -> list[dict[str, np.ndarray[Any, Any]]]:
@@ -258,10 +396,20 @@ class TensorRTBackend(InferenceBackend):
                 raise RuntimeError(f"{self!r} is closed")
             (output,) = self._outputs
             return TensorRTGraphNetwork(
-                self._engine, self._input, output, batch, self.info.input_hw, self._device
+                self._trt,
+                self.execution_context,
+                self._engine,
+                self._input,
+                output,
+                batch,
+                self.info.input_hw,
+                self._device,
+                on_first_run=self.save_runtime_cache,
             )
 
     def close(self) -> None:
+        if not self._closed:
+            self.save_runtime_cache()
         with self._lock:
             if self._closed:
                 return
@@ -273,6 +421,8 @@ class TensorRTBackend(InferenceBackend):
                 cuda_call(rt.cudaFree(ptr), "cudaFree")
             cuda_call(rt.cudaStreamDestroy(lane.stream), "cudaStreamDestroy")
             lane.context = None
+        self._runtime_config = None
+        self._runtime_cache = None
         self._engine = None
         self._runtime = None
 
@@ -292,26 +442,31 @@ class TensorRTGraphNetwork:
     `execute_async_v3` on the caller's current torch stream. Replays of a CUDA graph captured
     around a call re-run TensorRT's kernels on the same addresses, which is why the addresses
     are set on every call (a host-side setting, never part of the graph) and the runner warms
-    up with an eager call before capturing, as TensorRT's documentation asks.
+    up with an eager call before capturing, as TensorRT's documentation asks. On TensorRT for
+    RTX that eager call is also when the JIT compiles this shape's kernels; `on_first_run` then
+    persists the runtime cache. The runner's decode + NMS kernel follows the enqueue on the
+    same stream, so both land in the one graph.
     """
 
     def __init__(
         self,
+        trt: Any,
+        new_context: Any,
         engine: Any,
         input_name: str,
         output_name: str,
         batch: int,
         input_hw: tuple[int, int],
         device: int,
+        *,
+        on_first_run: Any = None,
     ) -> None:
-        import tensorrt as trt
         import torch
 
         self.input_name, self.output_name = input_name, output_name
+        self._on_first_run = on_first_run
         with torch.cuda.device(device):
-            context = engine.create_execution_context()
-            if context is None:
-                raise RuntimeError("TensorRT could not create an execution context (GPU memory?)")
+            context = new_context()
             shape = (batch, 3, *input_hw)
             if not context.set_input_shape(input_name, shape):
                 raise RuntimeError(f"the engine does not accept input shape {shape}")
@@ -330,6 +485,10 @@ class TensorRTGraphNetwork:
         stream = torch.cuda.current_stream(x.device).cuda_stream
         if not self.context.execute_async_v3(stream):
             raise RuntimeError("TensorRT execute_async_v3 failed (see the TensorRT log)")
+        if self._on_first_run is not None and not torch.cuda.is_current_stream_capturing():
+            first, self._on_first_run = self._on_first_run, None
+            torch.cuda.current_stream(x.device).synchronize()  # the JIT has finished
+            first()
         return self.output
 
 
@@ -373,21 +532,30 @@ def create_tensorrt_backend(
     engine: EngineSettings | None = None,
     device: int = 0,
     build_in_background: bool | None = None,
+    flavour: str = TENSORRT.flavour,
 ) -> InferenceBackend:
-    """The `tensorrt` factory: a plan as given, or the cached engine of an ONNX model.
+    """The `tensorrt` (and, with `flavour`, `tensorrt-rtx`) factory: a plan as given, or the
+    cached engine of an ONNX model.
 
-    For an ONNX model the engine is looked up in `engine.cache_dir` under this machine's key;
-    a missing or mismatching one is built, in the background while ONNX Runtime serves when
-    `build_in_background` (default: `engine.build_in_background`).
+    For an ONNX model the engine is looked up in `engine.cache_dir` under this machine's key
+    (TensorRT for RTX: a portable plan whose targets are this GPU's compute capability, so a
+    plan built ahead of time with `vdet engine build --target` is found); a missing or
+    mismatching one is built, in the background while the torch backend on CUDA (else ONNX
+    Runtime) serves when `build_in_background` (default: `engine.build_in_background`).
     """
     from ...engines.build import BuildOptions, engine_request
 
+    lib = library(flavour)
     path = Path(model_path)
     if path.suffix.lower() in PLAN_SUFFIXES:
         return TensorRTBackend(path, device=device)
     settings = _engine_settings(engine)
-    if not tensorrt_available():
-        raise RuntimeError("the tensorrt backend needs the tensorrt package and a GPU")
+    why_not = unavailable_reason(lib, device)
+    if why_not is not None:
+        raise RuntimeError(
+            f"the {lib.flavour} backend needs the {lib.module} package and a GPU it runs on: "
+            f"{why_not}"
+        )
     try:
         from ...config import load_settings
 
@@ -395,7 +563,7 @@ def create_tensorrt_backend(
     except Exception:  # thresholds only matter for plugin_nms; defaults then
         detection = None
     options = BuildOptions.from_settings(settings, detection)
-    request = engine_request(path, options, settings.cache_dir, device=device)
+    request = engine_request(path, options, settings.cache_dir, device=device, lib=lib)
     cache = EngineCache(settings.cache_dir)
     try:
         cached = request.lookup(cache)
@@ -414,11 +582,35 @@ def create_tensorrt_backend(
     if not build_in_background:
         return build()
     from .handoff import serve_while_building
-    from .onnxruntime import OnnxRuntimeBackend
 
-    log.info("no TensorRT engine for %s yet: serving on ONNX Runtime while it builds", path)
-    swappable, _ = serve_while_building(OnnxRuntimeBackend(path), build)
+    fallback = _serve_meanwhile(path, device)
+    log.info(
+        "no %s engine for %s yet: serving on %s while it builds", lib.title, path, fallback.name
+    )
+    swappable, _ = serve_while_building(fallback, build)
     return swappable
+
+
+def _serve_meanwhile(path: Path, device: int) -> InferenceBackend:
+    """What serves while an engine builds: torch on this GPU where it can, else ONNX Runtime."""
+    from .onnxruntime import OnnxRuntimeBackend
+    from .torch import torch_cuda_available
+
+    if torch_cuda_available():
+        try:
+            from .torch import TorchBackend
+
+            return TorchBackend(path, device=f"cuda:{device}")
+        except Exception as exc:
+            log.warning("torch cannot serve %s while the engine builds (%s)", path, exc)
+    return OnnxRuntimeBackend(path)
+
+
+def create_tensorrt_rtx_backend(
+    model_path: str | os.PathLike[str], **options: Any
+) -> InferenceBackend:
+    """The `tensorrt-rtx` factory (see `create_tensorrt_backend`)."""
+    return create_tensorrt_backend(model_path, flavour=TENSORRT_RTX.flavour, **options)
 
 
 def _accepts(path: Path) -> bool:
@@ -427,12 +619,33 @@ def _accepts(path: Path) -> bool:
 
 register_backend(
     BackendSpec(
-        kind=TensorRTBackend.name,
+        kind=TENSORRT.flavour,
         factory=create_tensorrt_backend,
         priority=300,
         is_available=tensorrt_available,
         accepts=_accepts,
+        unavailable_reason=lambda: unavailable_reason(TENSORRT) or "",
+    )
+)
+register_backend(
+    BackendSpec(
+        kind=TENSORRT_RTX.flavour,
+        factory=create_tensorrt_rtx_backend,
+        priority=290,
+        is_available=tensorrt_rtx_available,
+        accepts=_accepts,
+        unavailable_reason=lambda: unavailable_reason(TENSORRT_RTX) or "",
     )
 )
 
-__all__ = ["CudaError", "TensorRTBackend", "create_tensorrt_backend", "tensorrt_available"]
+__all__ = [
+    "CudaError",
+    "TensorRTBackend",
+    "create_tensorrt_backend",
+    "create_tensorrt_rtx_backend",
+    "plan_refusals",
+    "runtime_cache_path",
+    "tensorrt_available",
+    "tensorrt_rtx_available",
+    "unavailable_reason",
+]

@@ -422,6 +422,10 @@ class TorchBackend(InferenceBackend):
         return self._torch_device
 
     @property
+    def gpu_data_path(self) -> bool:
+        return self._torch_device.type == "cuda"
+
+    @property
     def device(self) -> str:
         import torch
 

@@ -219,7 +219,8 @@ class _ThreadRecordingEncoder(ResultEventEncoder):
 
 def test_a_replay_is_encoded_off_the_event_loop(client: TestClient) -> None:
     rt = client.app.state.runtime
-    encoder = rt.encoder = _ThreadRecordingEncoder()
+    # Nobody subscribes while these are published, so none is encoded ahead (hub.on_publish).
+    encoder = client.app.state.encoder = _ThreadRecordingEncoder()
     dets = Detections.empty()
     for index in range(300):
         rt.hub.publish(

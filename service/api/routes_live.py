@@ -1,0 +1,128 @@
+"""GET /v1/streams/{id}/live.mjpeg: a stream's processed frames as multipart MJPEG.
+
+Each part is the last processed frame at the time of a tick (at most `fps` ticks a second,
+only frames not sent yet), optionally with its boxes drawn. Admission, shared encodes and
+framing live in `vdet.api.live`; this module paces one viewer and speaks HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from vdet.api.deps import RuntimeDep, StreamsDep
+from vdet.api.live import MEDIA_TYPE, LiveVideo, PictureKey, ViewerLimitError, multipart_part
+from vdet.api.schemas import ErrorOut
+from vdet.runtime import Runtime, StreamService
+from vdet.streams import UnknownStreamError
+
+router = APIRouter(prefix="/v1/streams", tags=["streams"])
+
+
+def live_video_of(request: Request) -> LiveVideo:
+    live: LiveVideo = request.app.state.live_video
+    return live
+
+
+class _ViewerResponse(StreamingResponse):
+    """Frees the viewer's slot however the response ends (even before its first byte)."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Any, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+@router.get(
+    "/{stream_id}/live.mjpeg",
+    response_class=StreamingResponse,
+    summary="Live video of a stream as multipart MJPEG (processed frames, bounded rate)",
+    responses={
+        200: {
+            "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
+            "description": "An endless multipart/x-mixed-replace body of JPEG parts; each "
+            "part's `X-Vdet-Seq` header is the seq of the frame's result on the WebSocket "
+            "feed and `X-Vdet-Source-Size` the decoded frame's WxH (the space of the boxes). "
+            "Frames are encoded only while someone watches.",
+        },
+        404: {"model": ErrorOut, "description": "No stream has this id."},
+        422: {"model": ErrorOut, "description": "A parameter out of its range."},
+        503: {
+            "model": ErrorOut,
+            "description": "live.max_viewers viewers are already watching (or not ready).",
+        },
+    },
+)
+async def live_mjpeg(
+    stream_id: str,
+    request: Request,
+    rt: RuntimeDep,
+    streams: StreamsDep,
+    fps: Annotated[
+        float,
+        Query(gt=0, le=60, description="Most frames per second to send (<= live.max_fps)."),
+    ] = 10.0,
+    boxes: Annotated[
+        bool, Query(description="Draw boxes, class and score on the frames (server side).")
+    ] = True,
+    max_width: Annotated[
+        int | None,
+        Query(
+            ge=160,
+            le=7680,
+            description="Scale frames down to this width (capped at live.max_width).",
+        ),
+    ] = None,
+) -> StreamingResponse:
+    live = live_video_of(request)
+    if stream_id not in streams:
+        raise UnknownStreamError(f"no stream {stream_id!r}")
+    width = min(max_width or live.settings.max_width, live.settings.max_width)
+    key = PictureKey(stream_id=stream_id, boxes=boxes, max_width=width)
+    try:
+        slot = live.admit(key)
+    except ViewerLimitError as exc:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc), headers={"Retry-After": "5"}
+        ) from exc
+    return _ViewerResponse(
+        _frames(rt, live, streams, key, min(fps, live.settings.max_fps)),
+        slot.release,
+        media_type=MEDIA_TYPE,
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _frames(
+    rt: Runtime,
+    live: LiveVideo,
+    streams: StreamService,
+    key: PictureKey,
+    fps: float,
+) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    period = 1.0 / fps
+    last_seq = 0
+    # Ends when the stream is removed or the service stops; when the client leaves, the
+    # response cancels this generator (StreamingResponse listens for the disconnect).
+    while rt.ready:
+        tick = loop.time()
+        try:
+            frame = await live.next_frame(streams, key, last_seq)
+        except UnknownStreamError:
+            return
+        if frame is not None:
+            yield multipart_part(frame)
+            rt.metrics.live_frames_sent.inc()
+            last_seq = frame.seq
+        await asyncio.sleep(max(0.0, period - (loop.time() - tick)))

@@ -1,0 +1,38 @@
+"""GET /v1/workers: the stream worker processes behind this API, for operators."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from vdet.api.deps import RuntimeDep
+
+router = APIRouter(prefix="/v1/workers", tags=["ops"])
+
+
+class WorkerOut(BaseModel):
+    name: str = Field(description="The worker's name (`w0`, `w1`, ...); streams show it too.")
+    gpu: str = Field(description="The GPU it runs on, or 'cpu'.")
+    pid: int | None = Field(description="Its process id; null before its first start.")
+    alive: bool = Field(description="Whether it runs and answers now (false while restarting).")
+    streams: int = Field(description="Streams placed on it.")
+    restarts: int = Field(description="Times it died and was started again.")
+    last_exit: str | None = Field(description="How its last process ended, if one did.")
+
+
+class WorkersOut(BaseModel):
+    mps: bool = Field(description="Whether the workers share their GPU through NVIDIA MPS.")
+    workers: list[WorkerOut] = Field(
+        description="The worker processes; empty when streams run in the API process."
+    )
+
+
+@router.get("", response_model=WorkersOut, summary="Stream worker processes and their health")
+def list_workers(rt: RuntimeDep) -> WorkersOut:
+    pool = rt.worker_pool
+    if pool is None:
+        return WorkersOut(mps=False, workers=[])
+    return WorkersOut(
+        mps=pool.mps_active,
+        workers=[WorkerOut(**vars(w)) for w in pool.workers()],
+    )

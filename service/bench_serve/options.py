@@ -1,0 +1,231 @@
+"""What one `vdet bench serve` run is asked to do: the variants, the stream steps, the timings.
+
+Variants are free-form on purpose: `--variant NAME:key=value ...` turns each dotted settings key
+into the `VDET_*` environment variable `vdet serve` reads (`gpu.batch=8` -> `VDET_GPU__BATCH=8`),
+and an all-upper-case key (`CUDA_MPS_PIPE_DIRECTORY=/x`) is passed as an environment variable
+as it is. So settings that a future `vdet serve` adds can be compared without changing this
+benchmark; a server that rejects one fails its variant, not the run. This module only parses
+and checks; it starts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+SETTING_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
+ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+DEFAULT_VARIANT = "one-process:"
+DEFAULT_SHARDS = "b1:x8:mps"
+MAX_STREAMS = 1024
+MAX_CLIENTS = 64
+
+
+class ServeBenchUsageError(ValueError):
+    """An argument of `vdet bench serve` the user must fix; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One server configuration to measure: `settings` become `VDET_*` variables, `env` is
+    passed as it is."""
+
+    name: str
+    settings: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def environment(self) -> dict[str, str]:
+        """The variables this variant adds to the server's environment."""
+        out = {
+            "VDET_" + key.upper().replace(".", "__"): value for key, value in self.settings.items()
+        }
+        out.update(self.env)
+        return out
+
+
+@dataclass(frozen=True)
+class ServeBenchOptions:
+    """Everything a run needs, checked."""
+
+    streams: tuple[int, ...]
+    duration_s: float
+    warmup_s: float
+    clients: int
+    variants: tuple[Variant, ...]
+    clip: Path | None = None
+    model: Path | None = None
+    backend: str = "auto"
+    output: Path | None = None
+    shards_harness: str | None = None
+    pipeline_frames: int = 0
+    control_interval_s: float = 0.25
+    start_timeout_s: float = 180.0
+    stop_timeout_s: float = 15.0
+
+
+def parse_variant(text: str) -> Variant:
+    """`NAME:key=value key=value ...` (settings and env separated by spaces) -> Variant."""
+    name, sep, rest = text.partition(":")
+    if not sep:
+        raise ServeBenchUsageError(
+            f"--variant {text!r}: expected NAME:[key=value ...], e.g. 'one-process:' or "
+            "'batch8:gpu.batch=8'"
+        )
+    if not VARIANT_NAME.match(name):
+        raise ServeBenchUsageError(
+            f"--variant {text!r}: the name must be 1-64 letters, digits, '_', '.', '+', '-'"
+        )
+    settings: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for item in rest.split():
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ServeBenchUsageError(f"--variant {name}: {item!r} is not key=value")
+        if ENV_KEY.match(key):
+            target = env
+        elif SETTING_KEY.match(key):
+            target = settings
+        else:
+            raise ServeBenchUsageError(
+                f"--variant {name}: {key!r} is neither a settings key (lower case, dotted: "
+                "gpu.batch) nor an environment variable (upper case: CUDA_VISIBLE_DEVICES)"
+            )
+        if key in target:
+            raise ServeBenchUsageError(f"--variant {name}: {key!r} is given twice")
+        target[key] = value
+    return Variant(name, settings, env)
+
+
+def parse_streams(text: str) -> tuple[int, ...]:
+    """`8,16,32` -> (8, 16, 32): distinct positive counts, run in the order given."""
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ServeBenchUsageError(
+            f"--streams must be comma-separated integers, got {text!r}"
+        ) from None
+    if not counts:
+        raise ServeBenchUsageError("--streams must name at least one stream count")
+    if any(not 1 <= n <= MAX_STREAMS for n in counts):
+        raise ServeBenchUsageError(f"--streams: each count must be 1..{MAX_STREAMS}, got {text!r}")
+    if len(set(counts)) != len(counts):
+        raise ServeBenchUsageError(f"--streams: a count is repeated in {text!r}")
+    return counts
+
+
+def _positive(name: str, value: float, *, zero_ok: bool = False) -> float:
+    if value < 0 or (value == 0 and not zero_ok) or value != value:
+        bound = ">= 0" if zero_ok else "> 0"
+        raise ServeBenchUsageError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `vdet bench serve`, as one group of the `vdet bench` parser.
+
+    It shares `--model`, `--backend` and `--output` with the other scenarios.
+    """
+    group = parser.add_argument_group(
+        "serve", "drive a real `vdet serve` over HTTP and WebSocket (vdet bench serve)"
+    )
+    group.add_argument(
+        "--streams", default="1,2", help="serve: stream counts to step through, e.g. 8,16,32,64"
+    )
+    group.add_argument(
+        "--duration", type=float, default=10.0, help="serve: measured seconds per step"
+    )
+    group.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=3.0,
+        help="serve: seconds after every stream has published, before measuring",
+    )
+    group.add_argument(
+        "--clients", type=int, default=1, help="serve: WebSocket clients on /v1/events"
+    )
+    group.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="NAME:[key=value ...]",
+        help="serve: a server configuration (repeatable); settings keys become VDET_* "
+        "variables (gpu.batch=8 -> VDET_GPU__BATCH=8), UPPER_CASE keys are passed as they "
+        f"are. Default: {DEFAULT_VARIANT!r} (today's serve)",
+    )
+    group.add_argument(
+        "--clip", type=Path, default=None, help="serve: video file (default: the sample clip)"
+    )
+    group.add_argument(
+        "--shards-harness",
+        nargs="?",
+        const=DEFAULT_SHARDS,
+        default=None,
+        metavar="OPTIONS",
+        help="serve: also run bench/gpu/streams.py (GPU) at the same stream counts with these "
+        f"run options (default {DEFAULT_SHARDS}: batch 1, 8 processes over MPS)",
+    )
+    group.add_argument(
+        "--pipeline-frames",
+        type=int,
+        default=0,
+        metavar="F",
+        help="serve: also run `vdet bench pipeline` on the clip for F frames first (one "
+        "stream, no service: the same-run ceiling on a shared machine); 0: not",
+    )
+    group.add_argument(
+        "--control-interval",
+        type=float,
+        default=0.25,
+        help="serve: seconds between control calls (GET detections; every 4th a POST or "
+        "DELETE) during each measured window",
+    )
+    group.add_argument(
+        "--start-timeout", type=float, default=180.0, help="serve: seconds to wait for /readyz"
+    )
+    group.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=15.0,
+        help="serve: seconds after SIGTERM before the server is killed",
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
+    """Check the parsed arguments; ServeBenchUsageError names the first bad one."""
+    variants = tuple(parse_variant(v) for v in (args.variant or [DEFAULT_VARIANT]))
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ServeBenchUsageError(f"--variant names must be distinct, got {names}")
+    if not 1 <= args.clients <= MAX_CLIENTS:
+        raise ServeBenchUsageError(f"--clients must be 1..{MAX_CLIENTS}, got {args.clients}")
+    if args.clip is not None and not args.clip.is_file():
+        raise ServeBenchUsageError(f"--clip: no such file {args.clip}")
+    if args.model is not None and not args.model.is_file():
+        raise ServeBenchUsageError(f"--model: no such file {args.model}")
+    if not 0 <= args.pipeline_frames <= 100_000:
+        raise ServeBenchUsageError(
+            f"--pipeline-frames must be 0..100000, got {args.pipeline_frames}"
+        )
+    if args.shards_harness is not None and not re.fullmatch(r"[A-Za-z0-9:-]*", args.shards_harness):
+        raise ServeBenchUsageError(
+            f"--shards-harness: run options are ':'-separated words, got {args.shards_harness!r}"
+        )
+    return ServeBenchOptions(
+        streams=parse_streams(args.streams),
+        duration_s=_positive("--duration", args.duration),
+        warmup_s=_positive("--warmup-seconds", args.warmup_seconds, zero_ok=True),
+        clients=args.clients,
+        variants=variants,
+        clip=args.clip,
+        model=args.model,
+        backend=args.backend,
+        output=args.output,
+        shards_harness=args.shards_harness,
+        pipeline_frames=args.pipeline_frames,
+        control_interval_s=_positive("--control-interval", args.control_interval),
+        start_timeout_s=_positive("--start-timeout", args.start_timeout),
+        stop_timeout_s=_positive("--stop-timeout", args.stop_timeout),
+    )

@@ -1,0 +1,225 @@
+"""The result file of `vdet bench serve`: its schema, as pydantic models.
+
+The runner builds these models and writes them as JSON (`"benchmark": "serve"`); tests
+validate written files against them, and `vdet bench report` reads the same files (tolerantly,
+as dicts: it also renders older files). Every latency is in milliseconds, every rate per
+second of the measured window, every memory figure in MiB.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LatencyMs(_Model):
+    p50: float
+    p90: float
+    p99: float
+    max: float
+    mean: float
+    n: int = Field(ge=1)
+
+
+class CloseEvent(_Model):
+    """The server closed a WebSocket client during the window (the client then resumed)."""
+
+    t_s: float = Field(description="Seconds into the window.")
+    code: int = Field(description="WebSocket close code (1013: lagging, 1001: shutdown).")
+    reason: str
+    event: str | None = Field(description="The end event sent before the close, if any.")
+
+
+class ClientFigures(_Model):
+    """What one WebSocket client on /v1/events received in the window."""
+
+    window_s: float
+    results: int = Field(description="Results of the measured streams received.")
+    results_per_s: float
+    streams_seen: int
+    slowest_stream_results_per_s: float | None
+    other_results: int = Field(description="Results of other streams (the control loop's).")
+    latency_ms: LatencyMs | None = Field(
+        description="Frame arrival (server wall clock) -> received here (same host's clock)."
+    )
+    server_latency_ms: LatencyMs | None = Field(
+        description="Frame arrival -> published by the server (its own `published_time`)."
+    )
+    latency_samples_ms: list[float] = Field(description="Evenly spaced quantiles, for plots.")
+    dropped_frame_index_gaps: int = Field(description="Frames missing between results.")
+    missed_seq_gaps: int = Field(description="Results this client never received (seq gaps).")
+    out_of_order: int
+    gap_events: int = Field(description="`gap` events: a resume found results already gone.")
+    closes: list[CloseEvent]
+    closes_total: int = Field(description="Closes since the client connected, all windows.")
+    cpu_percent: float | None = Field(description="This client process's CPU, % of one core.")
+
+
+class CallLatencies(_Model):
+    """Round trips of the control calls made during the window, at the client."""
+
+    get_detections_ms: LatencyMs | None
+    post_ms: LatencyMs | None
+    delete_ms: LatencyMs | None
+    errors: dict[str, int] = Field(description="Failed calls by kind and status.")
+
+
+class ServerUse(_Model):
+    """The server's process tree over the window (CPU) and at its end (memory)."""
+
+    processes: int
+    cpu_percent: float = Field(description="CPU of the whole tree, % of one core.")
+    cpu_percent_per_stream: float
+    rss_mib: float
+    pss_mib: float | None = Field(description="Proportional set size: shared pages split.")
+    memory_mib_per_stream: float = Field(
+        description="(PSS, else RSS, at the end - before the first stream) / streams."
+    )
+
+
+class GpuUse(_Model):
+    used_mib: float = Field(description="Used memory of every device at the window's end.")
+    used_mib_per_stream: float = Field(description="(used - before the first stream) / streams.")
+    server_processes_mib: float = Field(description="Listed for the server's PIDs (not MPS).")
+
+
+class ServerCounters(_Model):
+    """The server's own counters of the measured streams over the window (/metrics)."""
+
+    decoded: float
+    processed: float
+    dropped: float
+
+
+class BenchClientUse(_Model):
+    """Whether the benchmark client itself could have limited the figures."""
+
+    clients_cpu_percent_max: float | None = Field(description="The busiest client process.")
+    control_cpu_percent: float = Field(description="The process running the control loop.")
+    client_bound: bool = Field(description="A benchmark process was over 80% of a core.")
+
+
+class StepResult(_Model):
+    """N streams on one server, measured for one window."""
+
+    streams: int
+    added: int
+    add_seconds: float
+    all_publishing: bool = Field(description="Every stream published before the warm-up.")
+    expected_results_per_s: float = Field(description="streams x the clip's frame rate.")
+    window_s: float
+    results_per_s: float | None = Field(description="The slowest client's rate.")
+    latency_ms: LatencyMs | None = Field(description="The worst client's latency figures.")
+    dropped: int | None = Field(description="Frame-index gaps (the most any client saw).")
+    server_dropped: float | None = Field(description="vdet_frames_dropped_total in the window.")
+    missed: int = Field(description="Results some client never received (seq gaps, summed).")
+    cutoffs: int = Field(description="Server closes of clients in the window, summed.")
+    real_time: bool = Field(
+        description="results/s >= 97% of expected, nothing dropped or missed, no client cut off."
+    )
+    clients: list[ClientFigures]
+    control: CallLatencies
+    server: ServerUse | None
+    gpu: GpuUse | None
+    counters: ServerCounters | None
+    bench_client: BenchClientUse
+    remove_seconds: float
+    error: str | None = None
+
+
+class ServerExitOut(_Model):
+    exit_code: int | None
+    signal_sent: str | None
+    stop_seconds: float
+    orphans: list[int] = Field(description="Processes of its tree alive after it exited.")
+
+
+class VariantResult(_Model):
+    name: str
+    settings: dict[str, str] = Field(description="As given: dotted settings keys.")
+    environment: dict[str, str] = Field(description="What the server got on top of ours.")
+    inherited_vdet_environment: dict[str, str] = Field(
+        description="VDET_* variables the server inherited from the benchmark's environment."
+    )
+    command: list[str]
+    config: dict[str, Any] = Field(description="The YAML config file, as written.")
+    ready_seconds: float | None
+    baseline_memory_mib: float | None = Field(description="Tree PSS (else RSS), no streams.")
+    baseline_gpu_used_mib: float | None
+    steps: list[StepResult]
+    exit: ServerExitOut | None
+    error: str | None = None
+
+
+class ShardsResult(_Model):
+    """bench/gpu/streams.py run beside the variants at the same stream counts."""
+
+    command: list[str]
+    returncode: int | None
+    seconds: float
+    runs: list[dict[str, Any]] = Field(description="Its runs, in its own schema.")
+    error: str | None = None
+
+
+class PipelineBaseline(_Model):
+    """`vdet bench pipeline` on the same clip in the same run: one stream, no service."""
+
+    frames: int
+    throughput_fps: float | None = None
+    latency_ms: dict[str, dict[str, float]] | None = Field(
+        default=None, description="Per stage (decode, preprocess, inference, ...): p50, p99..."
+    )
+    backend: str | None = None
+    load_average_1m: float | None = None
+    error: str | None = None
+
+
+class ClipInfo(_Model):
+    path: str
+    width: int | None
+    height: int | None
+    fps: float | None
+    codec: str | None
+
+
+class Machine(_Model):
+    host_cpu: str
+    cpu_count: int | None
+    load_average_1m: float = Field(description="At the start: other work moves every figure.")
+    load_average_1m_end: float | None = None
+    gpus: list[str] = Field(description="index: name, driver (nvidia-smi); empty without.")
+    platform: str
+    python: str
+
+
+class RunOptions(_Model):
+    streams: list[int]
+    duration_s: float
+    warmup_s: float
+    clients: int
+    control_interval_s: float
+    backend: str
+    model: str | None
+    clip: ClipInfo
+
+
+class ServeBenchResult(_Model):
+    benchmark: Literal["serve"] = "serve"
+    schema_version: int = SCHEMA_VERSION
+    date: str
+    vdet_version: str | None
+    vdet_commit: str | None = Field(description="git HEAD of the checkout, '+dirty' if edited.")
+    machine: Machine
+    packages: dict[str, str]
+    options: RunOptions
+    variants: list[VariantResult]
+    shards: ShardsResult | None = None
+    pipeline_baseline: PipelineBaseline | None = None
+    notes: list[str] = Field(default_factory=list)

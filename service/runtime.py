@@ -1,0 +1,372 @@
+"""The composition root: the one place that turns `Settings` into the running system.
+
+`Runtime(settings)` holds what lives as long as the service: the settings, the metrics and the
+results hub. `start()` builds the rest in order: where the streams run (`StreamService`), then
+the configured sources; `stop()` takes it down in reverse. Streams run either here, in this
+process (`LocalStreams`: detector, GPU workers, stream manager), or in stream worker processes
+behind this one (vdet.workers.pool.WorkerPool, chosen by `workers.processes`). The API's
+lifespan, the benchmarks and each worker process assemble vdet only through this module.
+
+It speaks no HTTP, and it blocks (model loading, process starts): call it from a thread, never
+from the event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from vdet.config import DetectionDefaults, Settings, StreamSpec
+from vdet.hub import ResultsHub
+from vdet.metrics import Metrics
+from vdet.pipeline.detector import Detector
+from vdet.pipeline.postprocess import PostprocessParams
+from vdet.streams import ResultSink, StreamManager, StreamView
+from vdet.types import Detections, ImageArray, SourceStatus, StageTimings
+
+if TYPE_CHECKING:
+    from vdet.api.frames import EncodedFrame
+    from vdet.gpu_workers import GpuPool  # imports torch: only where a GPU backend runs
+    from vdet.workers.pool import WorkerPool
+
+log = logging.getLogger(__name__)
+
+DetectorFactory = Callable[[Settings], Detector]
+
+
+def open_detector(settings: Settings, backend: str | None = None, **options: Any) -> Detector:
+    """The detector for `settings`: its model on `backend` (default: the configured one, with
+    backend `options`), with the default thresholds."""
+    d = settings.detection
+    params = PostprocessParams(
+        conf_threshold=d.conf_threshold,
+        iou_threshold=d.iou_threshold,
+        top_k=d.top_k,
+        max_det=d.max_det,
+    )
+    return Detector.open(settings.model_path, backend or settings.backend, params=params, **options)
+
+
+def default_detector_factory(settings: Settings) -> Detector:
+    return open_detector(settings)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendInfo:
+    """What serves detections: reported by `vdet_backend`, /readyz and the start-up log."""
+
+    backend: str
+    device: str
+    model: str
+    precision: str
+    class_names: tuple[str, ...]
+    # "gpu": NVDEC, our kernels, CUDA graphs; "cpu": CPU decode, every frame through Detector.
+    data_path: Literal["gpu", "cpu"] = "cpu"
+    selection: str = ""  # why this backend serves (what `auto` passed over)
+
+
+@dataclasses.dataclass(frozen=True)
+class Health:
+    """Every stream's source status and every GPU worker's use, for one metrics scrape."""
+
+    sources: tuple[tuple[str, SourceStatus], ...]
+    gpus: tuple[tuple[str, int, int | None], ...]  # (label, streams, allocator bytes)
+
+
+class StreamService(Protocol):
+    """What the API needs of the streams, wherever they run. Every method may block."""
+
+    @property
+    def class_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def defaults(self) -> DetectionDefaults: ...
+
+    def add(self, spec: StreamSpec) -> StreamView: ...
+
+    def list(self) -> list[StreamView]: ...
+
+    def get(self, stream_id: str) -> StreamView: ...
+
+    def update_params(self, stream_id: str, **changes: Any) -> StreamView: ...
+
+    def remove(self, stream_id: str) -> None: ...
+
+    def __contains__(self, stream_id: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def latest_jpeg(
+        self,
+        stream_id: str,
+        *,
+        boxes: bool = True,
+        quality: int = 85,
+        max_width: int | None = None,
+        newer_than: int = 0,
+    ) -> EncodedFrame | None:
+        """The last processed frame as JPEG if its result's seq is above `newer_than`
+        (vdet.api.frames.latest_jpeg says what the options do)."""
+        ...
+
+    def detect(
+        self, image_bgr: ImageArray, params: PostprocessParams
+    ) -> tuple[Detections, StageTimings]: ...
+
+    def sync_metrics(self) -> None:
+        """Bring every stream's counters in `Metrics` up to date (before a scrape)."""
+        ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class LocalStreams:
+    """Streams that run in this process: the detector, the GPU workers (GPU backends) and the
+    stream manager, built from settings by `open`. Also what each stream worker process runs."""
+
+    def __init__(self, detector: Detector, gpu: GpuPool | None, manager: StreamManager) -> None:
+        self.detector = detector
+        self.gpu = gpu
+        self.manager = manager
+        info, backend = detector.info, detector.backend
+        self.backend_info = BackendInfo(
+            backend=backend.name,
+            device=str(backend.device),
+            model=f"{info.path.name}@{info.sha256[:12]}",
+            # Not every backend states its precision; ONNX Runtime on the CPU runs fp32.
+            precision=str(getattr(backend, "precision", "fp32")),
+            class_names=tuple(info.names),
+            data_path="gpu" if backend.gpu_data_path else "cpu",
+            selection=backend.selection,
+        )
+
+    @classmethod
+    def open(
+        cls,
+        settings: Settings,
+        hub: ResultSink,
+        metrics: Metrics,
+        *,
+        detector_factory: DetectorFactory = default_detector_factory,
+        max_streams: int | None = None,
+    ) -> LocalStreams:
+        detector = detector_factory(settings)
+        gpu: GpuPool | None = None
+        try:
+            gpu = _gpu_pool(settings, detector.backend, metrics)
+            manager = StreamManager(
+                detector,
+                detector.info.names,
+                hub,
+                metrics,
+                max_streams=settings.max_streams if max_streams is None else max_streams,
+                defaults=settings.detection,
+                ingest=settings.ingest,
+                gpu=gpu,
+            )
+        except BaseException:
+            if gpu is not None:
+                gpu.close()
+            detector.close()
+            raise
+        return cls(detector, gpu, manager)
+
+    # --- StreamService ----------------------------------------------------------------------
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return self.manager.class_names
+
+    @property
+    def defaults(self) -> DetectionDefaults:
+        return self.manager.defaults
+
+    def add(self, spec: StreamSpec) -> StreamView:
+        return self.manager.add(spec)
+
+    def list(self) -> list[StreamView]:
+        return self.manager.list()
+
+    def get(self, stream_id: str) -> StreamView:
+        return self.manager.get(stream_id)
+
+    def update_params(self, stream_id: str, **changes: Any) -> StreamView:
+        return self.manager.update_params(stream_id, **changes)
+
+    def remove(self, stream_id: str) -> None:
+        self.manager.remove(stream_id)
+
+    def __contains__(self, stream_id: object) -> bool:
+        return stream_id in self.manager
+
+    def __len__(self) -> int:
+        return len(self.manager)
+
+    def latest_jpeg(
+        self,
+        stream_id: str,
+        *,
+        boxes: bool = True,
+        quality: int = 85,
+        max_width: int | None = None,
+        newer_than: int = 0,
+    ) -> EncodedFrame | None:
+        from vdet.api.frames import encode_latest
+
+        return encode_latest(
+            self.manager,
+            stream_id,
+            boxes=boxes,
+            quality=quality,
+            max_width=max_width,
+            newer_than=newer_than,
+        )
+
+    def detect(
+        self, image_bgr: ImageArray, params: PostprocessParams
+    ) -> tuple[Detections, StageTimings]:
+        ((detections, timings),) = self.detector.detect([image_bgr], params)
+        return detections, timings
+
+    def sync_metrics(self) -> None:
+        self.manager.sync_metrics()
+
+    def health(self) -> Health:
+        """Source statuses and GPU use, for a process that keeps the metrics elsewhere."""
+        sources = tuple((view.spec.id, view.status) for view in self.manager.list())
+        if self.gpu is None:
+            return Health(sources, (("cpu", len(sources), None),))
+        counts = self.gpu.streams_by_gpu()
+        gpus = tuple((w.label, counts.get(w.label, 0), w.memory_bytes()) for w in self.gpu.workers)
+        return Health(sources, gpus)
+
+    def describe(self) -> str:
+        gpu = f"; GPU workers: {self.gpu.describe()}" if self.gpu is not None else ""
+        return f"{self.backend_info.backend} on {self.backend_info.device}{gpu}"
+
+    def close(self) -> None:
+        try:
+            self.manager.close()
+        finally:
+            try:
+                if self.gpu is not None:
+                    self.gpu.close()
+            finally:
+                self.detector.close()
+
+
+def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | None:
+    """GPU workers (NVDEC + CUDA graphs) when the backend feeds the GPU data path; else None.
+
+    That is torch on CUDA, or a TensorRT (full or RTX) raw-head engine
+    (`InferenceBackend.gpu_data_path`). ONNX Runtime (CPU), end-to-end engines and an engine
+    still being built behind another backend (the handoff backend) decode on the CPU and run
+    every frame through the `Detector`.
+    """
+    if not backend.gpu_data_path:
+        return None
+    from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
+
+    tune_interpreter_for_streams()
+    return build_gpu_pool(
+        settings.gpu, backend, on_eager_fallback=metrics.inference_eager_fallbacks.inc
+    )
+
+
+class Runtime:
+    """The running service: settings, metrics, hub, and (once started) its streams."""
+
+    def __init__(
+        self, settings: Settings, detector_factory: DetectorFactory = default_detector_factory
+    ) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.hub = ResultsHub(
+            capacity_per_source=settings.hub.capacity_per_source,
+            capacity_total=settings.hub.capacity_total,
+            subscriber_queue_size=settings.hub.subscriber_queue_size,
+        )
+        self.detector_factory = detector_factory
+        self.streams: StreamService | None = None
+        self.backend: BackendInfo | None = None
+        self.sources_started = 0
+        self.ready = False
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return self.backend.class_names if self.backend is not None else ()
+
+    @property
+    def worker_pool(self) -> WorkerPool | None:
+        """The worker processes running the streams; None when they run in this process."""
+        from vdet.workers.pool import WorkerPool
+
+        return self.streams if isinstance(self.streams, WorkerPool) else None
+
+    @property
+    def worker_processes(self) -> int:
+        pool = self.worker_pool
+        return 0 if pool is None else sum(w.alive for w in pool.workers())
+
+    @property
+    def mps_active(self) -> bool:
+        pool = self.worker_pool
+        return pool is not None and pool.mps_active
+
+    def start(self) -> None:
+        """Build the streams' home and add the configured sources. On failure everything
+        started so far is stopped again and the error names what failed."""
+        self.sources_started = 0
+        try:
+            self.streams, self.backend = self._open_streams()
+            self.metrics.set_class_names(self.backend.class_names)
+            self.metrics.set_backend(
+                backend=self.backend.backend,
+                device=self.backend.device,
+                model=self.backend.model,
+                precision=self.backend.precision,
+                data_path=self.backend.data_path,
+                selection=self.backend.selection,
+            )
+            for spec in self.settings.sources:
+                try:
+                    self.streams.add(spec)
+                except Exception as exc:
+                    raise RuntimeError(f"configured source {spec.id!r}: {exc}") from exc
+                self.sources_started += 1
+        except BaseException:
+            self.stop()
+            raise
+        self.ready = True
+        log.info(
+            "vdet ready: model %s, %s, %d source(s)",
+            self.settings.model_path,
+            self.streams.describe(),
+            len(self.streams),
+        )
+
+    def _open_streams(self) -> tuple[StreamService, BackendInfo]:
+        from vdet.workers.plan import plan_workers
+
+        plan = plan_workers(self.settings)
+        if plan.processes == 0:
+            local = LocalStreams.open(
+                self.settings, self.hub, self.metrics, detector_factory=self.detector_factory
+            )
+            return local, local.backend_info
+        from vdet.workers.pool import WorkerPool
+
+        pool = WorkerPool.start(self.settings, plan, self.hub, self.metrics)
+        return pool, pool.backend_info
+
+    def stop(self) -> None:
+        """End WebSocket feeds, then stop every stream and what runs them. Idempotent."""
+        self.ready = False
+        self.hub.close()  # WebSocket feeds say goodbye first
+        streams, self.streams = self.streams, None
+        if streams is not None:
+            streams.close()

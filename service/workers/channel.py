@@ -1,0 +1,98 @@
+"""The messages between the API process and a stream worker process, and the pipe they use.
+
+One duplex `multiprocessing` pipe per worker carries everything: control calls one way, their
+replies and every published result the other. Keeping a stream's results and the reply to its
+removal on one ordered pipe means no result of a removed stream can arrive after the removal
+was confirmed. Messages are small frozen dataclasses, pickled by the pipe; frames never cross
+it (a snapshot crosses as JPEG).
+
+This module only defines the wire; it starts no process and owns no stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from vdet.types import DetectionResult
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """API -> worker: run `method(*args)` of the worker's streams; answered by a `Reply`."""
+
+    call_id: int
+    method: str
+    args: tuple[Any, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    """API -> worker: stop every stream and exit."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """Worker -> API, once: the model is loaded and calls are served."""
+
+    pid: int
+    backend: Any  # vdet.runtime.BackendInfo
+    description: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Fatal:
+    """Worker -> API, instead of `Ready`: it could not start; `error` says why."""
+
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """Worker -> API: the outcome of a `Call`: its return value, or the exception it raised."""
+
+    call_id: int
+    ok: bool
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """Worker -> API: a result of the stream added with `handle`, in that stream's order."""
+
+    handle: int
+    result: DetectionResult
+
+
+class Channel:
+    """One end of a worker pipe that several threads may send on (a pipe's `send` is not
+    thread-safe: two pickles written at once would interleave)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._send_lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self.conn.send_bytes(data)
+
+    def recv(self) -> object:
+        """The next message; EOFError (or OSError) once the other end has gone."""
+        return pickle.loads(self.conn.recv_bytes())
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def portable_error(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling (so the API process can re-raise its type), else a
+    RuntimeError with its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc

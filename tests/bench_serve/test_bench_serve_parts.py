@@ -1,0 +1,99 @@
+"""The measuring parts of `vdet bench serve` on their own: process tree, counters, nvidia-smi
+output, the shards harness's run specs, latency summaries."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from vdet.bench_serve import proctree
+from vdet.bench_serve.events_client import latency_samples_ms, latency_summary_ms
+from vdet.bench_serve.gpu_memory import parse_devices, parse_processes
+from vdet.bench_serve.scrape import stream_counters
+from vdet.bench_serve.shards import harness_run, run_shards
+
+
+def test_the_tree_holds_a_child_and_adds_up_its_cpu_and_memory() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        sample = proctree.sample_tree(os.getpid())
+        assert sample.pids[0] == os.getpid() and child.pid in sample.pids
+        assert sample.cpu_seconds > 0 and sample.rss_mib > 1
+        assert sample.pss_mib is None or 0 < sample.pss_mib <= sample.rss_mib
+        identity = dict(sample.identities)
+        assert proctree.alive([(child.pid, identity[child.pid])]) == [child.pid]
+        # A PID with another start time is another process (PID reuse): never ours to kill.
+        assert proctree.alive([(child.pid, identity[child.pid] + 1)]) == []
+    finally:
+        child.kill()
+        child.wait()
+    assert proctree.alive([(child.pid, identity[child.pid])]) == []
+
+
+def test_an_exited_root_gives_an_empty_sample() -> None:
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    assert proctree.sample_tree(done.pid).pids == ()
+
+
+METRICS = """\
+# HELP vdet_frames_dropped_total Decoded frames skipped.
+# TYPE vdet_frames_dropped_total counter
+vdet_frames_dropped_total{source="n8-0"} 3.0
+vdet_frames_dropped_total{source="n8-1",worker="1"} 2.0
+vdet_frames_dropped_total{source="n16-0"} 100.0
+vdet_frames_dropped_created{source="n8-0"} 1.7e9
+# HELP vdet_frames_decoded_total Frames decoded.
+# TYPE vdet_frames_decoded_total counter
+vdet_frames_decoded_total{source="n8-0"} 300.0
+vdet_frames_decoded_total{source="ctl-n8-0"} 30.0
+# HELP vdet_frames_processed_total Frames processed.
+# TYPE vdet_frames_processed_total counter
+vdet_frames_processed_total{source="n8-0"} 297.0
+"""
+
+
+def test_counters_sum_the_prefixed_streams_over_every_label() -> None:
+    counters = stream_counters(METRICS, "n8-")
+    assert (counters.decoded, counters.processed, counters.dropped) == (300.0, 297.0, 5.0)
+    assert stream_counters(METRICS, "none-").dropped == 0.0
+
+
+def test_nvidia_smi_lines_are_read_and_the_tree_filters_processes() -> None:
+    devices, used = parse_devices(
+        "0, NVIDIA H200, 580.159.04, 1234\n1, NVIDIA H200, 580.159.04, 766\n"
+    )
+    assert devices == ("0: NVIDIA H200, driver 580.159.04", "1: NVIDIA H200, driver 580.159.04")
+    assert used == 2000.0
+    apps = "100, 500\n200, 700\n300, [N/A]\n"
+    assert parse_processes(apps, [100, 300]) == 500.0
+    assert parse_devices("") == ((), 0.0)
+
+
+def test_harness_runs_cap_processes_at_the_stream_count() -> None:
+    assert harness_run(64, "b1:x8:mps") == "vdet:64:p:b1:x8:mps"
+    assert harness_run(4, "b1:x8:mps") == "vdet:4:p:b1:x4:mps"
+    assert harness_run(1, "b1:x8:mps") == "vdet:1:p:b1:mps"
+    assert harness_run(2, "") == "vdet:2:p"
+
+
+def test_latency_summary_and_cdf_samples() -> None:
+    assert latency_summary_ms([]) is None
+    summary = latency_summary_ms([0.001 * i for i in range(1, 101)])
+    assert summary is not None
+    assert summary["n"] == 100 and summary["max"] == 100.0 and 50 <= summary["p50"] <= 51
+    kept = latency_samples_ms([0.001 * i for i in range(5000, 0, -1)], 100)
+    assert len(kept) == 100 and kept[0] == 1.0 and kept[-1] == 5000.0 and kept == sorted(kept)
+
+
+def test_a_harness_that_fails_is_recorded_not_raised(tmp_path: Path) -> None:
+    script = tmp_path / "streams.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    result = run_shards(script, [4, 8], 1.0, "b1:x8:mps")
+    assert result.returncode == 3 and result.runs == []
+    assert result.error is not None and "no result from the harness" in result.error
+    runs = result.command[result.command.index("--runs") + 1]
+    assert runs == "vdet:4:p:b1:x4:mps vdet:8:p:b1:x8:mps"
+    assert result.command[-2:] == ["--out", result.command[-1]] and "--no-peers" in result.command

@@ -1,0 +1,58 @@
+"""`vdet bench serve` end to end: a real `vdet serve` (the installed entry point, ONNX Runtime on
+the CPU) with one paced stream of a small clip, a real WebSocket client, the result file
+checked against its schema, then rendered by `vdet bench report`. A second variant names a
+setting this server does not have: it must fail on its own, with the server's reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.videos import write_h264_clip
+
+from vdet.bench_serve.results import ServeBenchResult
+from vdet.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_one_stream_through_a_real_server_and_its_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clip = write_h264_clip(tmp_path / "clip.mp4", seconds=2.0, size_wh=(320, 180))
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--streams", "1", "--duration", "2", "--warmup-seconds", "0.5"]
+    argv += ["--clip", str(clip), "--backend", "onnxruntime", "--output", str(out)]
+    argv += ["--variant", "one-process:", "--variant", "future:workers.per_gpu=8"]
+    argv += ["--control-interval", "0.1"]
+    assert main(argv) == 0
+
+    result = ServeBenchResult.model_validate_json(out.read_text())
+    assert result.options.streams == [1] and result.options.clip.width == 320
+    assert result.machine.cpu_count and result.date
+
+    ok, future = result.variants
+    assert ok.error is None and ok.ready_seconds is not None
+    assert ok.exit is not None and ok.exit.signal_sent == "SIGTERM" and ok.exit.orphans == []
+    (step,) = ok.steps
+    assert step.added == 1 and step.error is None and step.all_publishing
+    (client,) = step.clients
+    assert client.results > 0 and client.latency_ms is not None and client.latency_ms.p50 > 0
+    assert client.missed_seq_gaps == 0 and client.closes == []
+    assert step.control.get_detections_ms is not None
+    assert step.server is not None and step.server.cpu_percent > 0
+    assert step.counters is not None and step.counters.decoded > 0
+    assert step.gpu is None  # no GPU here
+    assert not step.bench_client.client_bound
+
+    assert future.steps == [] and future.environment == {"VDET_WORKERS__PER_GPU": "8"}
+    assert future.exit is not None and future.exit.exit_code == 2
+    assert future.error is not None and "workers.per_gpu: unknown key" in future.error
+
+    capsys.readouterr()
+    assert main(["bench", "report", str(out), "--out-dir", str(tmp_path / "report")]) == 0
+    written = json.loads(capsys.readouterr().out)["written"]
+    markdown = (tmp_path / "report" / "serve.md").read_text()
+    assert "| one-process | 1 |" in markdown and "VDET_WORKERS__PER_GPU=8" in markdown
+    assert any(p.endswith("serve-streams_scaling.png") for p in written)

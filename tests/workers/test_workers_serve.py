@@ -1,0 +1,302 @@
+"""`vdet serve` with stream worker processes, for real: the installed entry point on the CPU
+backend, three worker processes, real H.264 files and the real GStreamer RTSP server.
+
+What is checked is what a user sees through the one API: streams spread over the workers,
+one seq across processes with WebSocket resume, control errors with their statuses, metrics
+merged into one /metrics, a worker killed with SIGKILL (its streams fail, then publish again,
+while the others go on and clients stay connected), and a clean stop with no orphan process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import pytest
+from support.apptest import CLIP_WH, write_tiny_model
+from support.procs import http_get
+from support.rtsp import RtspServerFactory
+from support.serve import Service, alive, start_service
+from support.videos import write_h264_clip
+from support.waiting import wait_until
+from websockets.sync.client import connect
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("workers")
+
+
+@pytest.fixture(scope="module")
+def model(folder: Path) -> Path:
+    return write_tiny_model(folder / "tiny.onnx")
+
+
+@pytest.fixture(scope="module")
+def clip(folder: Path) -> Path:
+    return write_h264_clip(folder / "clip.mp4", seconds=2.0, fps=15, size_wh=CLIP_WH)
+
+
+@pytest.fixture(scope="module")
+def service(folder: Path, model: Path) -> Iterator[Service]:
+    svc = start_service(
+        folder, model, workers={"processes": 3, "streams_per_process": 2, "call_timeout_s": 20}
+    )
+    try:
+        yield svc
+    finally:
+        svc.process.stop()
+
+
+def stream(clip: Path, stream_id: str, **fields: Any) -> dict[str, Any]:
+    return {"id": stream_id, "url": str(clip), "loop": True, "realtime": True, **fields}
+
+
+def results(ws_url: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:
+    """The first `count` result messages of a WebSocket feed (other messages are kept too)."""
+    out: list[dict[str, Any]] = []
+    with connect(ws_url, open_timeout=10) as ws:
+        deadline = time.monotonic() + timeout
+        while len(out) < count:
+            message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            out.append(message)
+    return out
+
+
+def test_streams_spread_over_workers_with_one_seq_and_resume(
+    service: Service, clip: Path, rtsp_server_factory: RtspServerFactory
+) -> None:
+    camera = rtsp_server_factory(clip, name="cam")
+    for body in (stream(clip, "a"), stream(clip, "b"), {"id": "rtsp", "url": camera.url}):
+        status, out = service.send("POST", "/v1/streams", body)
+        assert status == 201, out
+    status, listing = service.get("/v1/streams")
+    assert status == 200
+    placed = {s["id"]: s["worker"] for s in listing["streams"]}
+    # Least loaded first: three streams on three workers.
+    assert sorted(placed.values()) == ["w0", "w1", "w2"], placed
+    assert {w["name"]: w["streams"] for w in service.workers()} == {"w0": 1, "w1": 1, "w2": 1}
+
+    wait_until(
+        lambda: all(service.processed(s) > 0 for s in ("a", "b", "rtsp")),
+        60,
+        what="every stream publishing",
+    )
+    messages = results(f"{service.ws_base}/v1/events", 60)
+    seqs = [m["result"]["seq"] for m in messages if m["type"] == "result"]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    sources = {m["result"]["source_id"] for m in messages if m["type"] == "result"}
+    assert sources == {"a", "b", "rtsp"}, "every worker's results reach the one hub"
+    for source in sources:
+        frames = [
+            m["result"]["frame_index"]
+            for m in messages
+            if m["type"] == "result" and m["result"]["source_id"] == source
+        ]
+        assert frames == sorted(frames), f"{source}: results in frame order"
+
+    # Resume where the first connection stopped: the next seq, no duplicates.
+    last = seqs[-1]
+    again = results(f"{service.ws_base}/v1/events?after={last}", 5)
+    assert again[0]["type"] == "result" and again[0]["result"]["seq"] == last + 1
+    for body_id in ("a", "b", "rtsp"):
+        assert service.send("DELETE", f"/v1/streams/{body_id}")[0] == 204
+    assert service.get("/v1/streams")[1] == {"streams": []}
+
+
+def test_control_calls_keep_their_statuses_across_processes(
+    service: Service, clip: Path, folder: Path
+) -> None:
+    assert service.send("POST", "/v1/streams", stream(clip, "c"))[0] == 201
+    try:
+        status, out = service.send("POST", "/v1/streams", stream(clip, "c"))
+        assert status == 409 and "already exists" in out["detail"]
+        status, out = service.send("POST", "/v1/streams", stream(clip, "d", classes=["unicorn"]))
+        assert status == 422 and "unicorn" in out["detail"]
+        missing = str(folder / "missing.mp4")
+        status, out = service.send("POST", "/v1/streams", {"id": "e", "url": missing})
+        assert status == 422, out
+        assert "e" not in {s["id"] for s in service.get("/v1/streams")[1]["streams"]}
+        for method in ("GET", "PATCH", "DELETE"):
+            body = {"conf_threshold": 0.5} if method == "PATCH" else None
+            status, out = service.send(method, "/v1/streams/nope", body)
+            assert status == 404, (method, out)
+        status, out = service.send("PATCH", "/v1/streams/c", {"conf_threshold": 0.5})
+        assert status == 200 and out["effective"]["conf_threshold"] == 0.5
+        assert service.get("/v1/streams/c")[1]["effective"]["conf_threshold"] == 0.5
+        # Detections and the snapshot come from the owning worker, numbered by the hub.
+        wait_until(lambda: service.get("/v1/streams/c/detections")[0] == 200, 30, what="result")
+        status, jpeg = http_get(service.base + "/v1/streams/c/snapshot.jpg", timeout=10)
+        assert status == 200 and jpeg[:2] == b"\xff\xd8"
+    finally:
+        service.send("DELETE", "/v1/streams/c")
+
+
+def test_stream_limit_and_worker_capacity(service: Service, clip: Path) -> None:
+    ids = [f"s{i}" for i in range(6)]  # max_streams 6 = 3 workers x 2 streams
+    try:
+        for stream_id in ids:
+            assert service.send("POST", "/v1/streams", stream(clip, stream_id))[0] == 201
+        status, out = service.send("POST", "/v1/streams", stream(clip, "one-too-many"))
+        assert status == 409 and "limit" in out["detail"]
+        assert sorted(w["streams"] for w in service.workers()) == [2, 2, 2]
+    finally:
+        for stream_id in ids:
+            service.send("DELETE", f"/v1/streams/{stream_id}")
+
+
+def test_a_killed_worker_is_replaced_and_its_streams_publish_again(
+    service: Service, clip: Path
+) -> None:
+    for stream_id in ("k1", "k2"):
+        assert service.send("POST", "/v1/streams", stream(clip, stream_id))[0] == 201
+    try:
+        wait_until(
+            lambda: service.processed("k1") > 0 and service.processed("k2") > 0,
+            60,
+            what="both streams publishing",
+        )
+        victim = service.get("/v1/streams/k1")[1]["worker"]
+        survivor = service.get("/v1/streams/k2")[1]["worker"]
+        assert victim != survivor
+        (worker,) = [w for w in service.workers() if w["name"] == victim]
+        restarts_before = worker["restarts"]
+        with connect(
+            f"{service.ws_base}/v1/streams/k2/events", open_timeout=10, max_queue=None
+        ) as ws:
+            os.kill(worker["pid"], signal.SIGKILL)
+            killed_at = time.monotonic()
+            wait_until(
+                lambda: service.get("/v1/streams/k1")[1]["status"]["state"] == "failed",
+                2.0,
+                interval=0.05,
+                what="k1 failed within 2 s",
+            )
+            # How the worker ended is named once its process has been reaped.
+            wait_until(
+                lambda: (
+                    "SIGKILL" in (service.get("/v1/streams/k1")[1]["status"]["last_error"] or "")
+                ),
+                5.0,
+                interval=0.05,
+                what="the reason named",
+            )
+            # The other worker's stream keeps publishing to a client that stays connected.
+            during = [json.loads(ws.recv(timeout=20)) for _ in range(3)]
+            assert all(m["type"] == "result" for m in during), during
+            assert {m["result"]["source_id"] for m in during} == {"k2"}
+            processed_before = service.processed("k1")
+            wait_until(
+                lambda: service.get("/v1/streams/k1")[1]["status"]["state"] == "streaming",
+                90,
+                what="k1 streaming again in a new worker",
+            )
+            wait_until(
+                lambda: service.processed("k1") > processed_before, 60, what="k1 publishing again"
+            )
+            restart_s = time.monotonic() - killed_at
+            after = [json.loads(ws.recv(timeout=20)) for _ in range(2)]
+            assert all(m["type"] == "result" for m in after)
+        (worker,) = [w for w in service.workers() if w["name"] == victim]
+        assert worker["alive"] and worker["restarts"] == restarts_before + 1
+        assert worker["pid"] != os.getpid() and "SIGKILL" in worker["last_exit"]
+        metrics = service.metrics()
+        assert metrics[("vdet_worker_restarts_total", (("gpu", "cpu"), ("worker", victim)))] >= 1
+        assert metrics[("vdet_worker_up", (("gpu", "cpu"), ("worker", victim)))] == 1.0
+        print(f"killed worker's stream published again {restart_s:.1f} s after SIGKILL")
+    finally:
+        for stream_id in ("k1", "k2"):
+            service.send("DELETE", f"/v1/streams/{stream_id}")
+
+
+def test_metrics_are_one_registry_without_double_counting(service: Service, clip: Path) -> None:
+    assert service.send("POST", "/v1/streams", stream(clip, "m"))[0] == 201
+    try:
+        wait_until(lambda: service.processed("m") >= 5, 60, what="five processed frames")
+        seen = results(f"{service.ws_base}/v1/streams/m/events?after=0", 1)
+        metrics = service.metrics()
+        processed = metrics[("vdet_frames_processed_total", (("source", "m"),))]
+        # Every result the hub numbered is counted once: no more than the hub has published.
+        latest = service.get("/v1/streams/m/detections")[1]
+        assert 0 < processed <= latest["seq"]
+        assert seen[0]["result"]["source_id"] == "m"
+        assert metrics[("vdet_streams", ())] == 1.0
+        assert metrics[("vdet_source_state", (("source", "m"), ("state", "streaming")))] == 1.0
+        assert metrics[("vdet_frames_decoded_total", (("source", "m"),))] >= processed
+        for w in service.workers():
+            assert metrics[("vdet_worker_up", (("gpu", "cpu"), ("worker", w["name"])))] == 1.0
+    finally:
+        service.send("DELETE", "/v1/streams/m")
+
+
+def test_sigterm_stops_every_worker_and_leaves_no_orphan(
+    folder: Path, model: Path, clip: Path
+) -> None:
+    svc = start_service(folder, model, workers={"processes": 2}, sources=[stream(clip, "t")])
+    try:
+        pids = [w["pid"] for w in svc.workers()]
+        assert len(pids) == 2 and all(alive(p) for p in pids)
+        started = time.monotonic()
+        svc.process.popen.send_signal(signal.SIGTERM)
+        code = svc.process.popen.wait(timeout=10)
+        assert time.monotonic() - started < 10
+        # It stopped by itself (uvicorn re-raises the signal once it has shut down).
+        assert code in (0, -signal.SIGTERM), svc.process.log_tail()
+        assert "did not stop in time" not in svc.process.log_tail(200)
+        wait_until(lambda: not any(alive(p) for p in pids), 2, what="workers gone")
+    finally:
+        svc.process.stop()
+
+
+def test_a_killed_api_process_takes_its_workers_with_it(folder: Path, model: Path) -> None:
+    svc = start_service(folder, model, workers={"processes": 2})
+    try:
+        pids = [w["pid"] for w in svc.workers()]
+        svc.process.popen.kill()
+        svc.process.popen.wait(timeout=10)
+        wait_until(lambda: not any(alive(p) for p in pids), 5, what="orphaned workers gone")
+    finally:
+        svc.process.stop()
+
+
+def test_an_uploaded_image_is_detected_by_a_worker(service: Service) -> None:
+    image = np.zeros((CLIP_WH[1], CLIP_WH[0], 3), np.uint8)
+    ok, png = cv2.imencode(".png", image)
+    assert ok
+    request = urllib.request.Request(
+        service.base + "/v1/detect?conf=0.5",
+        data=png.tobytes(),
+        method="POST",
+        headers={"content-type": "image/png"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        out = json.loads(response.read())
+    # The tiny model's fixed head: the person (0.9) and the car (0.6) pass conf 0.5.
+    assert [d["class_name"] for d in out["detections"]] == ["person", "car"]
+
+
+def test_live_video_comes_from_the_worker_numbered_by_the_hub(service: Service, clip: Path) -> None:
+    assert service.send("POST", "/v1/streams", stream(clip, "v"))[0] == 201
+    try:
+        wait_until(lambda: service.get("/v1/streams/v/detections")[0] == 200, 30, what="result")
+        url = service.base + "/v1/streams/v/live.mjpeg?fps=5"
+        with urllib.request.urlopen(url, timeout=30) as response:
+            head = b""
+            while b"\xff\xd9" not in head and len(head) < 1 << 20:
+                head += response.read1(65536)
+        seq = int(head.split(b"X-Vdet-Seq: ", 1)[1].split(b"\r\n", 1)[0])
+        assert b"\xff\xd8" in head
+        # The part's seq is the hub's seq of that frame's result, as the WebSocket feed has it.
+        assert 0 < seq <= service.get("/v1/streams/v/detections")[1]["seq"]
+    finally:
+        service.send("DELETE", "/v1/streams/v")
