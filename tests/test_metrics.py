@@ -152,6 +152,20 @@ def test_sync_source_turns_totals_into_increments() -> None:
     assert s[("vdet_source_last_frame_age_seconds", cam)] == 1.0
 
 
+def test_a_restarted_worker_counts_on_from_where_the_counters_are() -> None:
+    # A stream re-added to a new worker process reports from zero again.
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.CONNECTING)
+    metrics.sync_source("cam", SourceStatus(frames_decoded=50, decode_errors=3, frames_damaged=9))
+    metrics.restart_source("cam")
+    metrics.sync_source("cam", SourceStatus(frames_decoded=10, decode_errors=1, frames_damaged=4))
+    s = samples(metrics)
+    cam = (("source", "cam"),)
+    assert s[("vdet_frames_decoded_total", cam)] == 60.0
+    assert s[("vdet_decode_errors_total", cam)] == 4.0
+    assert s[("vdet_frames_damaged_total", cam)] == 13.0
+
+
 def test_remove_source_drops_its_series_and_ignores_late_reports() -> None:
     metrics = Metrics()
     for source in ("cam", "other"):

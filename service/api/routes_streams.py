@@ -50,10 +50,11 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
             state=s.state,
             attempts=s.attempts,
             reconnects=s.reconnects,
-            last_error=s.last_error,
+            # Redacted here too, whichever process produced them (vdet.ingest.urls.redact).
+            last_error=_redacted(s.last_error),
             last_error_time=s.last_error_time,
-            recent_errors=s.recent_errors,
-            pipeline_error=view.pipeline_error,
+            recent_errors=[redact(error) for error in s.recent_errors],
+            pipeline_error=_redacted(view.pipeline_error),
             last_frame_age_s=view.last_frame_age_s,
             fps=s.fps,
             fps_nominal=s.fps_nominal,
@@ -67,6 +68,10 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
             frames_damaged=s.frames_damaged,
         ),
     )
+
+
+def _redacted(text: str | None) -> str | None:
+    return None if text is None else redact(text)
 
 
 @router.post(

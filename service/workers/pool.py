@@ -42,6 +42,7 @@ from typing import Any
 from vdet.api.frames import EncodedFrame
 from vdet.config import DetectionDefaults, Settings, StreamSpec
 from vdet.hub import ResultsHub
+from vdet.ingest.urls import redact, validate_source_url
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.placement import PlacementError, SourceDemand, assign
@@ -252,7 +253,9 @@ class WorkerPool:
         return self._settings.detection
 
     def add(self, spec: StreamSpec) -> StreamView:
-        # Checked here as well as in the worker, so a bad stream costs no round trip.
+        # Checked here as well as in the worker, so a bad stream costs no round trip and a
+        # source the policy refuses never reaches a worker process (ValueError: 422).
+        validate_source_url(spec.url, self._settings.ingest.source_policy.policy())
         resolve_params(self.defaults, self.class_names, classes=spec.classes)
         with self._lock:
             if self._closed:
@@ -345,7 +348,9 @@ class WorkerPool:
                 try:
                     worker.call("remove", stream_id, timeout=self._call_timeout)
                 except (UnknownStreamError, WorkerUnavailableError) as exc:
-                    log.warning("removing %s from worker %s: %s", stream_id, worker.name, exc)
+                    log.warning(
+                        "removing %s from worker %s: %s", stream_id, worker.name, redact(str(exc))
+                    )
         finally:
             self._forget(stream)
             self._hub.remove_source(stream_id)
@@ -710,7 +715,7 @@ class WorkerPool:
         worker.alive = False
         reason = f"worker {worker.name} {_describe_exit(process.exitcode)}"
         if worker.start_error is not None:
-            reason += f": {worker.start_error}"
+            reason += f": {redact(worker.start_error)}"
         worker.last_exit = reason
         worker.fail_pending(reason)
         self._metrics.set_worker_up(worker.name, worker.gpu_label, False)
@@ -746,13 +751,14 @@ class WorkerPool:
             try:
                 worker.call("add", stream.spec, stream.handle, timeout=self._call_timeout)
             except Exception as exc:
+                error = redact(str(exc))
                 with self._lock:
-                    stream.failed = f"{worker.last_exit}; adding it again failed: {exc}"
+                    stream.failed = f"{worker.last_exit}; adding it again failed: {error}"
                 log.error(
                     "stream %s: adding it to restarted %s failed: %s",
                     stream.spec.id,
                     worker.name,
-                    exc,
+                    error,
                 )
                 continue
             self._metrics.restart_source(stream.spec.id)

@@ -1,0 +1,33 @@
+"""What the API process's `WorkerPool` checks itself, before any worker process is asked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vdet.config import Settings, StreamSpec
+from vdet.hub import ResultsHub
+from vdet.ingest.urls import REFUSED_FILE
+from vdet.metrics import Metrics
+from vdet.streams import LimitError
+from vdet.workers.plan import WorkerPlan
+from vdet.workers.pool import WorkerPool
+
+
+def test_a_source_the_policy_refuses_never_reaches_a_worker(tmp_path: Path) -> None:
+    # No worker process runs: a spec that got past the API process's checks would be refused
+    # for want of a worker (LimitError), so a ValueError here was raised in this process.
+    pool = WorkerPool(
+        Settings(), WorkerPlan(gpus=(None,), streams_per_process=2), ResultsHub(), Metrics()
+    )
+    outside = tmp_path / "clip.mp4"
+    outside.write_bytes(b"x")
+    for url in (str(outside), str(tmp_path / "missing.mp4")):
+        with pytest.raises(ValueError, match=REFUSED_FILE):
+            pool.add(StreamSpec(id="a", url=url))
+    with pytest.raises(ValueError, match="scheme"):
+        pool.add(StreamSpec(id="a", url="gopher://127.0.0.1/x"))
+    with pytest.raises(LimitError):
+        pool.add(StreamSpec(id="a", url="rtsp://127.0.0.1:8554/cam"))
+    assert len(pool) == 0
