@@ -269,9 +269,10 @@ class HubSettings(_Strict):
         ge=0.1,
         le=60.0,
         description="A WebSocket message that takes longer than this to go out (the client "
-        "is not reading) makes the client lagging: it gets `lagging` with its resume point "
-        "and is disconnected. Below uvicorn's 20 s keepalive ping timeout, which would cut "
-        "it without a word.",
+        "is not reading) makes the client lagging: if it reads again within as long, it gets "
+        "that message and `lagging` with its resume point, then is disconnected; if not, it "
+        "is disconnected. Below uvicorn's 20 s keepalive ping timeout, which would cut it "
+        "without a word.",
     )
 
 

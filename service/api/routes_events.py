@@ -13,7 +13,9 @@ Protocol (server -> client JSON text messages; client messages are read and igno
    "resume_after": <last seq sent>}`, with close codes 1013 (client too slow: its queue
    filled up, or one message took longer than `hub.send_timeout_s` to go out; reconnect
    with after=resume_after), 1000 (stream deleted) and 1001 (shutdown; `vdet serve` sends
-   it before uvicorn closes connections, see vdet.api.server).
+   it before uvicorn closes connections, see vdet.api.server). A client that reads nothing
+   for another `hub.send_timeout_s` after its send timed out cannot be told: it is
+   disconnected without a message and resumes from the last seq it read.
 
 Handshake refusals are HTTP responses with a JSON `detail`: 401 (API key), 404 (unknown
 stream), 422 (bad `after`), 503 (not ready); servers without the WebSocket denial-response
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+from collections.abc import Awaitable
 from typing import Literal
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect, status
@@ -144,28 +147,30 @@ async def _drain(ws: WebSocket) -> None:
 
 
 class _ClientTooSlowError(Exception):
-    """One message took longer than the send timeout to go out: the client is not reading."""
+    """One message took longer than the send timeout to go out: the client is not reading.
+    `sending` is that message's send, still waiting; `seq` its result's seq, if any."""
+
+    def __init__(self, sending: asyncio.Future[None], seq: int | None) -> None:
+        super().__init__("client too slow")
+        self.sending = sending
+        self.seq = seq
 
 
 async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int | None) -> None:
     """Replay, then live results; ends with a goodbye (`lagging`, `stream_removed`,
     `shutdown`) carrying the resume point. A message that takes longer than
     `hub.send_timeout_s` to go out makes the client `lagging`, before the keepalive ping would
-    cut it without one. The message that timed out counts as sent: the WebSocket library
-    writes a frame to the connection, then waits for its buffer to drain."""
+    cut it without one (see `_too_slow`)."""
     last_sent = after if after is not None else sub.start_seq
     timeout_s = rt.settings.hub.send_timeout_s
 
     async def send(text: str, seq: int | None = None) -> None:
         nonlocal last_sent
-        try:
-            async with asyncio.timeout(timeout_s):
-                await ws.send_text(text)
-        except TimeoutError:
-            raise _ClientTooSlowError from None
-        finally:
-            if seq is not None:
-                last_sent = seq
+        pending = await _within(ws.send_text(text), timeout_s)
+        if pending is not None:
+            raise _ClientTooSlowError(pending, seq)
+        if seq is not None:
+            last_sent = seq
 
     names = rt.class_names
     encoder: ResultEventEncoder = ws.app.state.encoder
@@ -186,22 +191,52 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
         while True:
             result = await sub.get()
             await send(encoder.encode(result, names), result.seq)
-    except _ClientTooSlowError:
+    except _ClientTooSlowError as slow:
         sub.close()
-        await _goodbye(ws, "lagging", last_sent, status.WS_1013_TRY_AGAIN_LATER, timeout_s)
+        if await _too_slow(slow, timeout_s):
+            sent = slow.seq if slow.seq is not None else last_sent
+            await _goodbye(ws, "lagging", sent, status.WS_1013_TRY_AGAIN_LATER, timeout_s)
     except SubscriptionEndedError as end:
         kind, code = _END[end.reason]
         await _goodbye(ws, kind, last_sent, code, timeout_s)
+
+
+async def _within(step: Awaitable[None], timeout_s: float) -> asyncio.Future[None] | None:
+    """Run `step` (a send or a close) for up to `timeout_s`: None once it is done, else the
+    step itself, still running. Its errors (the client went away) propagate."""
+    running = asyncio.ensure_future(step)
+    try:
+        await asyncio.wait({running}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        running.cancel()
+        raise
+    if not running.done():
+        return running
+    running.result()
+    return None
+
+
+async def _too_slow(slow: _ClientTooSlowError, timeout_s: float) -> bool:
+    """Whether the message that timed out went out after all, within one more `timeout_s`.
+
+    uvicorn writes nothing to a connection whose buffer is full (the client is not reading),
+    so that message is still waiting, and `lagging` could only go out behind it: a client that
+    reads again soon gets both; one that does not is disconnected without a word (it can still
+    resume from the last seq it read)."""
+    if await _within(slow.sending, timeout_s) is None:
+        return True
+    slow.sending.cancel()
+    return False
 
 
 async def _goodbye(
     ws: WebSocket, kind: EndKind, resume_after: int, code: int, timeout_s: float
 ) -> None:
     """The last message and the close, each bounded: a client that reads nothing any more
-    must not hold its connection open."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await ws.send_text(EndEvent(type=kind, resume_after=resume_after).model_dump_json())
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            await ws.close(code)
+    must not hold its connection open (returning drops it)."""
+    text = EndEvent(type=kind, resume_after=resume_after).model_dump_json()
+    pending = await _within(ws.send_text(text), timeout_s)
+    if pending is None:
+        pending = await _within(ws.close(code), timeout_s)
+    if pending is not None:
+        pending.cancel()

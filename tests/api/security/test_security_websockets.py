@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ import uvicorn
 from support.apptest import MakeSettings
 from support.procs import Process, wait_http_ok
 from support.rtsp import free_port
+from support.waiting import wait_until
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
@@ -47,8 +49,14 @@ def _read_until_closed(ws: ClientConnection) -> tuple[list[dict[str, Any]], int 
 @pytest.fixture
 def served(make_settings: MakeSettings) -> Iterator[tuple[int, object]]:
     """A real uvicorn (vdet's GracefulServer) on a free port; yields (port, app)."""
-    app = create_app(make_settings(hub={"send_timeout_s": 0.5}))
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
+    # A queue longer than the test's burst: a client ends lagging by the send timeout here,
+    # not by its queue filling up (that path has its own tests).
+    app = create_app(make_settings(hub={"send_timeout_s": 2.0, "subscriber_queue_size": 4096}))
+    # Uncompressed, as `vdet serve` sends (compressed, the repetitive test results would fit
+    # in the socket buffers whole).
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", ws_per_message_deflate=False
+    )
     server = GracefulServer(config, app)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -68,11 +76,17 @@ def test_a_client_that_stops_reading_gets_lagging_with_its_resume_point(
 ) -> None:
     port, app = served
     hub = app.state.runtime.hub  # type: ignore[attr-defined]
-    with connect(f"ws://127.0.0.1:{port}/v1/events", max_queue=1, max_size=None) as ws:
+    # A small receive buffer set before connecting (which turns off the kernel's buffer
+    # growth, up to 32 MB on loopback): ~20 MB of results cannot all be in flight.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.connect(("127.0.0.1", port))
+    with connect(f"ws://127.0.0.1:{port}/v1/events", sock=sock, max_queue=1, max_size=None) as ws:
         time.sleep(0.2)
         for index in range(600):  # ~20 MB of JSON: more than the socket buffers hold
             hub.publish(_big_result(index))
-        time.sleep(2.0)  # not reading: the server's send times out after 0.5 s
+        # Not reading until the server has given up on the client: a send has waited 2 s.
+        wait_until(lambda: hub.subscriber_count == 0, 30, what="the client's send timeout")
         messages, code = _read_until_closed(ws)
     last = messages[-1]
     assert last["type"] == "lagging"
@@ -80,6 +94,24 @@ def test_a_client_that_stops_reading_gets_lagging_with_its_resume_point(
     assert last["resume_after"] == results[-1]
     assert results == list(range(results[0], results[-1] + 1))  # nothing skipped before it
     assert code == 1013
+
+
+def test_a_client_that_never_reads_again_is_disconnected(served: tuple[int, object]) -> None:
+    port, app = served
+    runtime = app.state.runtime  # type: ignore[attr-defined]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    sock.connect(("127.0.0.1", port))
+    with connect(f"ws://127.0.0.1:{port}/v1/events", sock=sock, max_queue=1, max_size=None):
+        time.sleep(0.2)
+        for index in range(600):
+            runtime.hub.publish(_big_result(index))
+        # The send timeout, then one more for the waiting message: the server lets go.
+        wait_until(
+            lambda: runtime.metrics.registry.get_sample_value("vdet_websocket_clients") == 0,
+            30,
+            what="the server dropping a client that reads nothing",
+        )
 
 
 def test_sigterm_says_goodbye_to_every_client_and_exits_0(tmp_path: Path) -> None:
