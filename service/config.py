@@ -186,11 +186,13 @@ class HubSettings(_Strict):
     capacity_per_source: int = Field(
         default=256, ge=1, le=100_000, description="Results kept per stream for replay."
     )
+    # Sized for a full GPU node (64 streams at 30 fps, about 2,000 results/s): the replay keeps
+    # about 8 s of all streams, and a client may be about 1 s behind before it is cut off.
     capacity_total: int = Field(
-        default=4096, ge=1, le=1_000_000, description="Results kept across all streams."
+        default=16384, ge=1, le=1_000_000, description="Results kept across all streams."
     )
     subscriber_queue_size: int = Field(
-        default=256,
+        default=2048,
         ge=1,
         le=100_000,
         description="Results a WebSocket client may fall behind before it is disconnected as "

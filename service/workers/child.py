@@ -3,7 +3,8 @@
 `main` is the process's entry point (started with `spawn`, so nothing of the API process's
 state, threads or CUDA is inherited). It loads the model and builds `LocalStreams`, exactly as
 a one-process `vdet serve` does (vdet.runtime), with one difference: results go down the pipe
-(`_Forwarder`) instead of into a hub here, and the API process numbers them. Control calls run
+(`_Forwarder`) instead of into a hub here, already encoded for the wire, and the API process
+numbers them (so frame work stays out of the API process). Control calls run
 on a small thread pool, so a slow call (a removal joining threads) never holds up the others,
 and never waits behind frame traffic.
 
@@ -18,11 +19,12 @@ import dataclasses
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from vdet.api.schemas import encode_result_tail
 from vdet.config import Settings, StreamSpec
 from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
@@ -76,6 +78,7 @@ def main(config: WorkerConfig, conn: Connection) -> None:
         channel.send(Fatal(f"{type(exc).__name__}: {exc}"))
         return
     try:
+        forwarder.class_names = streams.class_names
         channel.send(Ready(os.getpid(), streams.backend_info, streams.describe()))
         _serve(_Calls(streams, forwarder), channel)
     finally:
@@ -113,6 +116,7 @@ class _Forwarder:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._handles: dict[str, int] = {}
+        self.class_names: Sequence[str] = ()  # set once the model is loaded
 
     def bind(self, source_id: str, handle: int) -> None:
         self._handles[source_id] = handle
@@ -120,7 +124,10 @@ class _Forwarder:
     def publish(self, result: DetectionResult) -> DetectionResult:
         handle = self._handles.get(result.source_id)
         if handle is not None:
-            self._channel.send(Published(handle, result))
+            # Encoded here, on this stream's thread, rather than by the API process, whose one
+            # interpreter carries every worker's results.
+            tail = encode_result_tail(result, self.class_names)
+            self._channel.send(Published(handle, dataclasses.replace(result, encoded_tail=tail)))
         return result
 
     def remove_source(self, source_id: str) -> None:
