@@ -466,6 +466,14 @@ class Settings(BaseSettings):
         max_length=64,
         description="Inference backend kind; 'auto' picks the best one available.",
     )
+    input_shape: Literal["rect", "square"] = Field(
+        default="rect",
+        description="rect: each frame is letterboxed into the smallest input (sides multiples of "
+        "the model's stride) that holds it, 640x384 for 16:9 at 640: about 40% less network work "
+        "for the same boxes, where the backend takes such inputs (ONNX Runtime with a model "
+        "whose height and width are dynamic); square: always the model's input size. The GPU "
+        "path (CUDA graphs, engines) runs the model's input size either way.",
+    )
     detection: DetectionDefaults = Field(
         default_factory=DetectionDefaults, description="Postprocessing defaults."
     )

@@ -46,7 +46,13 @@ def open_detector(settings: Settings, backend: str | None = None, **options: Any
         top_k=d.top_k,
         max_det=d.max_det,
     )
-    return Detector.open(settings.model_path, backend or settings.backend, params=params, **options)
+    return Detector.open(
+        settings.model_path,
+        backend or settings.backend,
+        params=params,
+        input_shape=settings.input_shape,
+        **options,
+    )
 
 
 def default_detector_factory(settings: Settings) -> Detector:
