@@ -853,7 +853,12 @@ class WorkerPool:
         worker.quick_deaths = worker.quick_deaths + 1 if lived < _QUICK_DEATH_S else 0
         worker.restarts += 1
         self._metrics.count_worker_restart(worker.name, worker.gpu_label)
-        return _RESTART_BACKOFF_S[min(worker.quick_deaths, len(_RESTART_BACKOFF_S) - 1)]
+        pauses = worker.quick_deaths
+        if worker.role == "worker" and self._ready_spare(worker.gpu) is not None:
+            # A spare starts no process: it waits only when the slot keeps dying (its
+            # streams may be what kills it), so spares are not used up in a loop.
+            pauses = max(0, pauses - 1)
+        return _RESTART_BACKOFF_S[min(pauses, len(_RESTART_BACKOFF_S) - 1)]
 
     @property
     def _restarts(self) -> bool:
@@ -865,8 +870,12 @@ class WorkerPool:
         machine a spare loading its model would slow the streams that wait to run again.)"""
         try:
             with self._lock:
+                # Only streams the death failed (or an earlier re-add): one added through the
+                # API since `proc` took the slot runs there already.
                 owned = [
-                    s for s in self._streams.values() if s.worker == worker.index and not s.removing
+                    s
+                    for s in self._streams.values()
+                    if s.worker == worker.index and not s.removing and s.failed is not None
                 ]
             # Calls go to `proc`, never to whatever process serves the slot by the time they
             # are sent: a newer process gets its own re-add.

@@ -225,6 +225,12 @@ def test_a_killed_worker_s_streams_move_to_the_ready_spare(service: Service, cli
             assert {m["result"]["source_id"] for m in during} == {"k2"}
         after = slot(service, victim)
         assert after["alive"] and after["role"] == "worker"
+        # Its own log lines now name the slot it serves.
+        wait_until(
+            lambda: f"worker spare0 is now {victim}" in service.process.log_tail(5000),
+            5,
+            what="the former spare renamed",
+        )
         assert after["restarts"] == worker["restarts"] + 1 and "SIGKILL" in after["last_exit"]
         # A new spare starts in the background, in a new process.
         replacement = ready_spare(service)
