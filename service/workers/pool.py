@@ -809,6 +809,8 @@ class WorkerPool:
 
     def _on_ready(self, proc: _Process, message: Ready) -> None:
         with self._lock:
+            if proc.reaped:  # a Ready still in the pipe of a process that has died since
+                return
             proc.info = message
             proc.alive = True
             slot = proc.slot
