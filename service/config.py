@@ -315,6 +315,16 @@ class WorkerSettings(_Strict):
         description="Restart a worker that dies and re-add its streams there; false leaves "
         "its streams failed.",
     )
+    spares: int = Field(
+        default=1,
+        ge=0,
+        le=8,
+        description="Idle, fully started worker processes kept ready per GPU (in all on the "
+        "CPU), so a dead worker's streams move to one at once instead of waiting for a new "
+        "process to load its model. Each costs one worker process's memory (and a CUDA "
+        "context on a GPU). 0 disables; none run without worker processes or with "
+        "restart false.",
+    )
 
     @field_validator("processes")
     @classmethod

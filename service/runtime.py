@@ -316,7 +316,7 @@ class Runtime:
     @property
     def worker_processes(self) -> int:
         pool = self.worker_pool
-        return 0 if pool is None else sum(w.alive for w in pool.workers())
+        return 0 if pool is None else sum(w.alive for w in pool.workers() if w.role == "worker")
 
     @property
     def mps_active(self) -> bool:
