@@ -13,13 +13,15 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from vdet.ingest.reader import DecodeError, SourceReader
-from vdet.pipeline.detector import Detector
+from vdet.pipeline.detector import Detector, InputShape
 
 _PACKAGES = ("vdet", "numpy", "onnxruntime", "opencv-python-headless", "av", "torch")
 
@@ -76,6 +78,7 @@ def run_pipeline_bench(
     source: str,
     frames: int = 150,
     warmup: int = 10,
+    input_shape: InputShape = "rect",
 ) -> dict[str, object]:
     """Per-stage latency of decode -> preprocess -> infer -> postprocess on one clip.
 
@@ -85,8 +88,12 @@ def run_pipeline_bench(
     stages: dict[str, list[float]] = {
         k: [] for k in ("decode", "preprocess", "inference", "postprocess", "total")
     }
-    with Detector.open(model, backend) as detector, SourceReader(source, loop=True) as reader:
+    with (
+        Detector.open(model, backend, input_shape=input_shape) as detector,
+        SourceReader(source, loop=True) as reader,
+    ):
         info = reader.open()
+        used_hw = detector.input_hw((info.width, info.height))
         done = 0
         for item in reader.frames():
             if isinstance(item, DecodeError):
@@ -117,6 +124,8 @@ def run_pipeline_bench(
             "sha256": model_info.sha256,
             "input_hw": list(model_info.input_hw),
         },
+        "input_shape": input_shape,
+        "input_hw_used": list(used_hw),
         "source": {"path": source, "width": info.width, "height": info.height, "fps": info.fps},
         "frames": len(total),
         "warmup_frames": warmup,
@@ -124,6 +133,25 @@ def run_pipeline_bench(
         "throughput_fps": round(len(total) / sum(total), 2) if total else 0.0,
         "realtime_ratio_vs_source_fps": (
             round(len(total) / sum(total) / info.fps, 3) if total and info.fps else None
+        ),
+    }
+
+
+def pipeline_shapes_report(runs: Sequence[dict[str, Any]]) -> dict[str, object]:
+    """Square and rectangular inputs measured in one run, side by side, with their ratio."""
+    by_shape = {run["input_shape"]: run for run in runs}
+    square, rect = by_shape["square"], by_shape["rect"]
+    return {
+        "scenario": "pipeline_shapes",
+        "environment": square["environment"],
+        "runs": list(runs),
+        "throughput_ratio_rect_over_square": (
+            round(rect["throughput_fps"] / square["throughput_fps"], 3)
+            if square["throughput_fps"]
+            else None
+        ),
+        "inference_p50_ratio_rect_over_square": round(
+            rect["latency_ms"]["inference"]["p50"] / square["latency_ms"]["inference"]["p50"], 3
         ),
     }
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from vdet.pipeline.detector import Detector
+    from vdet.pipeline.detector import Detector, InputShape
     from vdet.pipeline.postprocess import PostprocessParams
     from vdet.types import Detections, ImageArray, StageTimings
 
@@ -34,9 +34,20 @@ def asset_path(name: str) -> Path:
     return Path(str(files("vdet").joinpath("assets", name)))
 
 
+def _add_input_shape_arg(p: argparse.ArgumentParser, both: bool = False) -> None:
+    p.add_argument(
+        "--input-shape",
+        choices=("rect", "square", "both") if both else ("rect", "square"),
+        default="rect",
+        help="rect: the smallest input that holds the frame (where the backend allows); "
+        "square: the model's input size" + ("; both: measure each, same run" if both else ""),
+    )
+
+
 def _add_detection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=None, help="ONNX model (default: demo model)")
     p.add_argument("--backend", default="auto", help="auto, onnxruntime, torch, tensorrt")
+    _add_input_shape_arg(p)
     p.add_argument("--conf", type=float, default=0.25, help="score threshold")
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
     p.add_argument("--max-det", type=int, default=300)
@@ -78,6 +89,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--backend", default="auto")
+    _add_input_shape_arg(p)
     p.add_argument("--coco", type=Path, default=None, help="COCO JSON (default: synthetic set)")
     p.add_argument("--images", type=Path, default=None, help="image root of the COCO file")
     p.add_argument("--synthetic", type=int, default=500, help="held-out synthetic images")
@@ -217,6 +229,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=Path, default=None, help="report: where to write them")
     p.add_argument("--model", type=Path, default=None)
     p.add_argument("--backend", default="auto")
+    _add_input_shape_arg(p, both=True)
     p.add_argument("--source", default=None, help="video (default: the sample clip)")
     p.add_argument("--frames", type=int, default=150)
     p.add_argument("--warmup", type=int, default=10)
@@ -299,7 +312,7 @@ def _detector(args: argparse.Namespace) -> tuple[Detector, PostprocessParams]:
 
     model = args.model or asset_path("demo.onnx")
     try:
-        detector = Detector.open(model, args.backend)
+        detector = Detector.open(model, args.backend, input_shape=args.input_shape)
     except (FileNotFoundError, ModelError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     try:
@@ -425,7 +438,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     elif not coco.is_file():
         raise UsageError(f"COCO file not found: {coco}")
     try:
-        detector = Detector.open(args.model or asset_path("demo.onnx"), args.backend)
+        detector = Detector.open(
+            args.model or asset_path("demo.onnx"), args.backend, input_shape=args.input_shape
+        )
     except (FileNotFoundError, ModelError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     with detector:
@@ -456,7 +471,9 @@ def _cmd_eval_track(args: argparse.Namespace) -> int:
     from vdet.tracking.evaluation import evaluate_tracking
 
     try:
-        detector = Detector.open(args.model or asset_path("demo.onnx"), args.backend)
+        detector = Detector.open(
+            args.model or asset_path("demo.onnx"), args.backend, input_shape=args.input_shape
+        )
     except (FileNotFoundError, ModelError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     with detector:
@@ -659,7 +676,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from vdet.bench_serve.command import run_cli as run_serve_cli
 
         return run_serve_cli(args)
-    from vdet.bench import GPU_SCRIPTS, gpu_script, run_engine_bench, run_pipeline_bench
+    from vdet.bench import (
+        GPU_SCRIPTS,
+        gpu_script,
+        pipeline_shapes_report,
+        run_engine_bench,
+        run_pipeline_bench,
+    )
 
     if args.scenario in GPU_SCRIPTS:
         import subprocess
@@ -693,13 +716,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
     else:
         source = args.source or str(asset_path("sample.mp4"))
-        result = run_pipeline_bench(
-            model=model,
-            backend=args.backend,
-            source=source,
-            frames=args.frames,
-            warmup=args.warmup,
+        shapes: tuple[InputShape, ...] = (
+            ("square", "rect") if args.input_shape == "both" else (args.input_shape,)
         )
+        runs = [
+            run_pipeline_bench(
+                model=model,
+                backend=args.backend,
+                source=source,
+                frames=args.frames,
+                warmup=args.warmup,
+                input_shape=shape,
+            )
+            for shape in shapes
+        ]
+        result = runs[0] if len(runs) == 1 else pipeline_shapes_report(runs)
     text = json.dumps(result, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -254,11 +254,13 @@ class HubSettings(_Strict):
     capacity_per_source: int = Field(
         default=256, ge=1, le=100_000, description="Results kept per stream for replay."
     )
+    # Sized for a full GPU node (64 streams at 30 fps, about 2,000 results/s): the replay keeps
+    # about 8 s of all streams, and a client may be about 1 s behind before it is cut off.
     capacity_total: int = Field(
-        default=4096, ge=1, le=1_000_000, description="Results kept across all streams."
+        default=16384, ge=1, le=1_000_000, description="Results kept across all streams."
     )
     subscriber_queue_size: int = Field(
-        default=256,
+        default=2048,
         ge=1,
         le=100_000,
         description="Results a WebSocket client may fall behind before it is disconnected as "
@@ -438,6 +440,16 @@ class WorkerSettings(_Strict):
         description="Restart a worker that dies and re-add its streams there; false leaves "
         "its streams failed.",
     )
+    spares: int = Field(
+        default=1,
+        ge=0,
+        le=8,
+        description="Idle, fully started worker processes kept ready per GPU (in all on the "
+        "CPU), so a dead worker's streams move to one at once instead of waiting for a new "
+        "process to load its model. Each costs one worker process's memory (and a CUDA "
+        "context on a GPU). 0 disables; none run without worker processes or with "
+        "restart false.",
+    )
 
     @field_validator("processes")
     @classmethod
@@ -592,6 +604,14 @@ class Settings(BaseSettings):
         min_length=1,
         max_length=64,
         description="Inference backend kind; 'auto' picks the best one available.",
+    )
+    input_shape: Literal["rect", "square"] = Field(
+        default="rect",
+        description="rect: each frame is letterboxed into the smallest input (sides multiples of "
+        "the model's stride) that holds it, 640x384 for 16:9 at 640: about 40% less network work "
+        "for the same boxes, where the backend takes such inputs (ONNX Runtime with a model "
+        "whose height and width are dynamic); square: always the model's input size. The GPU "
+        "path (CUDA graphs, engines) runs the model's input size either way.",
     )
     detection: DetectionDefaults = Field(
         default_factory=DetectionDefaults, description="Postprocessing defaults."

@@ -60,8 +60,8 @@ class Replay:
 class Subscription:
     """A bounded, single-consumer queue of results for one event-loop reader.
 
-    Created by `ResultsHub.subscribe` on the event loop; filled through
-    `loop.call_soon_threadsafe`, so all state below is touched by the loop thread only.
+    Created by `ResultsHub.subscribe` on the event loop; filled by its loop's `_Outbox`, so all
+    state below is touched by the loop thread only.
     """
 
     def __init__(
@@ -82,9 +82,10 @@ class Subscription:
         self._items: deque[DetectionResult] = deque()
         self._wakeup = asyncio.Event()
         self._end: SubscriptionEnd | None = None
-        # Results delivered live that replay already covered are skipped: publish() may have
-        # queued a result between the replay snapshot and the subscriber's first read.
-        self._last_seq = replay.results[-1].seq if replay.results else 0
+        # Live delivery starts after everything published before subscribing: the replay
+        # covered what it was asked for, and a result still on its way to this loop (see
+        # `_Outbox`) when the subscription began is not part of it.
+        self._last_seq = start_seq
 
     @property
     def ended(self) -> SubscriptionEnd | None:
@@ -139,14 +140,47 @@ class Subscription:
             self._loop.call_soon_threadsafe(self._finish, reason)
 
 
+class _Outbox:
+    """Results on their way to the subscriptions of one event loop.
+
+    Publishers append under the hub's lock (so in seq order) and wake the loop only when the
+    outbox was empty: one `call_soon_threadsafe` (a self-pipe write and a loop wake-up) per
+    burst of results, not one per result and subscriber, which at thousands of results per
+    second and several clients would be most of the loop's work.
+    """
+
+    def __init__(self, hub: ResultsHub, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.subscribers: set[Subscription] = set()
+        self._hub = hub
+        self._pending: list[DetectionResult] = []
+
+    def put_locked(self, result: DetectionResult) -> None:
+        """Queue `result` (hub lock held)."""
+        self._pending.append(result)
+        if len(self._pending) == 1:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to deliver to
+                self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._hub._lock:
+            results, self._pending = self._pending, []
+            subscribers = list(self.subscribers)
+        for result in results:
+            source = result.source_id
+            for sub in subscribers:
+                if sub.source_id is None or sub.source_id == source:
+                    sub._deliver(result)
+
+
 class ResultsHub:
     """Numbers, keeps and fans out `DetectionResult`s. Thread-safe."""
 
     def __init__(
         self,
         capacity_per_source: int = 256,
-        capacity_total: int = 4096,
-        subscriber_queue_size: int = 256,
+        capacity_total: int = 16384,
+        subscriber_queue_size: int = 2048,
     ) -> None:
         for name, value in (
             ("capacity_per_source", capacity_per_source),
@@ -165,7 +199,7 @@ class ResultsHub:
         # from below it must be told about the gap.
         self._evicted_through: dict[str, int] = {}
         self._latest: dict[str, DetectionResult] = {}
-        self._subscribers: set[Subscription] = set()
+        self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._on_publish: Callable[[DetectionResult], object] | None = None
 
     def on_publish(self, callback: Callable[[DetectionResult], object] | None) -> None:
@@ -188,12 +222,10 @@ class ResultsHub:
                 self._evicted_through[source] = ring.popleft().seq
             ring.append(numbered)
             self._latest[source] = numbered
-            # Scheduled under the lock so every loop sees results in seq order.
-            for sub in self._subscribers:
-                if sub.source_id is None or sub.source_id == source:
-                    with contextlib.suppress(RuntimeError):  # that subscriber's loop is gone
-                        sub._loop.call_soon_threadsafe(sub._deliver, numbered)
-            ahead = self._on_publish if self._subscribers else None
+            # Queued under the lock so every loop sees results in seq order.
+            for outbox in self._outboxes.values():
+                outbox.put_locked(numbered)
+            ahead = self._on_publish if self._outboxes else None
         if ahead is not None:
             try:
                 ahead(numbered)
@@ -278,17 +310,27 @@ class ResultsHub:
             sub = Subscription(
                 self, source_id, loop, self._subscriber_queue_size, replay, self._seq
             )
-            self._subscribers.add(sub)
+            outbox = self._outboxes.get(loop)
+            if outbox is None:
+                outbox = self._outboxes[loop] = _Outbox(self, loop)
+            outbox.subscribers.add(sub)
         return sub
 
     def _unregister(self, sub: Subscription) -> None:
         with self._lock:
-            self._subscribers.discard(sub)
+            outbox = self._outboxes.get(sub._loop)
+            if outbox is not None:
+                outbox.subscribers.discard(sub)
+                if not outbox.subscribers:
+                    del self._outboxes[sub._loop]
+
+    def _all_subscribers_locked(self) -> list[Subscription]:
+        return [sub for outbox in self._outboxes.values() for sub in outbox.subscribers]
 
     @property
     def subscriber_count(self) -> int:
         with self._lock:
-            return len(self._subscribers)
+            return len(self._all_subscribers_locked())
 
     def remove_source(self, source_id: str) -> None:
         """Forget a removed source's latest result and history; end its subscriptions.
@@ -301,13 +343,13 @@ class ResultsHub:
             self._per_source.pop(source_id, None)
             if latest is not None:
                 self._evicted_through[source_id] = latest.seq
-            ending = [s for s in self._subscribers if s.source_id == source_id]
+            ending = [s for s in self._all_subscribers_locked() if s.source_id == source_id]
         for sub in ending:
             sub._end_threadsafe(SubscriptionEnd.SOURCE_REMOVED)
 
     def close(self) -> None:
         """End every subscription (on shutdown)."""
         with self._lock:
-            ending = list(self._subscribers)
+            ending = self._all_subscribers_locked()
         for sub in ending:
             sub._end_threadsafe(SubscriptionEnd.CLOSED)

@@ -187,7 +187,8 @@ class Metrics:
         )
         self.worker_up = Gauge(
             "vdet_worker_up",
-            "1 while a stream worker process runs and answers, 0 while it is being restarted.",
+            "1 while a stream worker process (or spare) runs and answers, 0 while it is being "
+            "restarted.",
             ["worker", "gpu"],
             registry=r,
         )

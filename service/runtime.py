@@ -46,7 +46,13 @@ def open_detector(settings: Settings, backend: str | None = None, **options: Any
         top_k=d.top_k,
         max_det=d.max_det,
     )
-    return Detector.open(settings.model_path, backend or settings.backend, params=params, **options)
+    return Detector.open(
+        settings.model_path,
+        backend or settings.backend,
+        params=params,
+        input_shape=settings.input_shape,
+        **options,
+    )
 
 
 def default_detector_factory(settings: Settings) -> Detector:
@@ -310,7 +316,7 @@ class Runtime:
     @property
     def worker_processes(self) -> int:
         pool = self.worker_pool
-        return 0 if pool is None else sum(w.alive for w in pool.workers())
+        return 0 if pool is None else sum(w.alive for w in pool.workers() if w.role == "worker")
 
     @property
     def mps_active(self) -> bool:

@@ -198,6 +198,10 @@ class DetectionResult:
     seq: int = 0  # assigned by the results hub, strictly increasing across all sources
     events: tuple[ZoneEvent, ...] = ()
     tracking: TrackingSummary | None = None
+    # The result's wire text after its seq, when the process that made the result encoded it
+    # ahead (a stream worker process does: the API process then never encodes frame results,
+    # it only puts the hub's seq in front). Opaque here; vdet.api.schemas writes and reads it.
+    encoded_tail: str | None = field(default=None, repr=False, compare=False)
 
 
 class SourceState(enum.StrEnum):

@@ -162,6 +162,46 @@ async def test_publishing_from_threads_reaches_the_loop_in_seq_order() -> None:
     sub.close()
 
 
+async def test_many_publishing_threads_reach_every_subscriber_in_order_and_filtered() -> None:
+    # Several subscribers of one loop share its outbox: each gets all of its results, in seq
+    # order, the per-source ones only theirs, whatever the publishing threads interleave.
+    hub = ResultsHub(subscriber_queue_size=10_000, capacity_total=10_000)
+    everything = [hub.subscribe(None) for _ in range(3)]
+    only_b = hub.subscribe("b")
+
+    def publish_many(source: str) -> None:
+        for i in range(1000):
+            hub.publish(result(source, i))
+
+    threads = [threading.Thread(target=publish_many, args=(s,)) for s in "abcd"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for sub in everything:
+        seqs = [(await asyncio.wait_for(sub.get(), 1)).seq for _ in range(4000)]
+        assert seqs == list(range(1, 4001))
+    got_b = [await asyncio.wait_for(only_b.get(), 1) for _ in range(1000)]
+    assert {r.source_id for r in got_b} == {"b"}
+    assert [r.frame_index for r in got_b] == list(range(1000))
+    for sub in [*everything, only_b]:
+        sub.close()
+    assert hub.subscriber_count == 0
+
+
+async def test_a_result_still_on_its_way_when_subscribing_is_not_delivered_live() -> None:
+    hub = ResultsHub()
+    first = hub.subscribe(None)
+    hub.publish(result("a", 0))  # queued for this loop, not yet delivered
+    late = hub.subscribe(None)
+    hub.publish(result("a", 1))
+    assert (await asyncio.wait_for(first.get(), 1)).seq == 1
+    assert (await asyncio.wait_for(first.get(), 1)).seq == 2
+    assert (await asyncio.wait_for(late.get(), 1)).seq == 2  # seq 1 came before it subscribed
+    first.close()
+    late.close()
+
+
 async def test_a_slow_subscriber_is_cut_off_as_lagging_not_buffered() -> None:
     hub = ResultsHub(subscriber_queue_size=3)
     slow = hub.subscribe(None)

@@ -97,7 +97,7 @@ serve)
   # left of $VDET_SERVE_BUDGET seconds.
   # This script's knobs are read here and dropped: vdet serve refuses unknown VDET_ variables.
   budget=${VDET_SERVE_BUDGET:-500} tests_s=${VDET_WORKERS_TESTS_S:-200}
-  streams=${VDET_SERVE_STREAMS:-64,96} shards=${VDET_SHARDS_HARNESS:-}
+  streams=${VDET_SERVE_STREAMS:-64,96} shards=${VDET_SHARDS_HARNESS-b1:x8:mps}
   unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SHARDS_HARNESS
   unset PYTHONPATH  # else the venv's pip takes /tmp/site's wheels as already installed
   python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
@@ -105,7 +105,9 @@ serve)
     >"$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth"
   /tmp/venv/bin/python -m pip install -q --no-index --no-deps --no-compile .whl/*.whl \
     >>"$OUT/install-$phase.log" 2>&1
-  /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile . \
+  # Editable, so that `--shards-harness` finds bench/gpu/streams.py of this checkout; the code
+  # served is the same files either way.
+  /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile -e . \
     >>"$OUT/install-$phase.log" 2>&1
   export PATH="/tmp/venv/bin:$PATH"
   timeout "$tests_s" /tmp/venv/bin/python -m pytest -m gpu \

@@ -7,6 +7,7 @@ models; nothing here touches streams, the hub or the detector.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -277,18 +278,37 @@ def result_out(result: DetectionResult, names: Sequence[str]) -> DetectionResult
     )
 
 
+# Every result event's text starts with this, then the seq: `ResultEvent` serialises `type`
+# first and `DetectionResultOut` serialises `seq` first (pydantic keeps field order).
+_RESULT_EVENT_HEAD = '{"type":"result","result":{"seq":'
+
+
+def encode_result_tail(result: DetectionResult, names: Sequence[str]) -> str:
+    """The `ResultEvent` text of `result` after its seq, for `DetectionResult.encoded_tail`:
+    what a process that makes results (a stream worker) encodes before the hub numbers them."""
+    event = ResultEvent(result=result_out(dataclasses.replace(result, seq=1), names))
+    encoded = event.model_dump_json()
+    head = _RESULT_EVENT_HEAD + "1"
+    if not encoded.startswith(head):  # a schema change broke the field order: fail loudly
+        raise AssertionError(f"result event text starts {encoded[:40]!r}, not {head!r}")
+    return encoded[len(head) :]
+
+
 class ResultEventEncoder:
     """JSON text of `ResultEvent`s, cached by seq: every WebSocket client of a result shares one
     encoding. Thread-safe: the thread that publishes a result encodes it ahead (while anyone
-    subscribes, see `create_app`), so the event loop only looks the text up; replays older
-    than the cache are encoded off the event loop (`encode_many`)."""
+    subscribes, see `create_app`), so the event loop only looks the text up. A result that
+    arrives encoded (`encoded_tail`, from a worker process) only gets its seq put in front.
+    Replays older than the cache are encoded off the event loop (`encode_many`)."""
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 16384) -> None:
         self._capacity = capacity
         self._cache: OrderedDict[int, str] = OrderedDict()
         self._lock = threading.Lock()
 
     def encode(self, result: DetectionResult, names: Sequence[str]) -> str:
+        if result.encoded_tail is not None:
+            return f"{_RESULT_EVENT_HEAD}{result.seq}{result.encoded_tail}"
         with self._lock:
             text = self._cache.get(result.seq)
         if text is None:

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -20,7 +20,10 @@ from .backends import create_backend
 from .backends.base import InferenceBackend
 from .model import ModelInfo
 from .postprocess import PostprocessParams, decode_and_nms_image
-from .preprocess import LetterboxTransform, letterbox
+from .preprocess import LetterboxTransform, letterbox, rect_input_hw
+
+# How a frame is letterboxed: into the smallest input that holds it, or the model's square.
+InputShape = Literal["rect", "square"]
 
 
 class Detector:
@@ -32,9 +35,17 @@ class Detector:
     (divide by the batch size for throughput).
     """
 
-    def __init__(self, backend: InferenceBackend, params: PostprocessParams | None = None) -> None:
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        params: PostprocessParams | None = None,
+        input_shape: InputShape = "rect",
+    ) -> None:
         self.backend = backend
         self.params = PostprocessParams() if params is None else params
+        # "rect": each frame letterboxed into the smallest stride-multiple input that holds it,
+        # where the backend takes such inputs (else, and with "square", the model's input size).
+        self.input_shape: InputShape = input_shape
 
     @classmethod
     def open(
@@ -42,10 +53,18 @@ class Detector:
         model_path: str | os.PathLike[str],
         backend: str = "auto",
         params: PostprocessParams | None = None,
+        input_shape: InputShape = "rect",
         **backend_options: Any,
     ) -> Detector:
         """Build the backend with `create_backend(backend, model_path, **backend_options)`."""
-        return cls(create_backend(backend, model_path, **backend_options), params)
+        return cls(create_backend(backend, model_path, **backend_options), params, input_shape)
+
+    def input_hw(self, source_wh: tuple[int, int]) -> tuple[int, int]:
+        """The network input a frame of `source_wh` is letterboxed into."""
+        info = self.info
+        if self.input_shape == "square" or not self.backend.rect_inputs:
+            return info.input_hw
+        return rect_input_hw(source_wh, info.input_hw, info.stride)
 
     @property
     def info(self) -> ModelInfo:
@@ -60,9 +79,20 @@ class Detector:
         returns an empty list without touching the backend.
         """
         params = self.params if params is None else params
-        if len(images_bgr) == 0:
-            return []
-        H, W = self.info.input_hw
+        # Frames of one input shape share a batch (cameras of one resolution: one batch).
+        groups: dict[tuple[int, int], list[int]] = {}
+        for i, image in enumerate(images_bgr):
+            groups.setdefault(self.input_hw((image.shape[1], image.shape[0])), []).append(i)
+        results: dict[int, tuple[Detections, StageTimings]] = {}
+        for input_hw, members in groups.items():
+            batch = self._detect_batch([images_bgr[i] for i in members], input_hw, params)
+            results.update(zip(members, batch, strict=True))
+        return [results[i] for i in range(len(images_bgr))]
+
+    def _detect_batch(
+        self, images_bgr: Sequence[ImageArray], input_hw: tuple[int, int], params: PostprocessParams
+    ) -> list[tuple[Detections, StageTimings]]:
+        H, W = input_hw
         batch = np.empty((len(images_bgr), 3, H, W), np.float32)
         transforms: list[LetterboxTransform] = []
         preprocess_seconds: list[float] = []

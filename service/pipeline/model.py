@@ -38,6 +38,8 @@ class ModelInfo:
     `batch` is the fixed batch size the graph was exported with, or None when it is dynamic.
     `input_hw` is the (height, width) the network expects; letterbox to exactly this size.
     `num_anchors` is N of the [B, 4 + nc, N] output when the graph fixes it, else None.
+    `dynamic_hw`: the graph leaves height and width open, so it also runs on smaller inputs
+    whose sides are multiples of `stride` (rectangular letterboxes, see `rect_input_hw`).
     """
 
     path: Path
@@ -48,6 +50,7 @@ class ModelInfo:
     sha256: str
     stride: int = 32
     num_anchors: int | None = None
+    dynamic_hw: bool = False
 
     def __post_init__(self) -> None:
         if self.num_classes != len(self.names):
@@ -104,6 +107,7 @@ def load_model_info(path: str | PathLike[str]) -> ModelInfo:
         sha256=file_sha256(path),
         stride=stride,
         num_anchors=num_anchors,
+        dynamic_hw=not isinstance(input_dims[2], int) and not isinstance(input_dims[3], int),
     )
 
 

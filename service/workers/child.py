@@ -3,9 +3,11 @@
 `main` is the process's entry point (started with `spawn`, so nothing of the API process's
 state, threads or CUDA is inherited). It loads the model and builds `LocalStreams`, exactly as
 a one-process `vdet serve` does (vdet.runtime), with one difference: results go down the pipe
-(`_Forwarder`) instead of into a hub here, and the API process numbers them. Control calls run
+(`_Forwarder`) instead of into a hub here, already encoded for the wire, and the API process
+numbers them (so frame work stays out of the API process). Control calls run
 on a small thread pool, so a slow call (a removal joining threads) never holds up the others,
-and never waits behind frame traffic.
+and never waits behind frame traffic. A spare is the same process with no stream yet: when it
+takes a dead worker's place it is told its new name (`rename`), for its log lines.
 
 This module must not speak HTTP or hold results: the API process owns both.
 """
@@ -18,11 +20,12 @@ import dataclasses
 import logging
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
+from vdet.api.schemas import encode_result_tail
 from vdet.config import Settings, StreamSpec
 from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
@@ -56,10 +59,13 @@ def main(config: WorkerConfig, conn: Connection) -> None:
     _exit_with_parent(config.parent_pid)
     # Ctrl-C reaches the whole process group; the API process decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name = _NameFilter(config.name)
     logging.basicConfig(
         level=config.settings.log_level.upper(),
-        format=f"%(asctime)s {config.name} %(levelname)s %(name)s: %(message)s",
+        format="%(asctime)s %(worker)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(name)
     forwarder = _Forwarder(channel)
     try:
         streams = LocalStreams.open(
@@ -76,11 +82,12 @@ def main(config: WorkerConfig, conn: Connection) -> None:
         channel.send(Fatal(f"{type(exc).__name__}: {exc}"))
         return
     try:
+        forwarder.class_names = streams.class_names
         channel.send(Ready(os.getpid(), streams.backend_info, streams.describe()))
-        _serve(_Calls(streams, forwarder), channel)
+        _serve(_Calls(streams, forwarder, name), channel)
     finally:
         streams.close()
-        log.info("worker %s stopped", config.name)
+        log.info("worker %s stopped", name.worker)
 
 
 def _serve(calls: _Calls, channel: Channel) -> None:
@@ -113,6 +120,7 @@ class _Forwarder:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._handles: dict[str, int] = {}
+        self.class_names: Sequence[str] = ()  # set once the model is loaded
 
     def bind(self, source_id: str, handle: int) -> None:
         self._handles[source_id] = handle
@@ -120,19 +128,37 @@ class _Forwarder:
     def publish(self, result: DetectionResult) -> DetectionResult:
         handle = self._handles.get(result.source_id)
         if handle is not None:
-            self._channel.send(Published(handle, result))
+            # Encoded here, on this stream's thread, rather than by the API process, whose one
+            # interpreter carries every worker's results.
+            tail = encode_result_tail(result, self.class_names)
+            self._channel.send(Published(handle, dataclasses.replace(result, encoded_tail=tail)))
         return result
 
     def remove_source(self, source_id: str) -> None:
         self._handles.pop(source_id, None)
 
 
-class _Calls:
-    """The control calls a worker answers: the API process's `StreamService` calls."""
+class _NameFilter(logging.Filter):
+    """Puts the worker's current name on each log record (a spare is renamed when it takes a
+    dead worker's place)."""
 
-    def __init__(self, streams: LocalStreams, forwarder: _Forwarder) -> None:
+    def __init__(self, worker: str) -> None:
+        super().__init__()
+        self.worker = worker
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.worker = self.worker
+        return True
+
+
+class _Calls:
+    """The control calls a worker answers: the API process's `StreamService` calls, and its
+    new name when it stops being a spare."""
+
+    def __init__(self, streams: LocalStreams, forwarder: _Forwarder, name: _NameFilter) -> None:
         self._streams = streams
         self._forwarder = forwarder
+        self._name = name
         self._methods: dict[str, Callable[..., Any]] = {
             "add": self._add,
             "list": streams.list,
@@ -142,6 +168,7 @@ class _Calls:
             "latest_jpeg": self._latest_jpeg,
             "detect": streams.detect,
             "health": streams.health,
+            "rename": self._rename,
         }
 
     def run(self, method: str, args: tuple[Any, ...]) -> Any:
@@ -157,6 +184,10 @@ class _Calls:
         except BaseException:
             self._forwarder.remove_source(spec.id)
             raise
+
+    def _rename(self, name: str) -> None:
+        log.info("worker %s is now %s", self._name.worker, name)
+        self._name.worker = name
 
     def _latest_jpeg(self, stream_id: str, options: dict[str, Any]) -> Any:
         return self._streams.latest_jpeg(stream_id, **options)

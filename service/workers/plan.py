@@ -10,6 +10,12 @@ Rules (`workers.processes`):
   `streams_per_process` each; on the CPU, 0 (ONNX Runtime already spreads one frame over every
   core, and a laptop's demo needs no second interpreter).
 A GPU node is one with a visible NVIDIA GPU and a backend other than onnxruntime.
+
+Spares (`workers.spares`): idle worker processes, started like the others, that take a dead
+worker's place at once. That many per GPU on a GPU node, in all on the CPU; none when no worker
+process runs or dead workers are not restarted (`workers.restart: false`). They never change
+how many workers `auto` plans, nor the ONNX Runtime threads each CPU worker gets: an idle
+spare uses no core, and a promoted one takes the cores of the worker it replaces.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class WorkerPlan:
     streams_per_process: int
     # ONNX Runtime threads per CPU worker, so that N workers do not each start one per core.
     cpu_threads: int | None = None
+    # The idle spare processes to keep ready: `spare_gpus[i]` is spare i's GPU (None on the CPU).
+    spare_gpus: tuple[int | None, ...] = ()
 
     @property
     def processes(self) -> int:
@@ -93,12 +101,23 @@ def plan_workers(
         return WorkerPlan(
             gpus=tuple(g for g in gpus for _ in range(per_gpu)),
             streams_per_process=w.streams_per_process,
+            spare_gpus=tuple(g for g in gpus for _ in range(_spares(settings, per_gpu))),
         )
     processes = 0 if w.processes == "auto" else w.processes
     threads = max(1, (os.cpu_count() or 1) // processes) if processes else None
     return WorkerPlan(
-        gpus=(None,) * processes, streams_per_process=w.streams_per_process, cpu_threads=threads
+        gpus=(None,) * processes,
+        streams_per_process=w.streams_per_process,
+        cpu_threads=threads,
+        spare_gpus=(None,) * _spares(settings, processes),
     )
+
+
+def _spares(settings: Settings, workers: int) -> int:
+    """Spares per GPU (or in all on the CPU) beside `workers` worker processes."""
+    if workers == 0 or not settings.workers.restart:
+        return 0
+    return settings.workers.spares
 
 
 def child_visible_devices(gpu: int, parent_visible: str | None) -> str:

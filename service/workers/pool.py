@@ -13,8 +13,12 @@ processes (vdet.workers.plan says how many, and on which GPU). It
   here (a single seq across processes, so WebSocket resume works as before) and recorded in
   the one metrics registry; replies complete their calls;
 - notices a worker that dies (its process sentinel, within a fraction of a second), shows its
-  streams `failed` with the reason, starts a new process in its place and adds the same
-  streams there (same ids and settings). The other workers' streams never notice.
+  streams `failed` with the reason, and adds the same streams (same ids and settings) to the
+  process that takes its place: a ready spare of its GPU (`workers.spares`: idle worker
+  processes, started and warmed like the others, so the streams run again without waiting for
+  a model to load), which then serves under the dead worker's name while a new spare starts;
+  or, with no spare ready, a new process, after a growing pause if it keeps dying. The other
+  workers' streams never notice.
 
 It runs no frame work and holds no frames: results arrive ready, snapshots arrive as JPEG.
 """
@@ -37,7 +41,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, Literal
 
 from vdet.api.frames import EncodedFrame
 from vdet.config import DetectionDefaults, Settings, StreamSpec
@@ -96,11 +100,15 @@ class _RemoteStream:
     failed: str | None = None  # why it does not run now (its worker died); None while it runs
 
 
+Role = Literal["worker", "spare"]
+
+
 @dataclasses.dataclass(frozen=True)
 class WorkerView:
-    """One worker process, for `GET /v1/workers` and logs."""
+    """One worker process slot, for `GET /v1/workers` and logs."""
 
     name: str
+    role: Role
     gpu: str
     pid: int | None
     alive: bool
@@ -109,48 +117,44 @@ class WorkerView:
     last_exit: str | None
 
 
-class _Worker:
-    """One worker position. Its process is replaced when it dies; calls go to the current one."""
+class _Process:
+    """One started worker process and its pipe, with the calls waiting for its replies.
 
-    def __init__(self, index: int, gpu: int | None) -> None:
-        self.index = index
-        self.gpu = gpu
-        self.name = f"w{index}"
-        self.gpu_label = "cpu" if gpu is None else str(gpu)
-        self.process: multiprocessing.process.BaseProcess | None = None
-        self.reaped: multiprocessing.process.BaseProcess | None = None  # handled by _on_exit
-        self.channel: Channel | None = None
-        self.started_at = 0.0
-        self.alive = False
+    It serves one slot at a time (`slot`): a spare's process moves to a worker slot when it
+    takes a dead worker's place, and its pipe, its reader thread and its waiting calls move
+    with it. `slot` changes only on the supervisor thread, under the pool's lock."""
+
+    def __init__(
+        self, process: multiprocessing.process.BaseProcess, channel: Channel, slot: _Worker
+    ) -> None:
+        self.process = process
+        self.channel = channel
+        self.slot = slot
+        self.alive = False  # True from its Ready until its pipe closes
         self.info: Ready | None = None
-        self.start_error: str | None = None
-        self.ready = threading.Event()
-        self.restarts = 0
-        self.quick_deaths = 0
-        self.last_exit: str | None = None
+        self.reaped = False  # its end was handled (by the supervisor, once)
         self._lock = threading.Lock()
         self._pending: dict[int, Future[Any]] = {}
         self._ids = itertools.count(1)
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+        return self.process.pid
 
     def call_async(self, method: str, *args: Any) -> Future[Any]:
         future: Future[Any] = Future()
         with self._lock:
-            channel = self.channel
-            if not self.alive or channel is None:
+            if not self.alive:
                 future.set_exception(
-                    WorkerUnavailableError(f"worker {self.name} is restarting; retry shortly")
+                    WorkerUnavailableError(f"worker {self.slot.name} is restarting; retry shortly")
                 )
                 return future
             call_id = next(self._ids)
             self._pending[call_id] = future
         try:
-            channel.send(Call(call_id, method, args))
+            self.channel.send(Call(call_id, method, args))
         except (OSError, ValueError) as exc:
-            self._settle(call_id, WorkerUnavailableError(f"worker {self.name} is gone: {exc}"))
+            self._settle(call_id, WorkerUnavailableError(f"worker {self.slot.name} is gone: {exc}"))
         return future
 
     def call(self, method: str, *args: Any, timeout: float) -> Any:
@@ -159,7 +163,7 @@ class _Worker:
             return future.result(timeout)
         except FutureTimeout:
             raise WorkerUnavailableError(
-                f"worker {self.name} did not answer {method!r} within {timeout:g} s"
+                f"worker {self.slot.name} did not answer {method!r} within {timeout:g} s"
             ) from None
 
     def reply(self, message: Reply) -> None:
@@ -179,10 +183,62 @@ class _Worker:
 
     def fail_pending(self, reason: str) -> None:
         with self._lock:
+            self.alive = False
             pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(WorkerUnavailableError(reason))
+
+
+class _Worker:
+    """One worker slot: a name (`w0`, ... for workers, `spare0`, ... for spares), a GPU, and
+    the process that serves it now. Its process is replaced when it dies; calls go to the
+    current one. A worker slot's counts (streams, restarts) survive its processes."""
+
+    def __init__(self, index: int, gpu: int | None, role: Role = "worker") -> None:
+        self.index = index
+        self.gpu = gpu
+        self.role: Role = role
+        self.name = f"w{index}" if role == "worker" else f"spare{index}"
+        self.gpu_label = "cpu" if gpu is None else str(gpu)
+        self.current: _Process | None = None
+        self.since = 0.0  # when the current process started serving this slot
+        self.start_error: str | None = None
+        self.ready = threading.Event()  # the current process reported Ready, Fatal, or ended
+        self.restarts = 0
+        self.quick_deaths = 0
+        self.last_exit: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        current = self.current
+        return current.pid if current is not None else None
+
+    @property
+    def alive(self) -> bool:
+        current = self.current
+        return current is not None and current.alive
+
+    @property
+    def info(self) -> Ready | None:
+        current = self.current
+        return current.info if current is not None else None
+
+    def call_async(self, method: str, *args: Any) -> Future[Any]:
+        current = self.current
+        if current is None:
+            future: Future[Any] = Future()
+            future.set_exception(
+                WorkerUnavailableError(f"worker {self.name} is restarting; retry shortly")
+            )
+            return future
+        return current.call_async(method, *args)
+
+    def call(self, method: str, *args: Any, timeout: float) -> Any:
+        current = self.current
+        if current is None:
+            raise WorkerUnavailableError(f"worker {self.name} is restarting; retry shortly")
+        return current.call(method, *args, timeout=timeout)
 
 
 class WorkerPool:
@@ -196,7 +252,10 @@ class WorkerPool:
         self._hub = hub
         self._metrics = metrics
         self._workers = tuple(_Worker(i, gpu) for i, gpu in enumerate(plan.gpus))
-        self._lock = threading.Lock()  # guards _streams and _closed
+        self._spares = tuple(_Worker(i, gpu, "spare") for i, gpu in enumerate(plan.spare_gpus))
+        self._slots = self._workers + self._spares
+        # Guards _streams, _closed, and which process serves which slot.
+        self._lock = threading.Lock()
         self._streams: dict[str, _RemoteStream] = {}
         self._handles = itertools.count(1)
         self._closed = False
@@ -213,16 +272,18 @@ class WorkerPool:
     def start(
         cls, settings: Settings, plan: WorkerPlan, hub: ResultsHub, metrics: Metrics
     ) -> WorkerPool:
-        """Start every worker and wait until each has loaded its model; RuntimeError naming the
-        worker and its error if one cannot."""
+        """Start every worker (and spare) and wait until each worker has loaded its model;
+        RuntimeError naming the worker and its error if one cannot."""
         pool = cls(settings, plan, hub, metrics)
         try:
             pool._mps = start_mps(settings.gpu.mps, plan.shared_gpus())
             pool.mps_active = pool._mps is not None and pool._mps.active
             metrics.mps_active.set(1.0 if pool.mps_active else 0.0)
             pool._supervisor.start()
-            for worker in pool._workers:
-                pool._spawn_requests.put(worker)
+            # Spares start with the workers but are not waited for: the service can serve
+            # without them, and one that is not ready yet only means a slower restart.
+            for slot in pool._slots:
+                pool._spawn_requests.put(slot)
             deadline = time.monotonic() + settings.workers.start_timeout_s
             for worker in pool._workers:
                 if not worker.ready.wait(max(0.0, deadline - time.monotonic())):
@@ -409,13 +470,14 @@ class WorkerPool:
     def sync_metrics(self) -> None:
         """Fold every worker's stream counters into the metrics. A worker that does not answer
         within `_SCRAPE_WAIT_S` (busy starting streams, say) keeps its last values: a scrape
-        must not wait for it."""
-        asked = [(w, w.call_async("health")) for w in self._workers if w.alive]
+        must not wait for it. Spares are asked too: they hold no stream, but their GPU memory
+        is in use."""
+        asked = [(w, w.call_async("health")) for w in self._slots if w.alive]
         deadline = time.monotonic() + _SCRAPE_WAIT_S
         gpu_streams: dict[str, int] = collections.defaultdict(int)
         gpu_memory: dict[str, int] = collections.defaultdict(int)
         now = time.time()
-        for worker in self._workers:
+        for worker in self._slots:
             self._metrics.set_worker_up(worker.name, worker.gpu_label, worker.alive)
             gpu_streams[worker.gpu_label] += 0
         for worker, future in asked:
@@ -444,24 +506,28 @@ class WorkerPool:
         if gpus := self._plan.gpu_indices:
             per_gpu = f" ({self._plan.gpus.count(gpus[0])} per GPU on GPU(s) {list(gpus)})"
         mps = ", MPS on" if self.mps_active else ""
+        spares = f", {len(self._spares)} spare(s)" if self._spares else ""
         b = self.backend_info
-        return f"{b.backend} on {b.device} in {len(self._workers)} worker processes{per_gpu}{mps}"
+        processes = f"{len(self._workers)} worker processes{per_gpu}{spares}"
+        return f"{b.backend} on {b.device} in {processes}{mps}"
 
     def workers(self) -> builtins.list[WorkerView]:
+        """Every slot, workers first, then spares (which hold no stream)."""
         with self._lock:
             load = collections.Counter(s.worker for s in self._streams.values())
-        return [
-            WorkerView(
-                name=w.name,
-                gpu=w.gpu_label,
-                pid=w.pid,
-                alive=w.alive,
-                streams=load[w.index],
-                restarts=w.restarts,
-                last_exit=w.last_exit,
-            )
-            for w in self._workers
-        ]
+            return [
+                WorkerView(
+                    name=w.name,
+                    role=w.role,
+                    gpu=w.gpu_label,
+                    pid=w.pid,
+                    alive=w.alive,
+                    streams=load[w.index] if w.role == "worker" else 0,
+                    restarts=w.restarts,
+                    last_exit=w.last_exit,
+                )
+                for w in self._slots
+            ]
 
     def close(self) -> None:
         """Stop every worker (each stops its streams), waiting up to a few seconds before
@@ -470,29 +536,32 @@ class WorkerPool:
             if self._closed:
                 return
             self._closed = True
-        # The supervisor stops first: two threads reaping one process would race.
+        # The supervisor stops first: two threads reaping one process would race, and no
+        # spare may start or take a slot from here on.
         if self._supervisor.is_alive():
             self._supervisor.join(5.0)
-        for worker in self._workers:
-            if worker.channel is not None:
-                with contextlib.suppress(OSError, ValueError):  # already gone
-                    worker.channel.send(Stop())
+        # Workers and spares stop together, so spares add nothing to the time it takes.
+        processes = [p for p in (w.current for w in self._slots) if p is not None]
+        for proc in processes:
+            if proc.info is None:
+                # Still loading its model (a spare, or a worker being restarted): it holds no
+                # stream, and it would read Stop only once loaded.
+                proc.process.terminate()
+                continue
+            with contextlib.suppress(OSError, ValueError):  # already gone
+                proc.channel.send(Stop())
         deadline = time.monotonic() + _STOP_GRACE_S
-        for worker in self._workers:
-            process = worker.process
-            if process is not None:
-                process.join(max(0.0, deadline - time.monotonic()))
-        for worker in self._workers:
-            process = worker.process
-            if process is not None and process.is_alive():
-                log.warning("worker %s did not stop in time; terminating it", worker.name)
-                process.terminate()
-                process.join(2.0)
-                if process.is_alive():
-                    process.kill()
-                    process.join(1.0)
-            worker.alive = False
-            worker.fail_pending("the service is shutting down")
+        for proc in processes:
+            proc.process.join(max(0.0, deadline - time.monotonic()))
+        for proc in processes:
+            if proc.process.is_alive():
+                log.warning("worker %s did not stop in time; terminating it", proc.slot.name)
+                proc.process.terminate()
+                proc.process.join(2.0)
+                if proc.process.is_alive():
+                    proc.process.kill()
+                    proc.process.join(1.0)
+            proc.fail_pending("the service is shutting down")
         if self._mps is not None:
             self._mps.stop()
 
@@ -593,8 +662,8 @@ class WorkerPool:
     # --- processes -------------------------------------------------------------------------
 
     def _supervise(self) -> None:
-        """Starts worker processes (every start happens on this thread) and restarts those
-        that die, until close()."""
+        """Starts worker processes (every start happens on this thread), puts a ready spare in
+        place of a worker that died, and restarts those that die, until close()."""
         waiting: list[tuple[float, _Worker]] = []
         while not self._closed:
             while True:
@@ -605,38 +674,80 @@ class WorkerPool:
             now = time.monotonic()
             due = [w for at, w in waiting if at <= now]
             waiting = [(at, w) for at, w in waiting if at > now]
-            for worker in due:
-                self._spawn(worker)
+            for slot in due:
+                self._fill(slot)
             running = {
-                w.process.sentinel: w
-                for w in self._workers
-                if w.process is not None and w.process is not w.reaped
+                p.process.sentinel: p
+                for p in (w.current for w in self._slots)
+                if p is not None and not p.reaped
             }
             for sentinel in multiprocessing.connection.wait(
                 list(running), timeout=_SUPERVISOR_TICK_S
             ):
-                worker = running[sentinel]  # type: ignore[index]
-                delay = self._on_exit(worker)
+                proc = running[sentinel]  # type: ignore[index]
+                slot = proc.slot
+                delay = self._on_exit(proc)
                 if delay is not None:
-                    waiting.append((time.monotonic() + delay, worker))
+                    waiting.append((time.monotonic() + delay, slot))
 
-    def _spawn(self, worker: _Worker) -> None:
+    def _fill(self, slot: _Worker) -> None:
+        """Give `slot` a process: a ready spare of its GPU when a worker is being restarted,
+        else a new one."""
+        current = slot.current
+        if current is not None and not current.reaped:
+            return  # it has one already (a second request for the same slot)
+        if slot.role == "worker" and current is not None:
+            spare = self._ready_spare(slot.gpu)
+            if spare is not None:
+                self._promote(spare, slot)
+                return
+        self._spawn(slot)
+
+    def _ready_spare(self, gpu: int | None) -> _Worker | None:
+        for spare in self._spares:
+            proc = spare.current
+            if spare.gpu == gpu and proc is not None and proc.alive and not proc.reaped:
+                return spare
+        return None
+
+    def _promote(self, spare: _Worker, worker: _Worker) -> None:
+        """Move `spare`'s ready process into `worker`'s slot and re-add the worker's streams
+        there; a new spare is started once they run again."""
+        with self._lock:
+            proc = spare.current
+            assert proc is not None
+            spare.current = None
+            spare.ready.clear()
+            proc.slot = worker
+            worker.current, worker.since, worker.start_error = proc, time.monotonic(), None
+            worker.ready.set()
+            self._metrics.set_worker_up(spare.name, spare.gpu_label, False)
+            self._metrics.set_worker_up(worker.name, worker.gpu_label, True)
+        log.info(
+            "spare %s (pid %s) takes the place of worker %s", spare.name, proc.pid, worker.name
+        )
+        proc.call_async("rename", worker.name)  # so its log lines name the slot it serves
+        threading.Thread(
+            target=self._readd, args=(worker, proc, spare), name="vdet-readd", daemon=True
+        ).start()
+
+    def _spawn(self, slot: _Worker) -> None:
         if self._closed:
             return
         ctx = multiprocessing.get_context("spawn")
         ours, theirs = ctx.Pipe(duplex=True)
         env: dict[str, str] = {}
         settings = self._settings.model_copy(update={"sources": []})
-        if worker.gpu is not None:
+        if slot.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = child_visible_devices(
-                worker.gpu, os.environ.get("CUDA_VISIBLE_DEVICES")
+                slot.gpu, os.environ.get("CUDA_VISIBLE_DEVICES")
             )
             gpu_settings = settings.gpu.model_copy(update={"devices": [0]})
             settings = settings.model_copy(update={"gpu": gpu_settings})
             if self._mps is not None:
                 env.update(self._mps.env)
         config = child.WorkerConfig(
-            name=worker.name,
+            name=slot.name,
             parent_pid=os.getpid(),
             settings=settings,
             max_streams=self._plan.streams_per_process,
@@ -644,31 +755,34 @@ class WorkerPool:
             cpu_threads=self._plan.cpu_threads,
         )
         process = ctx.Process(
-            target=child.main, args=(config, theirs), name=f"vdet-worker-{worker.name}", daemon=True
+            target=child.main, args=(config, theirs), name=f"vdet-worker-{slot.name}", daemon=True
         )
-        worker.ready.clear()
-        worker.info, worker.start_error = None, None
+        slot.ready.clear()
+        slot.start_error = None
         try:
             process.start()
         except Exception as exc:
-            worker.start_error = f"{type(exc).__name__}: {exc}"
-            worker.ready.set()
-            log.error("worker %s could not be started: %s", worker.name, exc)
+            slot.start_error = f"{type(exc).__name__}: {exc}"
+            slot.ready.set()
+            log.error("worker %s could not be started: %s", slot.name, exc)
             return
         finally:
             theirs.close()
         channel = Channel(ours)
-        worker.process, worker.channel, worker.started_at = process, channel, time.monotonic()
+        proc = _Process(process, channel, slot)
+        with self._lock:
+            slot.current, slot.since = proc, time.monotonic()
         threading.Thread(
             target=self._read,
-            args=(worker, channel),
-            name=f"vdet-{worker.name}-reader",
+            args=(proc,),
+            name=f"vdet-{slot.name}-reader",
             daemon=True,
         ).start()
-        log.info("worker %s started (pid %s, gpu %s)", worker.name, process.pid, worker.gpu_label)
+        log.info("worker %s started (pid %s, gpu %s)", slot.name, process.pid, slot.gpu_label)
 
-    def _read(self, worker: _Worker, channel: Channel) -> None:
+    def _read(self, proc: _Process) -> None:
         """One worker process's messages, until its pipe closes."""
+        channel = proc.channel
         try:
             while True:
                 message = channel.recv()
@@ -678,50 +792,61 @@ class WorkerPool:
                     except Exception:  # one bad result must not stop this worker's results
                         log.exception("publishing a result of %s failed", message.result.source_id)
                 elif isinstance(message, Reply):
-                    worker.reply(message)
+                    proc.reply(message)
                 elif isinstance(message, Ready):
-                    worker.info = message
-                    worker.alive = True
-                    self._metrics.set_worker_up(worker.name, worker.gpu_label, True)
-                    worker.ready.set()
-                    log.info("worker %s ready: %s", worker.name, message.description)
-                    if worker.restarts:
-                        threading.Thread(
-                            target=self._readd, args=(worker,), name="vdet-readd", daemon=True
-                        ).start()
+                    self._on_ready(proc, message)
                 elif isinstance(message, Fatal):
-                    worker.start_error = message.error
-                    worker.ready.set()
+                    with self._lock:
+                        proc.slot.start_error = message.error
+                        proc.slot.ready.set()
         except (EOFError, OSError):
             pass
         finally:
-            worker.alive = False
+            proc.alive = False
             # Only the supervisor reaps a process (two threads reaping one race, and the loser
             # sees it as still running): here it is only waited for, to name how it ended.
-            process = worker.process
-            if process is not None:
-                multiprocessing.connection.wait([process.sentinel], timeout=1.0)
-            worker.fail_pending(f"worker {worker.name} has exited")
-            worker.ready.set()
+            multiprocessing.connection.wait([proc.process.sentinel], timeout=1.0)
+            proc.fail_pending(f"worker {proc.slot.name} has exited")
+            with self._lock:
+                if proc.slot.current is proc:  # not a slot that has a newer process already
+                    proc.slot.ready.set()
             channel.close()
 
-    def _on_exit(self, worker: _Worker) -> float | None:
-        """A worker's process has ended: fail its streams and say when to start it again
+    def _on_ready(self, proc: _Process, message: Ready) -> None:
+        with self._lock:
+            if proc.reaped:  # a Ready still in the pipe of a process that has died since
+                return
+            proc.info = message
+            proc.alive = True
+            slot = proc.slot
+            self._metrics.set_worker_up(slot.name, slot.gpu_label, True)
+            slot.ready.set()
+        log.info("worker %s ready: %s", slot.name, message.description)
+        if slot.role == "worker" and slot.restarts:
+            threading.Thread(
+                target=self._readd, args=(slot, proc, None), name="vdet-readd", daemon=True
+            ).start()
+
+    def _on_exit(self, proc: _Process) -> float | None:
+        """A worker's process has ended: fail its streams and say when to fill its slot again
         (seconds from now), or None when it is not restarted."""
-        process = worker.process
-        assert process is not None
-        worker.reaped = process  # each process is handled once
-        process.join(5.0)
-        worker.alive = False
-        reason = f"worker {worker.name} {_describe_exit(process.exitcode)}"
+        worker = proc.slot  # only this thread moves a process between slots
+        proc.reaped = True  # each process is handled once
+        proc.process.join(5.0)
+        proc.alive = False
+        reason = f"worker {worker.name} {_describe_exit(proc.process.exitcode)}"
         if worker.start_error is not None:
             reason += f": {redact(worker.start_error)}"
         worker.last_exit = reason
-        worker.fail_pending(reason)
+        proc.fail_pending(reason)
         self._metrics.set_worker_up(worker.name, worker.gpu_label, False)
         with self._lock:
             closing = self._closed
-            owned = [s for s in self._streams.values() if s.worker == worker.index]
+            owned = [
+                s
+                for s in self._streams.values()
+                if worker.role == "worker" and s.worker == worker.index
+            ]
             for stream in owned:
                 stream.failed = f"{reason}; restarting it" if self._restarts else reason
         for stream in owned:
@@ -731,40 +856,59 @@ class WorkerPool:
         log.error("%s (%d stream(s) affected)", reason, len(owned))
         if not self._restarts:
             return None
-        lived = time.monotonic() - worker.started_at
+        lived = time.monotonic() - worker.since
         worker.quick_deaths = worker.quick_deaths + 1 if lived < _QUICK_DEATH_S else 0
         worker.restarts += 1
         self._metrics.count_worker_restart(worker.name, worker.gpu_label)
-        return _RESTART_BACKOFF_S[min(worker.quick_deaths, len(_RESTART_BACKOFF_S) - 1)]
+        pauses = worker.quick_deaths
+        if worker.role == "worker" and self._ready_spare(worker.gpu) is not None:
+            # A spare starts no process: it waits only when the slot keeps dying (its
+            # streams may be what kills it), so spares are not used up in a loop.
+            pauses = max(0, pauses - 1)
+        return _RESTART_BACKOFF_S[min(pauses, len(_RESTART_BACKOFF_S) - 1)]
 
     @property
     def _restarts(self) -> bool:
         return self._settings.workers.restart
 
-    def _readd(self, worker: _Worker) -> None:
-        """Add a restarted worker's streams to its new process, as they were."""
-        with self._lock:
-            owned = [
-                s for s in self._streams.values() if s.worker == worker.index and not s.removing
-            ]
-        for stream in owned:
-            try:
-                worker.call("add", stream.spec, stream.handle, timeout=self._call_timeout)
-            except Exception as exc:
-                error = redact(str(exc))
-                with self._lock:
-                    stream.failed = f"{worker.last_exit}; adding it again failed: {error}"
-                log.error(
-                    "stream %s: adding it to restarted %s failed: %s",
-                    stream.spec.id,
-                    worker.name,
-                    error,
-                )
-                continue
-            self._metrics.restart_source(stream.spec.id)
+    def _readd(self, worker: _Worker, proc: _Process, spare: _Worker | None) -> None:
+        """Add a restarted worker's streams to its new process `proc`, as they were, all at
+        once; then, when `proc` was `spare`'s, start a new spare. (Not before: on a small
+        machine a spare loading its model would slow the streams that wait to run again.)"""
+        try:
             with self._lock:
-                stream.failed = None
-            log.info("stream %s runs again in worker %s", stream.spec.id, worker.name)
+                # Only streams the death failed (or an earlier re-add): one added through the
+                # API since `proc` took the slot runs there already.
+                owned = [
+                    s
+                    for s in self._streams.values()
+                    if s.worker == worker.index and not s.removing and s.failed is not None
+                ]
+            # Calls go to `proc`, never to whatever process serves the slot by the time they
+            # are sent: a newer process gets its own re-add.
+            asked = [(s, proc.call_async("add", s.spec, s.handle)) for s in owned]
+            for stream, future in asked:
+                try:
+                    future.result(self._call_timeout)
+                except Exception as exc:
+                    error = redact(str(exc)) or type(exc).__name__
+                    with self._lock:
+                        stream.failed = f"{worker.last_exit}; adding it again failed: {error}"
+                    log.error(
+                        "stream %s: adding it to restarted %s failed: %s",
+                        stream.spec.id,
+                        worker.name,
+                        error,
+                    )
+                    continue
+                self._metrics.restart_source(stream.spec.id)
+                with self._lock:
+                    if proc.alive and worker.current is proc:
+                        stream.failed = None
+                log.info("stream %s runs again in worker %s", stream.spec.id, worker.name)
+        finally:
+            if spare is not None:
+                self._spawn_requests.put(spare)
 
 
 def _describe_exit(code: int | None) -> str:

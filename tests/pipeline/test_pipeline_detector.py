@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vdet.pipeline.detector import Detector
+from vdet.pipeline.detector import Detector, InputShape
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.pipeline.preprocess import letterbox_batch
 from vdet.types import StageTimings
@@ -110,8 +110,10 @@ ASSETS = Path(__file__).resolve().parents[2] / "service" / "assets"
 
 @pytest.mark.slow
 @pytest.mark.train
-def test_demo_model_matches_ultralytics_predict() -> None:
-    """The trained demo model on sample frames: same boxes, scores and classes as Ultralytics."""
+@pytest.mark.parametrize("input_shape", ["rect", "square"])
+def test_demo_model_matches_ultralytics_predict(input_shape: InputShape) -> None:
+    """The trained demo model on sample frames: same boxes, scores and classes as Ultralytics,
+    with rectangular inputs (Ultralytics' default for dynamic ONNX models) and square ones."""
     model_path, clip_path = ASSETS / "demo.onnx", ASSETS / "sample.mp4"
     if not (model_path.is_file() and clip_path.is_file()):
         pytest.skip("service/assets/demo.onnx and sample.mp4 are not present")
@@ -123,16 +125,23 @@ def test_demo_model_matches_ultralytics_predict() -> None:
             for i, frame in zip(range(30), container.decode(video=0), strict=False)
             if i % 10 == 0
         ]
-    with Detector.open(model_path, backend="onnxruntime", threads=2) as detector:
+    with Detector.open(
+        model_path, backend="onnxruntime", input_shape=input_shape, threads=2
+    ) as detector:
         results = detector.detect(frames)
         input_hw = detector.info.input_hw
     reference_model = ultralytics.YOLO(str(model_path), task="detect")
     total = 0
     for frame, (dets, _) in zip(frames, results, strict=True):
-        # rect=False: Ultralytics otherwise letterboxes dynamic ONNX models to the minimal
-        # stride-multiple rectangle, while vdet always fills the model's full input size.
+        # rect: Ultralytics letterboxes dynamic ONNX models to the smallest stride-multiple
+        # rectangle, as vdet's "rect" does; rect=False fills the model's full input size.
         (reference,) = reference_model.predict(
-            frame, imgsz=list(input_hw), conf=0.25, iou=0.45, rect=False, verbose=False
+            frame,
+            imgsz=list(input_hw),
+            conf=0.25,
+            iou=0.45,
+            rect=input_shape == "rect",
+            verbose=False,
         )
         boxes = reference.boxes
         assert dets.class_ids.tolist() == boxes.cls.numpy().astype(int).tolist()

@@ -40,6 +40,37 @@ def test_plan(values: dict[str, object], gpus: int, expected: tuple[int | None, 
     assert plan.processes == len(expected)
 
 
+@pytest.mark.parametrize(
+    ("values", "gpus", "expected"),
+    [
+        # One spare by default wherever worker processes run: per GPU, or in all on the CPU.
+        ({"workers": {"processes": 3}}, 0, (None,)),
+        ({"max_streams": 64}, 2, (0, 1)),
+        ({"workers": {"processes": 2, "spares": 2}, "gpu": {"devices": [1, 3]}}, 4, (1, 1, 3, 3)),
+        ({"workers": {"processes": 3, "spares": 3}}, 0, (None,) * 3),
+        # None without worker processes, when disabled, or when dead workers stay dead.
+        ({}, 0, ()),
+        ({"workers": {"processes": 0}}, 2, ()),
+        ({"workers": {"processes": 3, "spares": 0}}, 0, ()),
+        ({"workers": {"processes": 3, "restart": False}}, 0, ()),
+        ({"max_streams": 64, "workers": {"restart": False}}, 1, ()),
+    ],
+)
+def test_spares(values: dict[str, object], gpus: int, expected: tuple[int | None, ...]) -> None:
+    plan = plan_workers(settings(**values), gpu_count=lambda: gpus)
+    assert plan.spare_gpus == expected
+
+
+def test_spares_change_neither_auto_nor_the_cpu_threads() -> None:
+    with_spares = settings(max_streams=64, workers={"spares": 4})
+    without = settings(max_streams=64, workers={"spares": 0})
+    for values in (with_spares, without):
+        assert plan_workers(values, gpu_count=lambda: 1).gpus == (0,) * 8
+    cpu = plan_workers(settings(workers={"processes": 2, "spares": 2}), gpu_count=lambda: 0)
+    assert cpu.cpu_threads == max(1, (os.cpu_count() or 1) // 2)
+    assert cpu.shared_gpus() == ()  # MPS is decided by the workers alone
+
+
 def test_cpu_workers_share_the_cores() -> None:
     plan = plan_workers(settings(workers={"processes": 2}), gpu_count=lambda: 0)
     assert plan.cpu_threads == max(1, (os.cpu_count() or 1) // 2)
@@ -72,13 +103,20 @@ def test_process_count_is_bounded(bad: object) -> None:
         settings(workers={"processes": bad})
 
 
+@pytest.mark.parametrize("bad", [-1, 9, "one", 1.5, None])
+def test_spare_count_is_bounded(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"workers\.spares"):
+        settings(workers={"spares": bad})
+
+
 def test_worker_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VDET_WORKERS__PROCESSES", "8")
     monkeypatch.setenv("VDET_GPU__MPS", "off")
+    monkeypatch.setenv("VDET_WORKERS__SPARES", "0")
     # vdet's own variables that are not settings are accepted beside them.
     monkeypatch.setenv("VDET_KERNEL_CACHE", "/tmp/kernels")
     loaded = load_settings()
-    assert (loaded.workers.processes, loaded.gpu.mps) == (8, "off")
+    assert (loaded.workers.processes, loaded.gpu.mps, loaded.workers.spares) == (8, "off", 0)
     monkeypatch.setenv("VDET_WORKERS__PROCESES", "8")
     with pytest.raises(ConfigError, match=r"workers\.proceses: unknown key"):
         load_settings()

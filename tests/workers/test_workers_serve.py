@@ -3,8 +3,9 @@ backend, three worker processes, real H.264 files and the real GStreamer RTSP se
 
 What is checked is what a user sees through the one API: streams spread over the workers,
 one seq across processes with WebSocket resume, control errors with their statuses, metrics
-merged into one /metrics, a worker killed with SIGKILL (its streams fail, then publish again,
-while the others go on and clients stay connected), and a clean stop with no orphan process.
+merged into one /metrics, a worker killed with SIGKILL (its streams fail, then publish again
+in the spare that takes its place, or in a new process when no spare is ready, while the others
+go on and clients stay connected), and a clean stop with no orphan process.
 """
 
 from __future__ import annotations
@@ -86,9 +87,14 @@ def test_streams_spread_over_workers_with_one_seq_and_resume(
     status, listing = service.get("/v1/streams")
     assert status == 200
     placed = {s["id"]: s["worker"] for s in listing["streams"]}
-    # Least loaded first: three streams on three workers.
+    # Least loaded first: three streams on three workers; never on the spare.
     assert sorted(placed.values()) == ["w0", "w1", "w2"], placed
-    assert {w["name"]: w["streams"] for w in service.workers()} == {"w0": 1, "w1": 1, "w2": 1}
+    assert {(w["name"], w["role"]): w["streams"] for w in service.workers()} == {
+        ("w0", "worker"): 1,
+        ("w1", "worker"): 1,
+        ("w2", "worker"): 1,
+        ("spare0", "spare"): 0,
+    }
 
     wait_until(
         lambda: all(service.processed(s) > 0 for s in ("a", "b", "rtsp")),
@@ -206,13 +212,101 @@ def test_stream_limit_and_worker_capacity(service: Service, clip: Path) -> None:
             assert service.send("POST", "/v1/streams", stream(clip, stream_id))[0] == 201
         status, out = service.send("POST", "/v1/streams", stream(clip, "one-too-many"))
         assert status == 409 and "limit" in out["detail"]
-        assert sorted(w["streams"] for w in service.workers()) == [2, 2, 2]
+        assert sorted(w["streams"] for w in service.workers() if w["role"] == "worker") == [2] * 3
     finally:
         for stream_id in ids:
             service.send("DELETE", f"/v1/streams/{stream_id}")
 
 
-def test_a_killed_worker_is_replaced_and_its_streams_publish_again(
+def slot(service: Service, name: str) -> dict[str, Any]:
+    found: list[dict[str, Any]] = [w for w in service.workers() if w["name"] == name]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def ready_spare(service: Service) -> dict[str, Any]:
+    wait_until(lambda: slot(service, "spare0")["alive"], 120, what="the spare ready")
+    spare = slot(service, "spare0")
+    assert spare["role"] == "spare" and spare["streams"] == 0
+    return spare
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_a_killed_worker_s_streams_move_to_the_ready_spare(service: Service, clip: Path) -> None:
+    for stream_id in ("k1", "k2"):
+        assert service.send("POST", "/v1/streams", stream(clip, stream_id))[0] == 201
+    try:
+        wait_until(
+            lambda: service.processed("k1") > 0 and service.processed("k2") > 0,
+            60,
+            what="both streams publishing",
+        )
+        spare = ready_spare(service)
+        spare_rss = rss_mib(spare["pid"])
+        victim = service.get("/v1/streams/k1")[1]["worker"]
+        assert victim != service.get("/v1/streams/k2")[1]["worker"]
+        worker = slot(service, victim)
+        with connect(
+            f"{service.ws_base}/v1/streams/k2/events", open_timeout=10, max_queue=None
+        ) as ws:
+            os.kill(worker["pid"], signal.SIGKILL)
+            killed_at = time.monotonic()
+            # The spare's process (started before the kill) now serves under the dead
+            # worker's name: no process had to start for k1 to run again.
+            wait_until(
+                lambda: slot(service, victim)["pid"] == spare["pid"],
+                5.0,
+                interval=0.02,
+                what="the spare in the dead worker's place",
+            )
+            processed_before = service.processed("k1")
+            wait_until(
+                lambda: service.processed("k1") > processed_before + 2,
+                60,
+                interval=0.02,
+                what="k1 publishing again",
+            )
+            restart_s = time.monotonic() - killed_at
+            view = service.get("/v1/streams/k1")[1]
+            assert view["worker"] == victim and view["status"]["state"] == "streaming", view
+            assert slot(service, victim)["pid"] == spare["pid"], "k1 runs in the former spare"
+            # The other worker's stream kept publishing to a client that stayed connected.
+            during = [json.loads(ws.recv(timeout=20)) for _ in range(3)]
+            assert all(m["type"] == "result" for m in during), during
+            assert {m["result"]["source_id"] for m in during} == {"k2"}
+        after = slot(service, victim)
+        assert after["alive"] and after["role"] == "worker"
+        # Its own log lines now name the slot it serves.
+        wait_until(
+            lambda: f"worker spare0 is now {victim}" in service.process.log_tail(5000),
+            5,
+            what="the former spare renamed",
+        )
+        assert after["restarts"] == worker["restarts"] + 1 and "SIGKILL" in after["last_exit"]
+        # A new spare starts in the background, in a new process.
+        replacement = ready_spare(service)
+        assert replacement["pid"] not in (spare["pid"], worker["pid"])
+        metrics = service.metrics()
+        assert metrics[("vdet_worker_restarts_total", (("gpu", "cpu"), ("worker", victim)))] >= 1
+        assert metrics[("vdet_worker_up", (("gpu", "cpu"), ("worker", victim)))] == 1.0
+        assert metrics[("vdet_worker_up", (("gpu", "cpu"), ("worker", "spare0")))] == 1.0
+        print(
+            f"killed worker's stream published again {restart_s:.2f} s after SIGKILL "
+            f"(restart_seconds={restart_s:.2f}, in the spare); an idle spare's RSS: "
+            f"{spare_rss:.0f} MiB"
+        )
+    finally:
+        for stream_id in ("k1", "k2"):
+            service.send("DELETE", f"/v1/streams/{stream_id}")
+
+
+def test_with_no_spare_ready_a_killed_worker_restarts_in_a_new_process(
     service: Service, clip: Path
 ) -> None:
     for stream_id in ("k1", "k2"):
@@ -226,11 +320,14 @@ def test_a_killed_worker_is_replaced_and_its_streams_publish_again(
         victim = service.get("/v1/streams/k1")[1]["worker"]
         survivor = service.get("/v1/streams/k2")[1]["worker"]
         assert victim != survivor
-        (worker,) = [w for w in service.workers() if w["name"] == victim]
-        restarts_before = worker["restarts"]
+        worker = slot(service, victim)
+        spare = ready_spare(service)
         with connect(
             f"{service.ws_base}/v1/streams/k2/events", open_timeout=10, max_queue=None
         ) as ws:
+            # The spare dies first: its replacement cannot be ready when the worker dies.
+            os.kill(spare["pid"], signal.SIGKILL)
+            wait_until(lambda: not slot(service, "spare0")["alive"], 5, what="the spare gone")
             os.kill(worker["pid"], signal.SIGKILL)
             killed_at = time.monotonic()
             wait_until(
@@ -264,13 +361,15 @@ def test_a_killed_worker_is_replaced_and_its_streams_publish_again(
             restart_s = time.monotonic() - killed_at
             after = [json.loads(ws.recv(timeout=20)) for _ in range(2)]
             assert all(m["type"] == "result" for m in after)
-        (worker,) = [w for w in service.workers() if w["name"] == victim]
-        assert worker["alive"] and worker["restarts"] == restarts_before + 1
-        assert worker["pid"] != os.getpid() and "SIGKILL" in worker["last_exit"]
+        now = slot(service, victim)
+        assert now["alive"] and now["restarts"] == worker["restarts"] + 1
+        assert now["pid"] not in (worker["pid"], spare["pid"]) and "SIGKILL" in now["last_exit"]
+        spare_now = ready_spare(service)  # the killed spare was replaced too
+        assert spare_now["restarts"] >= 1 and "SIGKILL" in spare_now["last_exit"]
         metrics = service.metrics()
         assert metrics[("vdet_worker_restarts_total", (("gpu", "cpu"), ("worker", victim)))] >= 1
         assert metrics[("vdet_worker_up", (("gpu", "cpu"), ("worker", victim)))] == 1.0
-        print(f"killed worker's stream published again {restart_s:.1f} s after SIGKILL")
+        print(f"without a spare: published again {restart_s:.2f} s after SIGKILL")
     finally:
         for stream_id in ("k1", "k2"):
             service.send("DELETE", f"/v1/streams/{stream_id}")
@@ -291,7 +390,8 @@ def test_metrics_are_one_registry_without_double_counting(service: Service, clip
         assert metrics[("vdet_source_state", (("source", "m"), ("state", "streaming")))] == 1.0
         assert metrics[("vdet_frames_decoded_total", (("source", "m"),))] >= processed
         for w in service.workers():
-            assert metrics[("vdet_worker_up", (("gpu", "cpu"), ("worker", w["name"])))] == 1.0
+            up = metrics[("vdet_worker_up", (("gpu", "cpu"), ("worker", w["name"])))]
+            assert up == 1.0 or w["role"] == "spare", w  # a spare may still be starting
     finally:
         service.send("DELETE", "/v1/streams/m")
 
@@ -301,8 +401,10 @@ def test_sigterm_stops_every_worker_and_leaves_no_orphan(
 ) -> None:
     svc = start_service(folder, model, workers={"processes": 2}, sources=[stream(clip, "t")])
     try:
+        # Two workers and a spare, which may still be loading its model: stopped all the same.
         pids = [w["pid"] for w in svc.workers()]
-        assert len(pids) == 2 and all(alive(p) for p in pids)
+        assert [w["role"] for w in svc.workers()] == ["worker", "worker", "spare"]
+        assert all(alive(p) for p in pids)
         started = time.monotonic()
         svc.process.popen.send_signal(signal.SIGTERM)
         code = svc.process.popen.wait(timeout=10)
@@ -319,6 +421,7 @@ def test_a_killed_api_process_takes_its_workers_with_it(folder: Path, model: Pat
     svc = start_service(folder, model, workers={"processes": 2})
     try:
         pids = [w["pid"] for w in svc.workers()]
+        assert len(pids) == 3, "two workers and a spare"
         svc.process.popen.kill()
         svc.process.popen.wait(timeout=10)
         wait_until(lambda: not any(alive(p) for p in pids), 5, what="orphaned workers gone")

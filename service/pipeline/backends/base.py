@@ -53,8 +53,15 @@ class InferenceBackend(ABC):
     def infer(self, batch: FloatArray) -> FloatArray:
         """Run the network on (n, 3, H, W) float32 in [0, 1]; return raw head (n, 4 + nc, N).
 
-        n >= 1; H, W must equal `info.input_hw`.
+        n >= 1; H, W must equal `info.input_hw`, or, where `rect_inputs`, be multiples of the
+        stride no larger than it.
         """
+
+    @property
+    def rect_inputs(self) -> bool:
+        """Whether `infer` takes inputs smaller than `info.input_hw` (rectangular letterboxes).
+        Backends whose graphs or engines fix the shape say no."""
+        return False
 
     @abstractmethod
     def close(self) -> None:
@@ -63,13 +70,23 @@ class InferenceBackend(ABC):
     def check_batch(self, batch: FloatArray) -> FloatArray:
         """Validate an `infer` argument against the model; shared so all backends agree."""
         H, W = self.info.input_hw
-        if batch.ndim != 4 or batch.shape[1:] != (3, H, W):
-            raise ValueError(f"batch must have shape (n, 3, {H}, {W}), got {batch.shape}")
+        if batch.ndim != 4 or batch.shape[1] != 3 or not self._takes_hw(batch.shape[2:]):
+            rect = f" or smaller multiples of {self.info.stride}" if self.rect_inputs else ""
+            raise ValueError(f"batch must have shape (n, 3, {H}, {W}){rect}, got {batch.shape}")
         if batch.shape[0] == 0:
             raise ValueError("batch is empty; infer needs at least one image")
         if batch.dtype != np.float32:
             raise ValueError(f"batch must be float32, got {batch.dtype}")
         return batch
+
+    def _takes_hw(self, hw: tuple[int, ...]) -> bool:
+        if hw == self.info.input_hw:
+            return True
+        stride = self.info.stride
+        return self.rect_inputs and all(
+            0 < side <= limit and side % stride == 0
+            for side, limit in zip(hw, self.info.input_hw, strict=True)
+        )
 
     def __enter__(self) -> InferenceBackend:
         return self

@@ -54,6 +54,10 @@ class OnnxRuntimeBackend(InferenceBackend):
     def max_batch(self) -> int | None:
         return self.info.batch
 
+    @property
+    def rect_inputs(self) -> bool:
+        return self.info.dynamic_hw
+
     def infer(self, batch: FloatArray) -> FloatArray:
         batch = self.check_batch(batch)
         session = self._session  # one read, so a concurrent close() cannot swap it mid-call
