@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-from collections.abc import Awaitable
 from typing import Literal
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect, status
@@ -147,30 +146,45 @@ async def _drain(ws: WebSocket) -> None:
 
 
 class _ClientTooSlowError(Exception):
-    """One message took longer than the send timeout to go out: the client is not reading.
-    `sending` is that message's send, still waiting; `seq` its result's seq, if any."""
-
-    def __init__(self, sending: asyncio.Future[None], seq: int | None) -> None:
-        super().__init__("client too slow")
-        self.sending = sending
-        self.seq = seq
+    """A message took longer than the send timeout to go out: the client is not reading."""
 
 
 async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int | None) -> None:
     """Replay, then live results; ends with a goodbye (`lagging`, `stream_removed`,
-    `shutdown`) carrying the resume point. A message that takes longer than
-    `hub.send_timeout_s` to go out makes the client `lagging`, before the keepalive ping would
-    cut it without one (see `_too_slow`)."""
+    `shutdown`) carrying the resume point.
+
+    A message still going out after `hub.send_timeout_s` makes the client `lagging`, before
+    the keepalive ping would cut it without one. uvicorn writes nothing to a connection whose
+    buffer is full, so that message cannot be abandoned (it was not written) and `lagging` can
+    only follow it: the send is left running for one more timeout. If it goes out (the client
+    reads again), it counts as sent and the goodbye follows; if not, this task is cancelled and
+    the client is dropped without a word (it resumes from the last seq it read). Timers, not a
+    task per send: this runs for every result and every client.
+    """
     last_sent = after if after is not None else sub.start_seq
     timeout_s = rt.settings.hub.send_timeout_s
+    loop = asyncio.get_running_loop()
+    this_task = asyncio.current_task()
+    assert this_task is not None
+    drop: asyncio.TimerHandle | None = None  # armed once a send has timed out
+
+    def too_slow() -> None:
+        nonlocal drop
+        sub.close()  # nothing more is queued for this client
+        drop = loop.call_later(timeout_s, this_task.cancel)
 
     async def send(text: str, seq: int | None = None) -> None:
         nonlocal last_sent
-        pending = await _within(ws.send_text(text), timeout_s)
-        if pending is not None:
-            raise _ClientTooSlowError(pending, seq)
+        timer = loop.call_later(timeout_s, too_slow)
+        try:
+            await ws.send_text(text)
+        finally:
+            timer.cancel()
         if seq is not None:
             last_sent = seq
+        if drop is not None:
+            drop.cancel()
+            raise _ClientTooSlowError
 
     names = rt.class_names
     encoder: ResultEventEncoder = ws.app.state.encoder
@@ -180,7 +194,6 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
             await send(
                 GapEvent(requested_after=after, oldest_seq=replay.oldest_seq).model_dump_json()
             )
-        loop = asyncio.get_running_loop()
         for start in range(0, len(replay.results), _REPLAY_CHUNK):
             chunk = replay.results[start : start + _REPLAY_CHUNK]
             # A replay can be thousands of results: encoded off the event loop, in chunks.
@@ -191,42 +204,12 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
         while True:
             result = await sub.get()
             await send(encoder.encode(result, names), result.seq)
-    except _ClientTooSlowError as slow:
+    except _ClientTooSlowError:
         sub.close()
-        if await _too_slow(slow, timeout_s):
-            sent = slow.seq if slow.seq is not None else last_sent
-            await _goodbye(ws, "lagging", sent, status.WS_1013_TRY_AGAIN_LATER, timeout_s)
+        await _goodbye(ws, "lagging", last_sent, status.WS_1013_TRY_AGAIN_LATER, timeout_s)
     except SubscriptionEndedError as end:
         kind, code = _END[end.reason]
         await _goodbye(ws, kind, last_sent, code, timeout_s)
-
-
-async def _within(step: Awaitable[None], timeout_s: float) -> asyncio.Future[None] | None:
-    """Run `step` (a send or a close) for up to `timeout_s`: None once it is done, else the
-    step itself, still running. Its errors (the client went away) propagate."""
-    running = asyncio.ensure_future(step)
-    try:
-        await asyncio.wait({running}, timeout=timeout_s)
-    except asyncio.CancelledError:
-        running.cancel()
-        raise
-    if not running.done():
-        return running
-    running.result()
-    return None
-
-
-async def _too_slow(slow: _ClientTooSlowError, timeout_s: float) -> bool:
-    """Whether the message that timed out went out after all, within one more `timeout_s`.
-
-    uvicorn writes nothing to a connection whose buffer is full (the client is not reading),
-    so that message is still waiting, and `lagging` could only go out behind it: a client that
-    reads again soon gets both; one that does not is disconnected without a word (it can still
-    resume from the last seq it read)."""
-    if await _within(slow.sending, timeout_s) is None:
-        return True
-    slow.sending.cancel()
-    return False
 
 
 async def _goodbye(
@@ -234,9 +217,10 @@ async def _goodbye(
 ) -> None:
     """The last message and the close, each bounded: a client that reads nothing any more
     must not hold its connection open (returning drops it)."""
-    text = EndEvent(type=kind, resume_after=resume_after).model_dump_json()
-    pending = await _within(ws.send_text(text), timeout_s)
-    if pending is None:
-        pending = await _within(ws.close(code), timeout_s)
-    if pending is not None:
-        pending.cancel()
+    try:
+        async with asyncio.timeout(timeout_s):
+            await ws.send_text(EndEvent(type=kind, resume_after=resume_after).model_dump_json())
+        async with asyncio.timeout(timeout_s):
+            await ws.close(code)
+    except TimeoutError:
+        pass
