@@ -45,6 +45,12 @@ def test_no_key_is_401_before_a_byte_of_the_body_is_read(make_settings: MakeSett
         # The open paths stay open.
         assert (await asgi_request(app, "GET", "/healthz")).status == 200
         assert (await asgi_request(app, "GET", "/openapi.json")).status == 200
+        # So do the web page's files (they hold no data; the page sends the key itself),
+        # but only those: a prefix is not a way around the key.
+        for path in ("/", "/ui/app.js"):
+            assert (await asgi_request(app, "GET", path)).status == 200, path
+        for path in ("/ui", "/uix/app.js", "/v1/workers", "/v1/streams/demo/live.mjpeg"):
+            assert (await asgi_request(app, "GET", path)).status == 401, path
 
     asyncio.run(run())
 
