@@ -15,7 +15,7 @@ Conventions (source image w x h, network input W x H):
   (half to even), so each axis has its own exact scale new_w / w and new_h / h.
 * Padding: dw = (W - new_w) / 2, dh = (H - new_h) / 2; left = round(dw - 0.1),
   right = round(dw + 0.1), top = round(dh - 0.1), bottom = round(dh + 0.1): an odd leftover
-  pixel goes to the right/bottom. Pad value is 114 (as uint8, before normalisation).
+  pixel goes to the right/bottom. Pad value `PAD_VALUE` (114, as uint8, before normalisation).
 * Resize only when the size changes: cv2.resize INTER_LINEAR on uint8, half-pixel centres
   (src = (dst + 0.5) * (w / new_w) - 0.5, clamped at the borders). OpenCV interpolates uint8
   with 11-bit fixed-point weights, so a float kernel may differ by 1 in 255.
