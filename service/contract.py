@@ -29,8 +29,9 @@ it does no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -146,10 +147,12 @@ def compute_letterbox(source_wh: tuple[int, int], input_hw: tuple[int, int]) -> 
 # ---- YUV -> RGB -----------------------------------------------------------------------------
 
 # (Kr, Kb) luma weights of each matrix (ITU-R BT.601 and BT.709); Kg = 1 - Kr - Kb.
-LUMA_WEIGHTS: dict[ColourMatrix, tuple[float, float]] = {
-    ColourMatrix.BT601: (0.299, 0.114),
-    ColourMatrix.BT709: (0.2126, 0.0722),
-}
+LUMA_WEIGHTS: Mapping[ColourMatrix, tuple[float, float]] = MappingProxyType(
+    {
+        ColourMatrix.BT601: (0.299, 0.114),
+        ColourMatrix.BT709: (0.2126, 0.0722),
+    }
+)
 # 8-bit chroma is stored offset by 128 (u = U - 128, v = V - 128) in either range.
 CHROMA_OFFSET = 128
 # Limited ("MPEG", "tv") range: luma 16..235 (219 steps), chroma 16..240 (224 steps).
