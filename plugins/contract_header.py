@@ -82,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--output", type=Path, default=HEADER, help=f"header to write or check (default {HEADER})"
     )
     args = parser.parse_args(argv)
+    if not args.output.parent.is_dir():
+        parser.error(f"{args.output.parent} does not exist: run from the repository root")
     text = render()
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.is_file() else None
