@@ -6,7 +6,8 @@ settings (vdet.config) and the CLI must agree on bit for bit:
 
 * model input: the default network input size and stride of the models vdet exports and trains;
 * letterbox geometry: `compute_letterbox` and the `LetterboxTransform` it returns (scale, padding,
-  the way back to source pixels) and the pad value;
+  the way back to source pixels), the rectangular input that holds a frame (`rect_input_hw`)
+  and the pad value;
 * YUV -> RGB: each matrix's luma weights, the limited-range offsets and gains, and the float32
   coefficients the kernels receive as a launch argument (`yuv_coefficients`);
 * post-process: `PostprocessParams`, the serving defaults (`CONF_THRESHOLD`, `IOU_THRESHOLD`,
@@ -142,6 +143,22 @@ def compute_letterbox(source_wh: tuple[int, int], input_hw: tuple[int, int]) -> 
         input_hw=(int(H), int(W)),
         source_wh=(int(w), int(h)),
     )
+
+
+def rect_input_hw(
+    source_wh: tuple[int, int], input_hw: tuple[int, int], stride: int
+) -> tuple[int, int]:
+    """The smallest network input, sides multiples of `stride`, that holds `source_wh`
+    letterboxed at the scale it gets in `input_hw`: (384, 640) for 1920x1080 or 1280x720 at
+    640x640, (480, 640) for 4:3 (a rectangular input, for backends that take one)."""
+    w, h = source_wh
+    H, W = input_hw
+    if w < 1 or h < 1:
+        raise ValueError(f"source size must be positive, got {source_wh}")
+    if stride < 1 or H % stride or W % stride:
+        raise ValueError(f"input size {input_hw} must be a multiple of the stride {stride}")
+    new_w, new_h = resized_size((w, h), letterbox_gain((w, h), (H, W)))
+    return min(-(-new_h // stride) * stride, H), min(-(-new_w // stride) * stride, W)
 
 
 # ---- YUV -> RGB -----------------------------------------------------------------------------

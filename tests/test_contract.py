@@ -24,6 +24,7 @@ from vdet.contract import (
     compute_letterbox,
     letterbox_gain,
     letterbox_padding,
+    rect_input_hw,
     resized_size,
     yuv_coefficients,
 )
@@ -79,6 +80,38 @@ def test_letterbox_geometry(
     t = compute_letterbox(source_wh, input_hw)
     assert t == LetterboxTransform(gain, *padding, input_hw, source_wh)
     assert t.resized_wh == resized_wh
+
+
+@pytest.mark.parametrize(
+    ("source_wh", "expected_hw"),
+    [
+        ((1920, 1080), (384, 640)),  # 16:9: 640x360 letterboxed, padded to 384
+        ((1280, 720), (384, 640)),
+        ((640, 480), (480, 640)),  # 4:3
+        ((1080, 1920), (640, 384)),  # portrait
+        ((1000, 1000), (640, 640)),  # square stays square
+        ((4000, 100), (32, 640)),  # a sliver: at least one stride
+        ((320, 180), (384, 640)),  # upscaled like the square letterbox
+    ],
+)
+def test_rect_input_holds_the_letterboxed_frame(
+    source_wh: tuple[int, int], expected_hw: tuple[int, int]
+) -> None:
+    rect_hw = rect_input_hw(source_wh, (640, 640), contract.STRIDE)
+    assert rect_hw == expected_hw
+    new_w, new_h = compute_letterbox(source_wh, (640, 640)).resized_wh
+    assert new_h <= rect_hw[0] < new_h + contract.STRIDE or rect_hw[0] == 640
+    assert new_w <= rect_hw[1] < new_w + contract.STRIDE or rect_hw[1] == 640
+
+
+@pytest.mark.parametrize(
+    ("source_wh", "input_hw", "stride"), [((0, 10), (640, 640), 32), ((10, 10), (640, 630), 32)]
+)
+def test_rect_input_refuses_impossible_sizes(
+    source_wh: tuple[int, int], input_hw: tuple[int, int], stride: int
+) -> None:
+    with pytest.raises(ValueError, match=r"positive|multiple of the stride"):
+        rect_input_hw(source_wh, input_hw, stride)
 
 
 @pytest.mark.parametrize(("source_wh", "input_hw"), [((0, 10), (64, 64)), ((10, 10), (0, 64))])
