@@ -16,9 +16,10 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from vdet import contract
+
 if TYPE_CHECKING:
     from vdet.pipeline.detector import Detector, InputShape
-    from vdet.pipeline.postprocess import PostprocessParams
     from vdet.types import Detections, ImageArray, StageTimings
 
 DEMO_SOURCE_ID = "demo"
@@ -48,9 +49,9 @@ def _add_detection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=None, help="ONNX model (default: demo model)")
     p.add_argument("--backend", default="auto", help="auto, onnxruntime, torch, tensorrt")
     _add_input_shape_arg(p)
-    p.add_argument("--conf", type=float, default=0.25, help="score threshold")
-    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
-    p.add_argument("--max-det", type=int, default=300)
+    p.add_argument("--conf", type=float, default=contract.CONF_THRESHOLD, help="score threshold")
+    p.add_argument("--iou", type=float, default=contract.IOU_THRESHOLD, help="NMS IoU threshold")
+    p.add_argument("--max-det", type=int, default=contract.MAX_DET)
     p.add_argument("--classes", default=None, help="comma-separated class names or ids")
 
 
@@ -103,7 +104,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="Ultralytics .pt -> ONNX with the raw head")
     p.add_argument("weights", help=".pt checkpoint or Ultralytics model .yaml")
     p.add_argument("--output", type=Path, required=True)
-    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--imgsz", type=int, default=contract.INPUT_SIZE)
     p.add_argument("--dynamic", action="store_true", help="symbolic batch axis")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--opset", type=int, default=17)
@@ -291,10 +292,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _detector(args: argparse.Namespace) -> tuple[Detector, PostprocessParams]:
+def _detector(args: argparse.Namespace) -> tuple[Detector, contract.PostprocessParams]:
     from vdet.pipeline.detector import Detector
     from vdet.pipeline.model import ModelError
-    from vdet.pipeline.postprocess import PostprocessParams
     from vdet.streams import resolve_classes
 
     model = args.model or asset_path("demo.onnx")
@@ -305,7 +305,7 @@ def _detector(args: argparse.Namespace) -> tuple[Detector, PostprocessParams]:
     try:
         refs = [c.strip() for c in args.classes.split(",")] if args.classes else None
         classes = resolve_classes(refs, detector.info.names)
-        params = PostprocessParams(
+        params = contract.PostprocessParams(
             conf_threshold=args.conf, iou_threshold=args.iou, max_det=args.max_det, classes=classes
         )
     except ValueError as exc:
