@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, cast
 from vdet import contract
 
 if TYPE_CHECKING:
-    from vdet.pipeline.detector import Detector, InputShape
+    from vdet.pipeline.detector import Detector
     from vdet.types import Detections, ImageArray, StageTimings
 
 DEMO_SOURCE_ID = "demo"
@@ -648,9 +648,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from vdet.bench import (
         GPU_SCRIPTS,
         gpu_script,
-        pipeline_shapes_report,
         run_engine_bench,
         run_pipeline_bench,
+        run_pipeline_shapes_bench,
     )
 
     if args.scenario in GPU_SCRIPTS:
@@ -685,21 +685,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
     else:
         source = args.source or str(asset_path("sample.mp4"))
-        shapes: tuple[InputShape, ...] = (
-            ("square", "rect") if args.input_shape == "both" else (args.input_shape,)
-        )
-        runs = [
-            run_pipeline_bench(
+        if args.input_shape == "both":
+            result = run_pipeline_shapes_bench(
                 model=model,
                 backend=args.backend,
                 source=source,
                 frames=args.frames,
                 warmup=args.warmup,
-                input_shape=shape,
             )
-            for shape in shapes
-        ]
-        result = runs[0] if len(runs) == 1 else pipeline_shapes_report(runs)
+        else:
+            result = run_pipeline_bench(
+                model=model,
+                backend=args.backend,
+                source=source,
+                frames=args.frames,
+                warmup=args.warmup,
+                input_shape=args.input_shape,
+            )
     text = json.dumps(result, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
