@@ -16,6 +16,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vdet.contract import INPUT_SIZE
+
 if TYPE_CHECKING:
     from vdet.pipeline.model import ModelInfo
 
@@ -29,7 +31,7 @@ class ExportError(RuntimeError):
 def export_onnx(
     weights: str | Path,
     output: Path,
-    imgsz: int = 640,
+    imgsz: int = INPUT_SIZE,
     dynamic_batch: bool = False,
     batch: int = 1,
     opset: int = 17,

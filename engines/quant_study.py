@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from vdet.bench import environment
+from vdet.contract import EVAL_CONF_THRESHOLD, EVAL_IOU_THRESHOLD, EVAL_MAX_DET
 from vdet.dataset.writers import write_dataset
 from vdet.engines.quantize import (
     CALIBRATION_METHODS,
@@ -325,7 +326,8 @@ def accuracy_markdown(report: dict[str, Any]) -> str:
         f"{report['study']}. Eval set: {report['eval_set']}. Calibration: "
         f"{report['calibration']['frames']} frames, {report['calibration']['seeds']}. "
         "Every model run by ONNX Runtime's CPU provider through `vdet eval`'s pipeline "
-        "(letterbox, score threshold 0.001, NMS IoU 0.7, max 300 detections).",
+        f"(letterbox, score threshold {EVAL_CONF_THRESHOLD}, NMS IoU {EVAL_IOU_THRESHOLD}, "
+        f"max {EVAL_MAX_DET} detections).",
         "",
         f"Machine: {env['host_cpu']}, {env['cpu_count']} cores, Python {env['python']}, "
         f"{env['platform']}; {packages}. Target: {report['target']}.",

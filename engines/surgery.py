@@ -34,10 +34,12 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from vdet import contract
+from vdet.contract import MAX_TOP_K
 from vdet.pipeline.model import Dim, ModelError, load_model_info
 
 if TYPE_CHECKING:
-    from vdet.pipeline.postprocess import PostprocessParams
+    from vdet.contract import PostprocessParams
 
 PLUGIN_OP = "VdetDecodeNms"
 PLUGIN_NAMESPACE = "vdet"
@@ -49,8 +51,6 @@ PLUGIN_NODE_NAME = "vdet/decode_nms"
 DETECTIONS = "detections"
 NUM_DETECTIONS = "num_detections"
 DETECTION_FIELDS = 6  # x1, y1, x2, y2, score, class
-# Largest top_k the kernels sort in shared memory (VDET_MAX_TOP_K, plugins/kernels/vdet_kernels.h).
-MAX_TOP_K = 4096
 METADATA_KEY = "vdet_decode_nms"
 
 
@@ -63,14 +63,14 @@ class DecodeNmsAttributes:
     """The plugin node's attributes: `PostprocessParams` without a class filter.
 
     Thresholds are stored as ONNX FLOAT (float32), which is also what the CPU reference rounds
-    them to before comparing.
+    them to before comparing. Defaults are vdet.contract's, as are the plugin's own (C++) ones.
     """
 
-    score_threshold: float = 0.25
-    iou_threshold: float = 0.45
-    top_k: int = 1000
-    max_det: int = 300
-    class_agnostic: bool = False
+    score_threshold: float = contract.CONF_THRESHOLD
+    iou_threshold: float = contract.IOU_THRESHOLD
+    top_k: int = contract.TOP_K
+    max_det: int = contract.MAX_DET
+    class_agnostic: bool = contract.CLASS_AGNOSTIC
 
     def __post_init__(self) -> None:
         for name in ("score_threshold", "iou_threshold"):

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from vdet.contract import INPUT_SIZE
 from vdet.dataset.synthetic import SceneConfig
 from vdet.dataset.writers import write_dataset
 from vdet.engines.export import export_onnx
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-images", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=80)
     parser.add_argument("--minutes", type=float, default=None, help="wall-clock cap on training")
-    parser.add_argument("--imgsz", type=int, default=640)
+    parser.add_argument("--imgsz", type=int, default=INPUT_SIZE)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 8)
     parser.add_argument("--device", default="0")

@@ -28,6 +28,10 @@ extern "C" int emu_launch(const char* name, unsigned int gx, unsigned int gy, un
                           char* error, int error_bytes);
 #endif
 
+// A macro's value as a string literal (the limits in the error messages come from the header).
+#define VDET_STRINGIFY_VALUE(x) #x
+#define VDET_STRINGIFY(x) VDET_STRINGIFY_VALUE(x)
+
 namespace {
 
 constexpr size_t kAlign = 256;
@@ -243,8 +247,8 @@ extern "C" const char* vdet_decode_nms_error(int code) {
     switch (code) {
         case 0: return "no error";
         case kErrParams:
-            return "invalid decode + NMS parameters (thresholds in [0, 1], 1 <= top_k <= 4096, "
-                   "max_det >= 1, class_agnostic 0 or 1)";
+            return "invalid decode + NMS parameters (thresholds in [0, 1], 1 <= top_k <= "
+                   VDET_STRINGIFY(VDET_MAX_TOP_K) ", max_det >= 1, class_agnostic 0 or 1)";
         case kErrShape: return "invalid raw head shape (batch <= 65535, >= 1 class)";
         case kErrWorkspace: return "workspace missing, too small or not 256-byte aligned";
         case kErrSharedMemory: return "top_k / max_det need more shared memory than the device has";

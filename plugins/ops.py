@@ -2,10 +2,12 @@
 
 This module owns the host half of each kernel: validating the caller's tensors, the per-frame
 letterbox geometry (`compute_letterbox` on the host, passed to the device as integers, per
-docs/conventions.md), the YUV -> RGB coefficients, the decode + NMS workspace layout and the
-launch shapes. Tensors are the caller's (torch, CuPy, anything with __cuda_array_interface__);
-work is queued on the caller's stream and nothing here synchronises. How kernels are compiled
-and launched is `vdet.plugins.launch`'s business.
+docs/conventions.md), the decode + NMS workspace layout and the launch shapes. Tensors are the
+caller's (torch, CuPy, anything with __cuda_array_interface__); work is queued on the caller's
+stream and nothing here synchronises. How kernels are compiled and launched is
+`vdet.plugins.launch`'s business. The numbers the kernels share with the CPU reference (pad
+value, YUV -> RGB coefficients, the largest top_k, post-process parameters) are vdet.contract's;
+like every module of vdet.plugins, this one imports nothing from vdet.pipeline.
 
     ops = GpuOps()                                   # compiles for this GPU on first use
     transforms = ops.letterbox_nv12(ys, uvs, batch, matrix="bt709", stream=s)
@@ -22,16 +24,22 @@ from typing import Literal
 
 import numpy as np
 
-from ..pipeline.postprocess import PostprocessParams
-from ..pipeline.preprocess import LetterboxTransform, compute_letterbox
-from ..types import ImageArray
+from .. import contract
+from ..contract import (
+    CHROMA_OFFSET,
+    MAX_TOP_K,
+    LetterboxTransform,
+    PostprocessParams,
+    YuvCoefficients,
+    compute_letterbox,
+)
+from ..types import ColourMatrix, ColourRange, ImageArray
 from .launch import Backend, CudaBackend, DeviceArray, KernelArg, stream_handle
 
-# Mirrors of vdet_kernels.h (a test checks that they agree).
+# Mirrors of vdet_kernels.h (a test checks that they agree). MAX_TOP_K and the pad value come
+# from vdet.contract, which also generates their C copy (vdet_contract.h).
 MAX_FRAMES = 64
 MAX_FILTER_CLASSES = 1024
-MAX_TOP_K = 4096
-PAD_VALUE = 114
 
 # Launch shapes and shared-memory layouts from decode_nms.cuh.
 DECODE_BLOCK = (32, 8, 1)
@@ -44,12 +52,6 @@ SCAN_STATIC_SMEM = 16  # vdet_nms_scan's own __shared__ scalars
 LETTERBOX_BLOCK = (32, 8, 1)
 
 YuvMatrix = Literal["bt601", "bt709"]
-
-# (Kr, Kb) luma weights of each matrix (ITU-R BT.601 and BT.709).
-_LUMA_WEIGHTS: dict[str, tuple[float, float]] = {
-    "bt601": (0.299, 0.114),
-    "bt709": (0.2126, 0.0722),
-}
 
 
 class _Frame(ctypes.Structure):
@@ -89,51 +91,19 @@ class _ClassMask(ctypes.Structure):
 # ---- YUV ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class YuvCoefficients:
-    """float32 coefficients of vdet_kernels.h's VdetYuvCoefficients (see there for the formula).
-
-    Derived in float64 from the matrix's Kr, Kb and rounded to float32 once, so the NumPy
-    reference (`nv12_to_bgr`) and the kernel use the very same numbers.
-    """
-
-    y_offset: np.float32
-    y_scale: np.float32
-    r_v: np.float32
-    g_u: np.float32
-    g_v: np.float32
-    b_u: np.float32
-
-    def as_struct(self) -> _YuvCoefficients:
-        return _YuvCoefficients(
-            float(self.y_offset),
-            float(self.y_scale),
-            float(self.r_v),
-            float(self.g_u),
-            float(self.g_v),
-            float(self.b_u),
-        )
-
-
 def yuv_coefficients(matrix: YuvMatrix = "bt709", full_range: bool = False) -> YuvCoefficients:
-    """Coefficients for BT.601 or BT.709, limited (16-235 / 16-240) or full (0-255) range."""
-    if matrix not in _LUMA_WEIGHTS:
-        raise ValueError(f"matrix must be one of {sorted(_LUMA_WEIGHTS)}, got {matrix!r}")
-    kr, kb = _LUMA_WEIGHTS[matrix]
-    kg = 1.0 - kr - kb
-    if full_range:
-        y_offset, y_scale, c_scale = 0.0, 1.0, 1.0
-    else:
-        y_offset, y_scale, c_scale = 16.0, 255.0 / 219.0, 255.0 / 224.0
-    f = np.float32
-    return YuvCoefficients(
-        y_offset=f(y_offset),
-        y_scale=f(y_scale),
-        r_v=f(2.0 * (1.0 - kr) * c_scale),
-        g_u=f(2.0 * (1.0 - kb) * kb / kg * c_scale),
-        g_v=f(2.0 * (1.0 - kr) * kr / kg * c_scale),
-        b_u=f(2.0 * (1.0 - kb) * c_scale),
-    )
+    """vdet.contract's coefficients for BT.601 or BT.709, limited (16-235 / 16-240) or full
+    (0-255) range, named the way the kernel calls name them."""
+    names = sorted(m.value for m in ColourMatrix)
+    if matrix not in names:
+        raise ValueError(f"matrix must be one of {names}, got {matrix!r}")
+    colour_range = ColourRange.FULL if full_range else ColourRange.LIMITED
+    return contract.yuv_coefficients(ColourMatrix(matrix), colour_range)
+
+
+def _yuv_struct(k: YuvCoefficients) -> _YuvCoefficients:
+    """vdet_kernels.h's VdetYuvCoefficients, passed to the NV12 kernels by value."""
+    return _YuvCoefficients(k.y_offset, k.y_scale, k.r_v, k.g_u, k.g_v, k.b_u)
 
 
 def nv12_to_bgr(
@@ -148,8 +118,8 @@ def nv12_to_bgr(
     h, w = y_plane.shape[:2]
     uv = np.asarray(uv_plane, np.uint8).reshape(uv_plane.shape[0], -1, 2)
     rows, cols = np.arange(h) // 2, np.arange(w) // 2
-    u = uv[rows][:, cols, 0].astype(np.float32) - np.float32(128)
-    v = uv[rows][:, cols, 1].astype(np.float32) - np.float32(128)
+    u = uv[rows][:, cols, 0].astype(np.float32) - np.float32(CHROMA_OFFSET)
+    v = uv[rows][:, cols, 1].astype(np.float32) - np.float32(CHROMA_OFFSET)
     k = coefficients
     luma = (y_plane.reshape(h, w).astype(np.float32) - k.y_offset) * k.y_scale
     r = luma + k.r_v * v
@@ -427,7 +397,7 @@ class GpuOps:
                 batch.frames[i] = descriptor
             args: list[KernelArg] = [batch]
             if coefficients is not None:
-                args.append(coefficients.as_struct())
+                args.append(_yuv_struct(coefficients))
             args += [_u64(out.ptr + start * frame_bytes), ctypes.c_int(H), ctypes.c_int(W)]
             grid = ((W + 31) // 32, (H + 7) // 8, len(chunk))
             self.backend.launch(kernel, grid, LETTERBOX_BLOCK, 0, handle, args)

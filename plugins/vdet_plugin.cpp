@@ -7,6 +7,8 @@
 #include <mutex>
 #include <new>
 
+#include "kernels/vdet_contract.h"
+
 namespace vdet {
 namespace {
 
@@ -93,11 +95,11 @@ bool readInt(PluginField const& field, int32_t& value, std::string& error) {
 
 VdetDecodeNmsParams defaultParams() noexcept {
     VdetDecodeNmsParams p{};
-    p.score_threshold = 0.25F;
-    p.iou_threshold = 0.45F;
-    p.top_k = 1000;
-    p.max_det = 300;
-    p.class_agnostic = 0;
+    p.score_threshold = VDET_DEFAULT_SCORE_THRESHOLD;
+    p.iou_threshold = VDET_DEFAULT_IOU_THRESHOLD;
+    p.top_k = VDET_DEFAULT_TOP_K;
+    p.max_det = VDET_DEFAULT_MAX_DET;
+    p.class_agnostic = VDET_DEFAULT_CLASS_AGNOSTIC;
     return p;
 }
 

@@ -116,7 +116,7 @@ private:
 bool paramsFromFields(nvinfer1::PluginFieldCollection const& fc, VdetDecodeNmsParams& params,
                       std::string& error) noexcept;
 
-// The defaults of the CPU reference (vdet.pipeline.postprocess.PostprocessParams).
+// The defaults of vdet.contract (kernels/vdet_contract.h, generated from it).
 VdetDecodeNmsParams defaultParams() noexcept;
 
 }  // namespace vdet

@@ -13,10 +13,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -137,22 +135,67 @@ def run_pipeline_bench(
     }
 
 
-def pipeline_shapes_report(runs: Sequence[dict[str, Any]]) -> dict[str, object]:
-    """Square and rectangular inputs measured in one run, side by side, with their ratio."""
-    by_shape = {run["input_shape"]: run for run in runs}
-    square, rect = by_shape["square"], by_shape["rect"]
+def run_pipeline_shapes_bench(
+    model: str | os.PathLike[str],
+    backend: str,
+    source: str,
+    frames: int = 150,
+    warmup: int = 10,
+) -> dict[str, object]:
+    """Square and rectangular inputs on the same frames, interleaved: every decoded frame is
+    detected with both, in alternating order, so both see the same load (on a shared machine
+    two runs one after the other do not), and the ratio is taken frame by frame."""
+    shapes: tuple[InputShape, InputShape] = ("square", "rect")
+    times: dict[str, dict[str, list[float]]] = {
+        shape: {k: [] for k in ("preprocess", "inference", "postprocess", "total")}
+        for shape in shapes
+    }
+    with (
+        Detector.open(model, backend, input_shape="square") as square,
+        Detector.open(model, backend, input_shape="rect") as rect,
+        SourceReader(source, loop=True) as reader,
+    ):
+        detectors = {"square": square, "rect": rect}
+        info = reader.open()
+        source_wh = (info.width, info.height)
+        used = {shape: list(d.input_hw(source_wh)) for shape, d in detectors.items()}
+        done = 0
+        for item in reader.frames():
+            if isinstance(item, DecodeError):
+                continue
+            done += 1
+            order = shapes if done % 2 else shapes[::-1]
+            for shape in order:
+                start = time.perf_counter()
+                ((_, timings),) = detectors[shape].detect([item.image_bgr])
+                elapsed = time.perf_counter() - start
+                if done > warmup:
+                    kept = times[shape]
+                    kept["preprocess"].append(timings.preprocess)
+                    kept["inference"].append(timings.inference)
+                    kept["postprocess"].append(timings.postprocess)
+                    kept["total"].append(elapsed)
+            if done >= warmup + frames:
+                break
+        backend_name, device = square.backend.name, square.backend.device
+    paired = np.asarray(times["rect"]["total"]) / np.asarray(times["square"]["total"])
+    inference = np.asarray(times["rect"]["inference"]) / np.asarray(times["square"]["inference"])
     return {
         "scenario": "pipeline_shapes",
-        "environment": square["environment"],
-        "runs": list(runs),
-        "throughput_ratio_rect_over_square": (
-            round(rect["throughput_fps"] / square["throughput_fps"], 3)
-            if square["throughput_fps"]
-            else None
-        ),
-        "inference_p50_ratio_rect_over_square": round(
-            rect["latency_ms"]["inference"]["p50"] / square["latency_ms"]["inference"]["p50"], 3
-        ),
+        "environment": environment(),
+        "backend": backend_name,
+        "device": device,
+        "source": {"path": source, "width": info.width, "height": info.height, "fps": info.fps},
+        "frames": len(paired),
+        "warmup_frames": warmup,
+        "input_hw_used": used,
+        "latency_ms": {
+            shape: {k: summarize_ms(v) for k, v in stages.items()}
+            for shape, stages in times.items()
+        },
+        # per frame, rect / square (decode excluded: both detect the same decoded frame)
+        "rect_over_square_detect_time_p50": round(float(np.median(paired)), 3),
+        "rect_over_square_inference_time_p50": round(float(np.median(inference)), 3),
     }
 
 

@@ -16,9 +16,10 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from vdet import contract
+
 if TYPE_CHECKING:
-    from vdet.pipeline.detector import Detector, InputShape
-    from vdet.pipeline.postprocess import PostprocessParams
+    from vdet.pipeline.detector import Detector
     from vdet.types import Detections, ImageArray, StageTimings
 
 DEMO_SOURCE_ID = "demo"
@@ -48,9 +49,9 @@ def _add_detection_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=Path, default=None, help="ONNX model (default: demo model)")
     p.add_argument("--backend", default="auto", help="auto, onnxruntime, torch, tensorrt")
     _add_input_shape_arg(p)
-    p.add_argument("--conf", type=float, default=0.25, help="score threshold")
-    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold")
-    p.add_argument("--max-det", type=int, default=300)
+    p.add_argument("--conf", type=float, default=contract.CONF_THRESHOLD, help="score threshold")
+    p.add_argument("--iou", type=float, default=contract.IOU_THRESHOLD, help="NMS IoU threshold")
+    p.add_argument("--max-det", type=int, default=contract.MAX_DET)
     p.add_argument("--classes", default=None, help="comma-separated class names or ids")
 
 
@@ -109,7 +110,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="Ultralytics .pt -> ONNX with the raw head")
     p.add_argument("weights", help=".pt checkpoint or Ultralytics model .yaml")
     p.add_argument("--output", type=Path, required=True)
-    p.add_argument("--imgsz", type=int, default=640)
+    p.add_argument("--imgsz", type=int, default=contract.INPUT_SIZE)
     p.add_argument("--dynamic", action="store_true", help="symbolic batch axis")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--opset", type=int, default=17)
@@ -304,10 +305,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _detector(args: argparse.Namespace) -> tuple[Detector, PostprocessParams]:
+def _detector(args: argparse.Namespace) -> tuple[Detector, contract.PostprocessParams]:
     from vdet.pipeline.detector import Detector
     from vdet.pipeline.model import ModelError
-    from vdet.pipeline.postprocess import PostprocessParams
     from vdet.streams import resolve_classes
 
     model = args.model or asset_path("demo.onnx")
@@ -318,7 +318,7 @@ def _detector(args: argparse.Namespace) -> tuple[Detector, PostprocessParams]:
     try:
         refs = [c.strip() for c in args.classes.split(",")] if args.classes else None
         classes = resolve_classes(refs, detector.info.names)
-        params = PostprocessParams(
+        params = contract.PostprocessParams(
             conf_threshold=args.conf, iou_threshold=args.iou, max_det=args.max_det, classes=classes
         )
     except ValueError as exc:
@@ -679,9 +679,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from vdet.bench import (
         GPU_SCRIPTS,
         gpu_script,
-        pipeline_shapes_report,
         run_engine_bench,
         run_pipeline_bench,
+        run_pipeline_shapes_bench,
     )
 
     if args.scenario in GPU_SCRIPTS:
@@ -716,21 +716,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
     else:
         source = args.source or str(asset_path("sample.mp4"))
-        shapes: tuple[InputShape, ...] = (
-            ("square", "rect") if args.input_shape == "both" else (args.input_shape,)
-        )
-        runs = [
-            run_pipeline_bench(
+        if args.input_shape == "both":
+            result = run_pipeline_shapes_bench(
                 model=model,
                 backend=args.backend,
                 source=source,
                 frames=args.frames,
                 warmup=args.warmup,
-                input_shape=shape,
             )
-            for shape in shapes
-        ]
-        result = runs[0] if len(runs) == 1 else pipeline_shapes_report(runs)
+        else:
+            result = run_pipeline_bench(
+                model=model,
+                backend=args.backend,
+                source=source,
+                frames=args.frames,
+                warmup=args.warmup,
+                input_shape=args.input_shape,
+            )
     text = json.dumps(result, indent=2)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

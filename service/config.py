@@ -33,6 +33,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from vdet import contract
 from vdet.ingest.urls import SourcePolicy, redact
 from vdet.ingest.worker import IngestOptions
 from vdet.tracking.specs import TrackingSpec, ZoneList
@@ -145,13 +146,16 @@ class StreamSpec(_Strict):
 
 
 class DetectionDefaults(_Strict):
-    """Postprocessing defaults for streams and uploads that do not set their own."""
+    """Postprocessing defaults for streams and uploads that do not set their own.
 
-    conf_threshold: ConfThreshold = 0.25
-    iou_threshold: IouThreshold = 0.45
-    max_det: MaxDet = 300
+    The defaults are vdet.contract's, as are those of the CLI and the TensorRT plugin node.
+    """
+
+    conf_threshold: ConfThreshold = contract.CONF_THRESHOLD
+    iou_threshold: IouThreshold = contract.IOU_THRESHOLD
+    max_det: MaxDet = contract.MAX_DET
     top_k: int = Field(
-        default=1000,
+        default=contract.TOP_K,
         ge=1,
         le=100_000,
         description="Candidates kept by score before NMS, bounding its cost on noisy frames.",

@@ -3,7 +3,7 @@
 Scoring is delegated to faster-coco-eval (a maintained, bit-compatible reimplementation of
 pycocotools); this module only runs the detector over a labelled image set and packs the
 results. Evaluation thresholds follow common practice for mAP (a low score threshold so the
-whole precision/recall curve is seen), not the serving defaults.
+whole precision/recall curve is seen), not the serving defaults: vdet.contract's `EVAL_PARAMS`.
 """
 
 from __future__ import annotations
@@ -18,10 +18,8 @@ from typing import Any
 import cv2
 import numpy as np
 
+from vdet.contract import EVAL_PARAMS, PostprocessParams
 from vdet.pipeline.detector import Detector
-from vdet.pipeline.postprocess import PostprocessParams
-
-EVAL_PARAMS = PostprocessParams(conf_threshold=0.001, iou_threshold=0.7, top_k=3000, max_det=300)
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,9 @@ class _Batcher:
     next index of the open batch, stages (preprocesses) its frame there and, once the batch is
     done, reads its own detections. The batcher thread only seals the batch, launches its
     graph and waits for it, and the next batch stages meanwhile (the stream runs it after
-    this one). One thread doing every frame's launches and row reading in series kept a GPU
-    12% busy at batch 8 (8 unpaced streams on an H200: 401 frames/s against 1039 at batch 1).
+    this one). One thread doing every frame's launches and row reading in series left the GPU
+    mostly idle at batch 8, slower than batch 1 (call 4 of
+    bench/results/report/2026-12-02-streams-mps-h200.md).
     """
 
     def __init__(self, runner: BatchedGraphRunner, wait_s: float, name: str) -> None:

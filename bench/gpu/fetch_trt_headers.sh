@@ -5,15 +5,15 @@
 # read. .trt-include/ is ignored by git: NVIDIA's headers are never committed, nor anything built
 # from them.
 #
-#   bash bench/gpu/fetch_trt_headers.sh                  # v10.8.0 and v11.1
-#   bash bench/gpu/fetch_trt_headers.sh v10.16           # any tag of the mirror
-#   VDET_TRT_MIRROR=/path/to/TensorRT.git bash bench/gpu/fetch_trt_headers.sh
+#   git clone --bare https://github.com/NVIDIA/TensorRT.git /path/to/TensorRT.git   # once
+#   VDET_TRT_MIRROR=/path/to/TensorRT.git bash bench/gpu/fetch_trt_headers.sh          # v10.8.0, v11.1
+#   VDET_TRT_MIRROR=/path/to/TensorRT.git bash bench/gpu/fetch_trt_headers.sh v10.16   # any tag
 #
-# The mirror is a bare or ordinary clone (git --git-dir=... tag lists the tags); nothing is
-# downloaded. About 0.8 MiB per tag.
+# The mirror is a bare or ordinary clone (git --git-dir=... tag lists the tags); this script
+# downloads nothing. About 0.8 MiB per tag.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-MIRROR=${VDET_TRT_MIRROR:-/work/.mirror/NVIDIA+TensorRT/repo}
+MIRROR=${VDET_TRT_MIRROR:?set VDET_TRT_MIRROR to a clone of github.com/NVIDIA/TensorRT}
 DEST=${VDET_TRT_INCLUDE:-.trt-include}
 if [[ $# -eq 0 ]]; then
   set -- v10.8.0 v11.1

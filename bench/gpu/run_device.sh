@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Everything GPU-side for the CUDA kernels in one call on the lent GPU machine:
-#   1. install carried wheels from .whl/ (PyAV for the sample clip, pytest-asyncio for the
+# Everything GPU-side for the CUDA kernels in one run on an offline GPU machine:
+#   1. install the wheels copied into .whl/ (PyAV for the sample clip, pytest-asyncio for the
 #      project's pytest config) and vdet itself into /tmp/site;
 #   2. pytest -m gpu on the kernel tests (their [cuda] half; VDET_GPU_TESTS widens it);
 #   3. the kernel micro-benchmarks (bench/gpu/kernels.py -> kernels.json);
 #   4. if time is left, compute-sanitizer memcheck and racecheck on small runs of every kernel.
 # Logs and JSON go to $OUT (or /tmp/vdet-out); a short table is printed last.
-#   run: bash bench/gpu/run_device.sh      (carry: .whl)
+#   run: bash bench/gpu/run_device.sh      (with .whl/ copied along)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/vdet-out}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The GPU data path (NVDEC ingest, torch backend, CUDA-graph runners) in one call on the lent
+# The GPU data path (NVDEC ingest, torch backend, CUDA-graph runners) in one run on an offline
 # GPU machine:
-#   1. install the carried wheels (pynvvideocodec 2.2.4, onnx2torch 1.5.15; pytest-asyncio if
+#   1. install the wheels copied into .whl/ (pynvvideocodec 2.2.4, onnx2torch 1.5.15; pytest-asyncio if
 #      present) and vdet itself into /tmp/site;
 #   2. pytest -m gpu on tests/gpu/test_gpu_nvdec.py and tests/gpu/test_gpu_torch_backend.py
 #      (--confcutdir keeps tests/conftest.py, which needs PyAV, out of the run);
 #   3. bench/gpu/pipeline.py -> gpu_pipeline.json.
 # Logs and JSON go to $OUT (or /tmp/vdet-out); the test summary and a short table print last.
-#   run: bash bench/gpu/run_pipeline_device.sh      (carry: .whl with just those wheels)
+#   run: bash bench/gpu/run_pipeline_device.sh      (with .whl/ holding just those wheels)
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/vdet-out}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# vdet's TensorRT plugin (VdetDecodeNms) on a real GPU, without TensorRT, in one call on the lent
+# vdet's TensorRT plugin (VdetDecodeNms) on a real GPU, without TensorRT, in one run on an offline
 # GPU machine (nvcc + g++ + python3 with numpy; no cmake, no TensorRT, no network):
 #   1. for every TensorRT header version carried in .trt-include/<tag>/include (written by
 #      bench/gpu/fetch_trt_headers.sh), build libvdet_plugins.so the way plugins/CMakeLists.txt
@@ -16,8 +16,8 @@
 #      head.
 # Writes $OUT/plugin_harness.json and $OUT/plugin_harness.log (OUT defaults to /tmp/vdet-out),
 # prints a short summary, and exits non-zero on a build failure, a mismatch or a memcheck error.
-#   here:  bash bench/gpu/fetch_trt_headers.sh          (v10.8.0 and v11.1 into .trt-include/)
-#   run:   bash bench/gpu/run_plugin_device.sh          (carry: .trt-include)
+#   first: bash bench/gpu/fetch_trt_headers.sh          (v10.8.0 and v11.1 into .trt-include/)
+#   run:   bash bench/gpu/run_plugin_device.sh          (with .trt-include/ copied along)
 # Settings: VDET_CUDA_ARCH (90), CUDA_HOME (/usr/local/cuda), VDET_TRT_INCLUDE (.trt-include),
 # VDET_PLUGIN_BUILD (/tmp/vdet-plugin-build), VDET_TIME_ITERS (200).
 set -uo pipefail
@@ -73,7 +73,7 @@ roots=()
 for dir in "$TRT_DIR"/*/; do
   [[ -f ${dir}include/NvInferRuntime.h ]] && roots+=("${dir%/}")
 done
-((${#roots[@]} > 0)) || fail "no TensorRT headers in $TRT_DIR/<tag>/include: run bash bench/gpu/fetch_trt_headers.sh on the dev machine and carry .trt-include"
+((${#roots[@]} > 0)) || fail "no TensorRT headers in $TRT_DIR/<tag>/include: run bash bench/gpu/fetch_trt_headers.sh where a TensorRT mirror is and copy .trt-include here"
 log "TensorRT headers: ${roots[*]}"
 
 # ---- 1. build ---------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Every GPU-side check and benchmark of vdet, in phases that each fit one call on the GPU machine:
+# Every GPU-side check and benchmark of vdet, in phases that each fit one ten-minute run on an offline GPU machine:
 #   tests     install + pytest -m gpu tests/gpu (kernels, NVDEC, torch backend, the serve path),
 #             the TensorRT plugin harness (bench/gpu/run_plugin_device.sh, when .trt-include is
-#             carried), the kernel micro-benchmarks and the frame -> detections pipeline bench
+#             there), the kernel micro-benchmarks and the frame -> detections pipeline bench
 #   streams   install + bench/gpu/streams.py: paced/unpaced many-stream runs and their peers
 #   stability install + bench/gpu/streams.py: one long 32-stream run sampling RSS and GPU memory
 #   main      the tests phase's pytest, the YOLOv8s pipeline sections and the streams runs
 #   retest    the tests phase's pytest, the YOLOv8s pipeline sections and the stability run
-# Carried wheels in .whl/: av, pynvvideocodec (slimmed: no sources, samples or CUDA 12 build),
+# Wheels copied into .whl/: av, pynvvideocodec (slimmed: no sources, samples or CUDA 12 build),
 # onnx2torch, pytest-asyncio, ultralytics, nvidia-ml-py, psutil, and what vdet.config needs
 # (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
 # python-dotenv, pyyaml).
@@ -26,8 +26,8 @@
 #   runs      only the many-stream runs named in $VDET_RUNS
 #   workers   vdet serve with worker processes on the GPU, then the GPU tests
 #   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards)
-# JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (the GPU machine's
-# transfer folder, which takes back only a few files), they come back as ONE tarball,
+# JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
+# from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
 #   run: bash bench/gpu/run_session_device.sh tests|streams|stability|main|retest|diagnose
 set -uo pipefail

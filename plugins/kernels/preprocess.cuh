@@ -1,10 +1,10 @@
 /* Letterbox preprocess: BGR uint8 or NV12 frames -> padded, normalised RGB NCHW (fp32 / fp16).
  *
  * The contract is docs/conventions.md ("Letterbox pixels"): one output pixel per thread;
- * outside the resized area the value is 114 / 255 (bit exact); inside it, the source is sampled
- * bilinearly with half-pixel centres and replicated borders exactly as OpenCV's INTER_LINEAR
- * does, the result rounded to uint8 (half up, as OpenCV's fixed point rounds), then divided
- * by 255 as an IEEE division. Where the frame needs no resize the copy is bit exact; elsewhere
+ * outside the resized area the value is VDET_PAD_VALUE / 255 (bit exact); inside it, the source
+ * is sampled bilinearly with half-pixel centres and replicated borders exactly as OpenCV's
+ * INTER_LINEAR does, the result rounded to uint8 (half up, as OpenCV's fixed point rounds), then
+ * divided by 255 (VDET_UNIT_SCALE) as an IEEE division. Where the frame needs no resize the copy is bit exact; elsewhere
  * the float weights differ from OpenCV's 11-bit fixed-point ones by at most 1 in 255.
  *
  * NV12 frames are converted per source pixel (nearest chroma sample, as cv2's NV12 conversion
@@ -51,8 +51,8 @@ __device__ __forceinline__ VdetRgb vdet_fetch_nv12(
     const unsigned char* uvp = reinterpret_cast<const unsigned char*>(f.plane1) +
                                (long long)(y >> 1) * f.pitch1 + ((x >> 1) << 1);
     const float luma = __fmul_rn(__fsub_rn((float)yp[0], k.y_offset), k.y_scale);
-    const float u = __fsub_rn((float)uvp[0], 128.0f);
-    const float v = __fsub_rn((float)uvp[1], 128.0f);
+    const float u = __fsub_rn((float)uvp[0], (float)VDET_CHROMA_OFFSET);
+    const float v = __fsub_rn((float)uvp[1], (float)VDET_CHROMA_OFFSET);
     VdetRgb c;
     c.r = vdet_u8_rn(__fadd_rn(luma, __fmul_rn(k.r_v, v)));
     c.g = vdet_u8_rn(__fsub_rn(__fsub_rn(luma, __fmul_rn(k.g_u, u)), __fmul_rn(k.g_v, v)));
@@ -130,7 +130,7 @@ __device__ __forceinline__ void vdet_letterbox(
     const int dy = y - f.top;
     float r, g, b;
     if (dx < 0 || dy < 0 || dx >= f.new_w || dy >= f.new_h) {
-        r = g = b = __fdiv_rn((float)VDET_PAD_VALUE, 255.0f);
+        r = g = b = __fdiv_rn((float)VDET_PAD_VALUE, (float)VDET_UNIT_SCALE);
     } else {
         VdetRgb c;
         if (f.new_w == f.src_w && f.new_h == f.src_h) {
@@ -138,9 +138,9 @@ __device__ __forceinline__ void vdet_letterbox(
         } else {
             c = vdet_bilinear<kNv12>(f, yuv, dx, dy);
         }
-        r = __fdiv_rn((float)c.r, 255.0f);
-        g = __fdiv_rn((float)c.g, 255.0f);
-        b = __fdiv_rn((float)c.b, 255.0f);
+        r = __fdiv_rn((float)c.r, (float)VDET_UNIT_SCALE);
+        g = __fdiv_rn((float)c.g, (float)VDET_UNIT_SCALE);
+        b = __fdiv_rn((float)c.b, (float)VDET_UNIT_SCALE);
     }
     vdet_store(o, r);
     vdet_store(o + plane, g);

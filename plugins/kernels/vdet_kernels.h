@@ -3,12 +3,16 @@
  * This header is included by the kernels (NVRTC at run time, or nvcc for the TensorRT plugin)
  * and may be included by host C/C++ code that fills the structs. It uses only fundamental types
  * so that the layout is the same on the host and the device; the Python launcher
- * (vdet/plugins/ops.py) mirrors these structs with ctypes and tests their sizes.
+ * (vdet/plugins/ops.py) mirrors these structs and limits with ctypes and tests them.
  * Geometry is never computed here: the host computes it with `compute_letterbox`
  * (docs/conventions.md) and passes integers.
  */
 #ifndef VDET_KERNELS_H
 #define VDET_KERNELS_H
+
+/* The numbers shared with the CPU reference (pad value, normalisation, chroma offset, the
+ * largest top_k, post-process defaults): generated from vdet.contract. */
+#include "vdet_contract.h"
 
 /* Frames per preprocess launch; a larger batch is split into several launches. The batch
  * travels by value as a kernel parameter (64 * 48 bytes), which keeps launches free of
@@ -17,12 +21,6 @@
 
 /* Class ids a class filter can name (a bitmask passed by value). */
 #define VDET_MAX_FILTER_CLASSES 1024
-
-/* Largest top_k the decode + NMS kernels accept (candidates are sorted in shared memory). */
-#define VDET_MAX_TOP_K 4096
-
-/* Padding value of the letterbox, as uint8 before normalisation. */
-#define VDET_PAD_VALUE 114
 
 /* One source frame of a preprocess batch.
  * BGR input: plane0 = first byte of an HxWx3 uint8 image, pitch0 = bytes per row; plane1 unused.
@@ -47,10 +45,11 @@ typedef struct VdetFrameBatch {
 } VdetFrameBatch;
 
 /* YUV -> RGB, per pixel, in float32 and in this order (the NumPy reference does the same):
- *   y = (Y - y_offset) * y_scale;  u = U - 128;  v = V - 128
+ *   y = (Y - y_offset) * y_scale;  u = U - VDET_CHROMA_OFFSET;  v = V - VDET_CHROMA_OFFSET
  *   R = y + r_v * v;  G = (y - g_u * u) - g_v * v;  B = y + b_u * u
  * then each channel is rounded to the nearest integer (ties to even) and clamped to [0, 255].
- * The limited-range chroma gain (255 / 224) is folded into r_v, g_u, g_v and b_u. */
+ * The limited-range chroma gain (255 / 224) is folded into r_v, g_u, g_v and b_u; the host
+ * derives all six from vdet.contract.yuv_coefficients and passes them as a launch argument. */
 typedef struct VdetYuvCoefficients {
     float y_offset;
     float y_scale;

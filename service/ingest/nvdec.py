@@ -7,7 +7,7 @@ after which the pixels are valid), `nvdec_available()`, and `decode_file`, which
 with PyNvVideoCodec's own demuxer (no PyAV needed). Feeding it from PyAV (RTSP, HTTP, files,
 with interrupts and pacing) is vdet.ingest.nvdec_reader; this module must not import PyAV.
 
-Facts it relies on (PyNvVideoCodec 2.2.4; its C++ source, and shared/device/README.md):
+Facts it relies on (PyNvVideoCodec 2.2.4 and its C++ source; tests/gpu/test_gpu_nvdec.py):
 
 - `CreateDecoder(gpuid, codec, cudacontext, cudastream, usedevicememory, latency=...)`; with
   cudacontext 0 it retains the device's primary context (the one torch uses), so a torch
@@ -19,7 +19,7 @@ Facts it relies on (PyNvVideoCodec 2.2.4; its C++ source, and shared/device/READ
 - A returned frame's buffer belongs to a small pool inside the decoder and is REUSED by the
   next `Decode` call (NvDecoder::Decode resets its frame counter; GetFrame hands out
   m_vpFrame[i]). `torch.from_dlpack(frame)` is a zero-copy view of that pool buffer, so each
-  frame is copied once, device to device (a 1080p frame is 3 MB: about 2 us on an H200), into
+  frame is copied once, device to device (a 1080p frame is 3 MB), into
   a tensor of its own before the next packet is decoded. `copy_frames=False` skips the copy
   for callers that finish with a frame before decoding the next packet (benchmarks).
 - Inside one session a new SPS with another coded size is not output at its own size

@@ -2,12 +2,13 @@
 
 This module owns what a CUDA-graph runner launches besides the network: NV12 -> letterboxed RGB
 (`PreprocessFn`) and raw head -> decode + NMS (`DecodeNmsFn`), the `Nv12Geometry` a preprocess
-launch needs, the YUV -> RGB coefficients, and reference implementations of both ops written
-with plain torch ops. The references run on any device (CPU included, which is how they are
-tested against the CPU pipeline) and are capturable in a CUDA graph: fixed shapes, no host
-synchronisation, no host -> device copies once `prepare_decode_nms` has run outside capture.
-The CUDA kernels in plugins/ implement the same callables; the runner takes whichever it is
-given. This module must not know about streams of sources, caches of graphs or models.
+launch needs, and reference implementations of both ops written with plain torch ops. The YUV ->
+RGB coefficients, the pad value and the letterbox geometry they use are vdet.contract's. The
+references run on any device (CPU included, which is how they are tested against the CPU
+pipeline) and are capturable in a CUDA graph: fixed shapes, no host synchronisation, no host ->
+device copies once `prepare_decode_nms` has run outside capture. The CUDA kernels in plugins/
+implement the same callables; the runner takes whichever it is given. This module must not know
+about streams of sources, caches of graphs or models.
 
 Preprocess contract (NV12 in, as the kernels in plugins/kernels/preprocess.cuh specify it):
 each source pixel is converted with its nearest chroma sample (the 2 x 2 block's U, V) by
@@ -16,7 +17,7 @@ G = (y - g_u * u) - g_v * v; B = y + b_u * u``, each product and sum rounded to 
 rounded to the nearest integer (ties to even) and clamped to [0, 255]: an 8-bit RGB image, as a
 CPU decoder would hand over. From there it is the CPU `letterbox` (docs/conventions.md):
 bilinear resize with half-pixel centres when the size changes (result rounded half up to
-uint8, as OpenCV's fixed point does), pad 114, divide by 255. Against `letterbox` applied to
+uint8, as OpenCV's fixed point does), pad `PAD_VALUE`, divide by 255. Against `letterbox` applied to
 the same 8-bit BGR image: padding and frames that need no resize are exact; resized areas are
 within 1 / 255 (float weights against OpenCV's 11-bit fixed-point ones).
 
@@ -38,48 +39,21 @@ import numpy as np
 import torch
 from torch.nn import functional
 
+from ..contract import (
+    CHROMA_OFFSET,
+    PAD_VALUE,
+    UNIT_SCALE,
+    LetterboxTransform,
+    PostprocessParams,
+    compute_letterbox,
+    float32,
+    yuv_coefficients,
+)
 from ..cuda_stream import on_stream
 from ..types import ColourMatrix, ColourRange, FloatArray, IntArray
-from .postprocess import PostprocessParams
-from .preprocess import PAD_VALUE, LetterboxTransform, compute_letterbox
 
-# Kr, Kb of each matrix (ITU-R BT.601 and BT.709).
-_KR_KB = {ColourMatrix.BT601: (0.299, 0.114), ColourMatrix.BT709: (0.2126, 0.0722)}
 # Columns of a decode + NMS output row.
 DETECTION_COLUMNS = 6
-
-
-def f32(value: float) -> float:
-    """`value` rounded to the nearest float32, as a Python float (exact in float32 ops)."""
-    return float(np.float32(value))
-
-
-@dataclass(frozen=True)
-class YuvCoefficients:
-    """The float32 constants of the YUV -> RGB conversion (see the module docstring)."""
-
-    y_offset: float
-    y_scale: float
-    r_v: float
-    g_u: float
-    g_v: float
-    b_u: float
-
-
-def yuv_coefficients(matrix: ColourMatrix, colour_range: ColourRange) -> YuvCoefficients:
-    """Coefficients for `matrix` and `colour_range`; limited range folds 255/219 and 255/224 in."""
-    kr, kb = _KR_KB[ColourMatrix(matrix)]
-    kg = 1.0 - kr - kb
-    limited = ColourRange(colour_range) is ColourRange.LIMITED
-    chroma_gain = 255.0 / 224.0 if limited else 1.0
-    return YuvCoefficients(
-        y_offset=f32(16.0 if limited else 0.0),
-        y_scale=f32(255.0 / 219.0 if limited else 1.0),
-        r_v=f32(2.0 * (1.0 - kr) * chroma_gain),
-        g_u=f32(2.0 * (1.0 - kb) * kb / kg * chroma_gain),
-        g_v=f32(2.0 * (1.0 - kr) * kr / kg * chroma_gain),
-        b_u=f32(2.0 * (1.0 - kb) * chroma_gain),
-    )
 
 
 @dataclass(frozen=True)
@@ -203,7 +177,7 @@ def nv12_to_rgb_u8(nv12: torch.Tensor, geometry: Nv12Geometry) -> torch.Tensor:
         )
     k = yuv_coefficients(geometry.matrix, geometry.colour_range)
     luma = (nv12[:h].float() - k.y_offset) * k.y_scale
-    uv = nv12[h:].reshape(h // 2, 1, w // 2, 1, 2).float() - 128.0
+    uv = nv12[h:].reshape(h // 2, 1, w // 2, 1, 2).float() - float(CHROMA_OFFSET)
     # Nearest chroma: every 2 x 2 block of luma shares its U, V sample. (expand, not
     # repeat_interleave, whose CUDA kernel may size its output on the host: no capture.)
     uv = uv.expand(h // 2, 2, w // 2, 2, 2).reshape(h, w, 2)
@@ -232,7 +206,7 @@ def nv12_letterbox_reference(
                 rgb[None], size=(new_h, new_w), mode="bilinear", align_corners=False
             )[0]
             rgb = torch.floor(rgb + 0.5).clamp_(0.0, 255.0)
-        out.fill_(float(np.float32(PAD_VALUE) / np.float32(255)))
+        out.fill_(float(np.float32(PAD_VALUE) / np.float32(UNIT_SCALE)))
         left, top = geometry.left, geometry.top
         out[:, top : top + new_h, left : left + new_w] = rgb / 255.0
 
@@ -326,7 +300,7 @@ class ReferenceDecodeNms:
         # Best class per anchor; max over classes returns the first (lowest) index on ties and
         # NaN when any score is NaN, which then fails the strict threshold test.
         best, class_ids = raw[:, 4:, :].max(dim=1)
-        valid = best > f32(params.conf_threshold)
+        valid = best > float32(params.conf_threshold)
         if constants.class_mask is not None:
             valid &= constants.class_mask[class_ids]
         ranked = torch.where(valid, best, torch.full_like(best, float("-inf")))
@@ -351,7 +325,7 @@ class ReferenceDecodeNms:
         positive = union > 0
         iou = torch.where(positive, inter / torch.where(positive, union, 1.0), 0.0)
         # suppresses[b, i, j]: candidate i, if kept, removes the later candidate j.
-        suppresses = (iou > f32(params.iou_threshold)) & constants.later
+        suppresses = (iou > float32(params.iou_threshold)) & constants.later
         if not params.class_agnostic:
             suppresses &= cls[:, :, None] == cls[:, None, :]
         suppresses &= candidate[:, :, None]
@@ -444,10 +418,8 @@ __all__ = [
     "Nv12Geometry",
     "PreprocessFn",
     "ReferenceDecodeNms",
-    "YuvCoefficients",
     "kernel_ops",
     "nv12_letterbox_reference",
     "nv12_to_rgb_u8",
     "rows_to_arrays",
-    "yuv_coefficients",
 ]

@@ -605,8 +605,8 @@ class BatchedGraphRunner(_RunnerBase):
     network per batch size, as backends' `network_for_batch`), a batch of n frames replays the
     graph of the smallest bucket of `batch_buckets(batch)` that holds n: under real-time load
     most gathers hold a few frames, and a padded graph spends GPU time on its empty slots (64
-    streams over 8 processes on an H200, separate runs: kernels busy 70% at 1538 frames/s with
-    buckets, 85% at 1643 padded). One graph per (params, bucket); every bucket's graph reads
+    streams over 8 processes: bench/results/report/2026-12-02-streams-mps-h200.md). One graph
+    per (params, bucket); every bucket's graph reads
     the first rows of one shared staging batch.
 
     Two ways to drive it, one at a time: `run_batch` (all frames from one thread), or the

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import onnx
 
+from ..contract import STRIDE
+
 # A dimension as the graph declares it: a fixed size, a symbolic name, or nothing at all.
 Dim = int | str | None
 
@@ -48,7 +50,7 @@ class ModelInfo:
     num_classes: int
     batch: int | None
     sha256: str
-    stride: int = 32
+    stride: int = STRIDE
     num_anchors: int | None = None
     dynamic_hw: bool = False
 
@@ -95,7 +97,7 @@ def load_model_info(path: str | PathLike[str]) -> ModelInfo:
     names = _names_from_metadata(metadata, where)
     names = _check_output(output_dims, names, where)
     input_hw = _input_hw(input_dims, metadata, where)
-    stride = _int_metadata(metadata, "stride", where) or 32
+    stride = _int_metadata(metadata, "stride", where) or STRIDE
     num_anchors = output_dims[2] if isinstance(output_dims[2], int) else None
 
     return ModelInfo(

@@ -3,8 +3,10 @@
 This module owns turning a raw head [B, 4 + nc, N] (rows 0..3: cx, cy, w, h in input pixels;
 rows 4..: per-class scores, already sigmoid'ed) into `Detections`. `decode_and_nms` works in
 model-input pixels; `postprocess` also maps boxes back to source pixels through each image's
-`LetterboxTransform`. It must not touch images or models. docs/conventions.md restates the rules
-below for kernel authors; any change here is a change of that contract.
+`LetterboxTransform`. It must not touch images or models. Its parameters, `PostprocessParams`
+(re-exported here for the reference's callers), and their defaults are vdet.contract's.
+docs/conventions.md restates the rules below for kernel authors; any change here is a change of
+that contract.
 
 Rules, per image, all arithmetic in float32:
 
@@ -28,57 +30,16 @@ define the order of tied scores.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
+from ..contract import LetterboxTransform
+from ..contract import PostprocessParams as PostprocessParams
 from ..types import Detections, FloatArray
-from .preprocess import LetterboxTransform
 
 AnchorArray = npt.NDArray[np.intp]
-
-
-@dataclass(frozen=True)
-class PostprocessParams:
-    """Thresholds and limits for `decode_and_nms`; validated on construction.
-
-    `top_k` bounds the candidates that enter NMS (its cost grows with top_k * kept);
-    `classes`, when set, keeps only anchors whose best class id is in it.
-    """
-
-    conf_threshold: float = 0.25
-    iou_threshold: float = 0.45
-    top_k: int = 1000
-    max_det: int = 300
-    class_agnostic: bool = False
-    classes: frozenset[int] | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("conf_threshold", "iou_threshold"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be in [0, 1], got {value}")
-        for name in ("top_k", "max_det"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.classes is not None:
-            # Accept any iterable of ids (a list from a config file) but store a frozenset.
-            classes = frozenset(_class_ids(self.classes))
-            object.__setattr__(self, "classes", classes)
-
-
-def _class_ids(classes: Iterable[object]) -> Iterable[int]:
-    for class_id in classes:
-        if isinstance(class_id, bool) or not isinstance(class_id, int | np.integer):
-            raise ValueError(f"classes must be non-negative ints, got {class_id!r}")
-        if class_id < 0:
-            raise ValueError(f"classes must be non-negative ints, got {class_id}")
-        yield int(class_id)
 
 
 def decode_and_nms(raw: FloatArray, params: PostprocessParams) -> list[Detections]:

@@ -1,8 +1,9 @@
 """Write the small clips the NVDEC tests decode, and what PyAV decodes them to.
 
-The GPU machine has no PyAV (and its NVENC-less H200 cannot encode), so the clips are made here
-with PyAV's libx264 / libx265 and committed, with `reference.json`: per clip, each frame's size
-and the SHA-256 of its Y plane and of its interleaved UV plane as FFmpeg's decoder outputs them.
+A GPU test machine need not have PyAV (and an NVENC-less GPU such as the H200 cannot encode),
+so the clips are made on any machine with PyAV's libx264 / libx265 and committed, with
+`reference.json`: per clip, each frame's size and the SHA-256 of its Y plane and of its
+interleaved UV plane as FFmpeg's decoder outputs them.
 H.264 and HEVC decoding is bit exact, so NVDEC must reproduce every hash.
 
     python tests/gpu/make_data.py          # rewrite tests/gpu/data/

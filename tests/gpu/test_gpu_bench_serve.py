@@ -1,8 +1,8 @@
 """`vdet bench serve` on a GPU: a real `vdet serve` on the torch backend (NVDEC, CUDA graphs)
 with 1 and 8 paced 1080p30 streams of the sample clip and two WebSocket clients.
 
-8 streams are well inside what one process carries on an H200 (2026-12-03: 239 of 240 results/s
-at the client, 0 dropped, p99 9.5 ms), so every step must hold real time; the GPU figures
+8 streams are well inside what one process carries (bench/results/report/2026-12-03-streams-h200.md:
+8 paced streams per process, 0 dropped), so every step must hold real time; the GPU figures
 (devices, memory per stream) must be there. Needs a CUDA GPU, torch and nvidia-smi.
 """
 

@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 import pytest
 
+from vdet import contract
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.plugins import launch, ops
 from vdet.plugins.launch import (
@@ -217,11 +218,12 @@ def test_stream_handle() -> None:
 
 def test_structs_and_limits_match_the_header() -> None:
     header = (KERNEL_DIR / "vdet_kernels.h").read_text()
-    defines = dict(re.findall(r"#define (VDET_\w+) (\d+)", header))
+    header += (KERNEL_DIR / "vdet_contract.h").read_text()  # included by vdet_kernels.h
+    defines = dict(re.findall(r"#define (VDET_\w+) (\d+)\n", header))
     assert int(defines["VDET_MAX_FRAMES"]) == ops.MAX_FRAMES
     assert int(defines["VDET_MAX_FILTER_CLASSES"]) == ops.MAX_FILTER_CLASSES
-    assert int(defines["VDET_MAX_TOP_K"]) == ops.MAX_TOP_K
-    assert int(defines["VDET_PAD_VALUE"]) == ops.PAD_VALUE
+    assert int(defines["VDET_MAX_TOP_K"]) == contract.MAX_TOP_K == ops.MAX_TOP_K
+    assert int(defines["VDET_PAD_VALUE"]) == contract.PAD_VALUE
     assert ctypes.sizeof(ops._Frame) == 48
     assert ctypes.sizeof(ops._FrameBatch) == 48 * ops.MAX_FRAMES
     assert ctypes.sizeof(ops._YuvCoefficients) == 24
@@ -241,7 +243,8 @@ def test_yuv_coefficients_bt601_limited() -> None:
         [16, 1.164384, 1.596027, 0.391762, 0.812968, 2.017232],
         rtol=1e-5,
     )
-    assert all(isinstance(v, np.float32) for v in vars(k).values())
+    # Each coefficient is a float32 value, so host references and kernels use the same numbers.
+    assert all(v == float(np.float32(v)) for v in vars(k).values())
 
 
 def test_yuv_coefficients_reject_unknown_matrix() -> None:

@@ -213,8 +213,8 @@ def sample_frames() -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """Frames 0, 15, ..., 60 of the sample clip as (BGR, NV12 surface) with PyAV on the CPU,
     and the clip's colour space (1 = BT.709).
 
-    PyAV is imported here, not at module level: the GPU machine has no PyAV (too big to carry
-    with PyNvVideoCodec), and every other test in this module must still collect and run there.
+    PyAV is imported here, not at module level: a GPU test machine may have no PyAV, and every
+    other test in this module must still collect and run there.
     """
     av = pytest.importorskip("av")
     bgr, nv12 = [], []

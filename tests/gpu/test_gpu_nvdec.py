@@ -5,15 +5,15 @@ PyNvVideoCodec's own `CreateDemuxer(filename=...)`, and the expected planes are 
 hashes in tests/gpu/data/reference.json, made with PyAV by tests/gpu/make_data.py (a CPU test
 checks them against the committed clips).
 
-Facts of the GPU machine these tests rely on (shared/device/README.md, 2026-12-02, one H200,
-driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, PyNvVideoCodec 2.2.4 carried as a wheel):
+Facts these tests rely on, as found on the GPU machine of bench/results/2026-12-02-gpu-tests-h200.md
+(one H200, driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, PyNvVideoCodec 2.2.4):
 - libnvcuvid.so lives in /usr/local/nvidia/lib64, which must be on LD_LIBRARY_PATH.
 - A 1080p H.264 IPPP clip decodes 300/300 frames with DisplayDecodeLatencyType.LOW and the
   ENDOFPICTURE flag; a clip with B-frames decodes completely in NATIVE mode.
 - `torch.from_dlpack(frame)` of a decoded 1080p frame is a (1620, 1920) uint8 CUDA tensor:
   Y rows, then interleaved UV rows.
 - `GetDecoderCaps` for H.264 reports 7 decoder engines on the H200.
-Warnings are reported, not raised, here: this suite runs once per GPU session.
+Warnings are reported, not raised, here: this suite runs only where a GPU is, seldom.
 """
 
 from __future__ import annotations

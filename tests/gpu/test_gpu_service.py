@@ -7,10 +7,10 @@ Needs a CUDA GPU, PyNvVideoCodec, PyAV, onnx2torch and cuda-python (skipped othe
 Recall: the serve path is scored on the frames it published against the CPU path (FFmpeg
 decode, ONNX Runtime FP32) on exactly those frames, and must not fall more than 2 points
 behind it; which frames a run publishes varies (the mailbox skips frames while the GPU warms
-up), and their recall with them (0.88 to 1.0 on the clip's early frames). On the H200
-(2026-12-02) bench/gpu/accuracy.py scored all 300 frames: GPU FP16 0.927, GPU FP32 0.927,
-CPU 0.928: FP16 costs nothing here. An absolute floor (0.85) still catches a broken frame,
-colour or box mapping, which scores near 0.
+up), and their recall with them (0.88 to 1.0 on the clip's early frames). bench/gpu/accuracy.py
+scored all 300 frames through the GPU path in FP16 and FP32 and through the CPU path
+(bench/results/2026-12-02-accuracy-fp16-fp32-h200.json): FP16 costs nothing here. An
+absolute floor (0.85) still catches a broken frame, colour or box mapping, which scores near 0.
 """
 
 from __future__ import annotations

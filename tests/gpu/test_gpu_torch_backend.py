@@ -14,11 +14,10 @@ alone can cost IoU 0.1). Graph replay against eager execution of the same kernel
 concurrent against sequential runs: the same rows within 1e-3 (expected bit for bit), or, if
 a borderline box flipped, twins both ways for every detection scoring >= 0.3.
 
-Facts of the GPU machine relied on (shared/device/README.md, 2026-12-02, one H200, torch
-2.11.0+cu130, onnxruntime 1.30 with the CPU provider only, opencv-python-headless 5.0):
-YOLOv8 FP16 in one CUDA graph is about 1.1 ms at batch 1, replay costs about 3 us of host time,
-and K per-source graphs on K streams scale to ~2400 img/s at K = 8..16.
-Warnings are reported, not raised, here: this suite runs once per GPU session.
+Written against torch 2.11.0+cu130, onnxruntime 1.30 with the CPU provider only and
+opencv-python-headless 5.0; what the graphs cost on a GPU is measured by bench/gpu/pipeline.py
+(bench/results/2026-12-02-gpu-pipeline-h200.json), not here.
+Warnings are reported, not raised, here: this suite runs only where a GPU is, seldom.
 """
 
 from __future__ import annotations

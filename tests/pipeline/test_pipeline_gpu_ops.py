@@ -17,7 +17,6 @@ from vdet.pipeline.gpu_ops import (
     ReferenceDecodeNms,
     nv12_letterbox_reference,
     nv12_to_rgb_u8,
-    yuv_coefficients,
 )
 from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
 from vdet.pipeline.preprocess import letterbox
@@ -25,25 +24,6 @@ from vdet.types import ColourMatrix, ColourRange
 
 PAD = np.float32(114) / np.float32(255)
 RESIZE_TOLERANCE = 1 / 255 + 1e-6
-
-
-@pytest.mark.parametrize(
-    ("matrix", "colour_range", "expected"),
-    [
-        # (r_v, g_u, g_v, b_u): the textbook 1.596/0.392/0.813/2.017 for BT.601 limited, etc.
-        (ColourMatrix.BT601, ColourRange.LIMITED, (1.5960, 0.3917, 0.8129, 2.0172)),
-        (ColourMatrix.BT709, ColourRange.LIMITED, (1.7927, 0.2132, 0.5329, 2.1124)),
-        (ColourMatrix.BT601, ColourRange.FULL, (1.4020, 0.3441, 0.7141, 1.7720)),
-        (ColourMatrix.BT709, ColourRange.FULL, (1.5748, 0.1873, 0.4681, 1.8556)),
-    ],
-)
-def test_yuv_coefficients(
-    matrix: ColourMatrix, colour_range: ColourRange, expected: tuple[float, ...]
-) -> None:
-    k = yuv_coefficients(matrix, colour_range)
-    assert (k.r_v, k.g_u, k.g_v, k.b_u) == pytest.approx(expected, abs=1e-4)
-    limited = colour_range is ColourRange.LIMITED
-    assert (k.y_offset, k.y_scale) == pytest.approx((16, 255 / 219) if limited else (0, 1))
 
 
 @pytest.mark.parametrize(

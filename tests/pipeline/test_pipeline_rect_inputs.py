@@ -7,6 +7,8 @@ the bundled sample clip (1920x1080 H.264).
 
 from __future__ import annotations
 
+from typing import Any
+
 import av
 import numpy as np
 import pytest
@@ -111,3 +113,16 @@ def test_frames_of_different_sizes_in_one_call_come_back_in_order(
     for (together, _), single in zip(batch, alone, strict=True):
         assert len(together.scores) == len(single.scores)
         np.testing.assert_allclose(together.xyxy, single.xyxy, atol=1e-3)
+
+
+def test_the_shapes_benchmark_times_both_shapes_on_the_same_frames() -> None:
+    from vdet.bench import run_pipeline_shapes_bench
+
+    report = run_pipeline_shapes_bench(
+        asset_path("demo.onnx"), "onnxruntime", str(asset_path("sample.mp4")), frames=3, warmup=1
+    )
+    assert report["input_hw_used"] == {"square": [640, 640], "rect": [384, 640]}
+    assert report["frames"] == 3
+    latency: Any = report["latency_ms"]
+    assert latency["rect"]["inference"]["p50"] > 0 and latency["square"]["total"]["p50"] > 0
+    assert isinstance(report["rect_over_square_inference_time_p50"], float)

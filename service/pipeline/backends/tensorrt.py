@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...contract import STRIDE
 from ...engines.cache import (
     CachedEngine,
     EngineCache,
@@ -505,7 +506,7 @@ def _model_info(plan: Path, manifest: EngineManifest) -> ModelInfo:
             num_classes=len(names),
             batch=model.get("batch"),
             sha256=str(model.get("source_onnx_sha256", manifest.key.onnx_sha256)),
-            stride=int(model.get("stride", 32)),
+            stride=int(model.get("stride", STRIDE)),
             num_anchors=model.get("num_anchors"),
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -14,8 +14,8 @@ and need no compiler at start-up. Alternatives considered: ONNX Runtime's CUDA e
 provider (its own allocator and streams; capture only through its own `enable_cuda_graph` with
 bound I/O, and the CPU wheel is what ships); rebuilding the Ultralytics model from a `.pt`
 (needs the AGPL package at serving time and the checkpoint, not the artifact we ship);
-`torch.compile` (minutes of compile per shape for about the same speed as a CUDA graph,
-see shared/device/README.md); TensorRT (the tensorrt backend; absent on the GPU machines here).
+`torch.compile` (minutes of compile per shape for about the same speed as a CUDA graph);
+TensorRT (the tensorrt backend, where TensorRT is installed).
 
 What makes the converted graph capturable, done once at load: the input is fixed to (batch, 3,
 H, W) and ONNX Runtime's basic optimisations fold the shape arithmetic of dynamic exports
