@@ -102,7 +102,10 @@ def test_a_client_that_never_reads_again_is_disconnected(served: tuple[int, obje
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     sock.connect(("127.0.0.1", port))
-    with connect(f"ws://127.0.0.1:{port}/v1/events", sock=sock, max_queue=1, max_size=None):
+    # close_timeout: this client reads nothing, so it would wait its whole closing handshake.
+    with connect(
+        f"ws://127.0.0.1:{port}/v1/events", sock=sock, max_queue=1, max_size=None, close_timeout=1
+    ):
         time.sleep(0.2)
         for index in range(600):
             runtime.hub.publish(_big_result(index))
