@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # CI's proof that `docker compose --profile cpu up` starts: the compose stack run with Podman,
 # checked from outside. From the repository root:
-#   deploy/podman/ci-stack.sh              # build the images, run the stack, check, tear down
-#   VDET_STACK_BUILT=1 deploy/podman/ci-stack.sh   # images already built by build-images.sh
+#   deploy/podman/ci-stack.sh          # build the images, run the stack, check it, tear it down
+#   deploy/podman/ci-stack.sh build    # only build the images (scripts/test.sh runs this in the
+#                                      # background while it sets up the Python environment)
+#   deploy/podman/ci-stack.sh run      # only run and check, on images built before
 # The images come from deploy/podman/build-images.sh (no registry); docker-compose.yml runs
 # with deploy/podman/compose.override.yml (image names only) through Debian's docker-compose
 # talking to Podman's Docker API on a private socket. The checks:
@@ -36,13 +38,29 @@ if ! podman_problem=$(podman info 2>&1 >/dev/null); then
   skip "podman cannot run here: ${podman_problem:0:300}"
 fi
 
+what=${1:-all}
+case $what in
+  all | build | run) ;;
+  *)
+    echo "usage: $0 [build|run]" >&2
+    exit 2
+    ;;
+esac
 LOG_DIR=${VDET_STACK_LOG_DIR:-build/stack-logs}
-rm -rf "$LOG_DIR"
 mkdir -p "$LOG_DIR"
-export VDET_PODMAN_LOG_DIR=$LOG_DIR/build
-if [[ "${VDET_STACK_BUILT:-0}" != 1 ]]; then
-  deploy/podman/build-images.sh
+if [[ $what != run ]]; then
+  rm -rf "$LOG_DIR/build"
+  VDET_PODMAN_LOG_DIR=$LOG_DIR/build deploy/podman/build-images.sh
+  echo "ci-stack: images built in $((SECONDS - start_all)) s"
+  [[ $what == build ]] && exit 0
 fi
+
+for image in vdet:cpu localhost/vdet-camera:bookworm localhost/vdet-prometheus:bookworm; do
+  if ! podman image exists "$image"; then
+    echo "ci-stack: FAIL: no image $image; deploy/podman/build-images.sh builds it" >&2
+    exit 1
+  fi
+done
 
 # docker-compose (1.29, Debian's) speaks Docker's API; Podman serves it on a socket of ours.
 SOCKET=$LOG_DIR/podman.sock
