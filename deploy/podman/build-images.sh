@@ -44,7 +44,10 @@ step() { # step NAME COMMAND...: run it with its output in $LOG_DIR/NAME.log, ti
 
 base() {
   # The host's Debian sources when it is a Debian 12 host (its mirror or proxy), else
-  # mmdebstrap's default mirror. Documentation is left out, as in python:*-slim.
+  # mmdebstrap's default mirror. The dpkg options stay in the image (dpkg.cfg.d), for the
+  # camera's and Prometheus' apt-get too: documentation is left out, as in python:*-slim, and
+  # dpkg does not sync every file it unpacks (as in Docker's Debian images), which would make
+  # it wait on the disk that the other builds are writing to.
   local sources=()
   if [[ -f /etc/apt/sources.list.d/debian.sources ]] && grep -qs "$SUITE" /etc/os-release; then
     sources=(/etc/apt/sources.list.d/debian.sources)
@@ -53,6 +56,8 @@ base() {
     --include=python3,python3-venv,python-is-python3,ca-certificates \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    --dpkgopt=force-unsafe-io \
     "$SUITE" - "${sources[@]}" |
     podman import \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

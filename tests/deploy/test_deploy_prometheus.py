@@ -288,7 +288,7 @@ def test_stack_check_fails_without_detections_from_the_camera(
     nobody_listens = f"rtsp://127.0.0.1:{free_port()}/demo"
     service = _start_vdet(workdir, nobody_listens, name="vdet-without-camera")
     try:
-        result = _check_stack(service, prometheus.base_url, timeout=8)
+        result = _check_stack(service, prometheus.base_url, timeout=5)
     finally:
         service.process.stop()
     assert result.returncode == 1, result.stdout + result.stderr
