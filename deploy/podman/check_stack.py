@@ -28,7 +28,10 @@ class CheckFailedError(Exception):
 
 
 def get_json(url: str) -> Any:
+    """The JSON body at `url`, or None for 204 No Content (vdet: no frame published yet)."""
     with urllib.request.urlopen(url, timeout=5) as response:
+        if response.status == 204:
+            return None
         return json.load(response)
 
 
@@ -56,6 +59,8 @@ def ready(vdet: str) -> tuple[bool, str]:
 def detections(vdet: str, previous: list[int]) -> tuple[bool, str]:
     """Frames with detections, and a later frame than the last poll's: the stream is live."""
     frame = get_json(f"{vdet}/v1/streams/{STREAM}/detections")
+    if frame is None:
+        return False, "no frame published yet (204 No Content)"
     seq, count = int(frame["seq"]), len(frame["detections"])
     advanced = bool(previous) and seq > previous[-1]
     previous.append(seq)

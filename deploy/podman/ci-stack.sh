@@ -32,6 +32,8 @@ skip() {
   exit 0
 }
 
+# Rootless Podman and mmdebstrap's unshare mode may work too, but only root was tried.
+[[ $(id -u) == 0 ]] || skip "it runs as root only"
 for tool in podman runc mmdebstrap docker-compose python3; do
   command -v "$tool" >/dev/null || skip "$tool is not installed (Debian packages: .ci/system-packages.txt)"
 done

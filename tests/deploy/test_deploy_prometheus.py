@@ -292,4 +292,6 @@ def test_stack_check_fails_without_detections_from_the_camera(
     finally:
         service.process.stop()
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "FAIL live detections from demo: never held" in result.stderr, result.stderr
+    assert "FAIL live detections from demo: never held; last seen: no frame" in result.stderr, (
+        result.stderr
+    )
