@@ -3,7 +3,7 @@
 # GPU (-m gpu) and TensorRT (-m tensorrt) tests skip themselves where those are absent.
 # deploy/podman/ci-stack.sh builds the compose stack's images with Podman while the Python
 # environment is set up, and runs the stack last (VDET_STACK=0 leaves it out; without Podman it
-# says SKIP). The builds wait mostly on the network, as setup does, and end before the tests.
+# says SKIP). The builds use the time setup spends waiting on downloads; the tests run alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then

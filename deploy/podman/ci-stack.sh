@@ -57,7 +57,7 @@ if [[ $what != run ]]; then
   rm -rf "$LOG_DIR/build"
   VDET_PODMAN_LOG_DIR=$LOG_DIR/build deploy/podman/build-images.sh
   echo "ci-stack: images built in $((SECONDS - start_all)) s"
-  [[ $what == build ]] && exit 0
+  if [[ $what == build ]]; then exit 0; fi
 fi
 
 for image in vdet:cpu localhost/vdet-camera:bookworm localhost/vdet-prometheus:bookworm; do
