@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -31,6 +32,7 @@ from support.truth import SAMPLE
 pytestmark = pytest.mark.slow
 
 DASHBOARD = REPO / "deploy/grafana/dashboards/vdet.json"
+CHECK_STACK = REPO / "deploy/podman/check_stack.py"
 # What Grafana puts in place of the dashboard's variables when "All" streams are selected.
 GRAFANA_VARIABLES = {"$source": ".*", "$__rate_interval": "15s"}
 
@@ -81,25 +83,36 @@ def camera(workdir: Path) -> Iterator[RtspServer]:
     server.terminate()
 
 
-@pytest.fixture(scope="module")
-def vdet(workdir: Path, camera: RtspServer) -> Iterator[Vdet]:
+def _start_vdet(workdir: Path, camera_url: str, name: str = "vdet") -> Vdet:
+    """`vdet serve` on deploy/vdet.yaml with only its addresses changed; ready when returned."""
     config = yaml.safe_load((REPO / "deploy/vdet.yaml").read_text())
     (demo,) = config["sources"]
     assert (demo["id"], demo["url"]) == ("demo", "rtsp://camera:8554/demo")
     port = free_port()
     config.update(host="127.0.0.1", port=port)
-    demo["url"] = camera.url
-    config_path = workdir / "vdet.yaml"
+    demo["url"] = camera_url
+    config_path = workdir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith("VDET_")}
     process = Process(
         [str(Path(sys.executable).parent / "vdet"), "serve", "--config", str(config_path)],
-        workdir / "vdet.log",
+        workdir / f"{name}.log",
         env=env,
     )
     service = Vdet(process, f"http://127.0.0.1:{port}")
     try:
         wait_http_ok(process, f"{service.base_url}/readyz", timeout=60)
+    except BaseException:
+        process.stop()
+        raise
+    return service
+
+
+@pytest.fixture(scope="module")
+def vdet(workdir: Path, camera: RtspServer) -> Iterator[Vdet]:
+    service = _start_vdet(workdir, camera.url)
+    process = service.process
+    try:
         _wait_for(lambda: _processed(service.metrics_text()) > 0, 45, process, "frames processed")
         yield service
     finally:
@@ -242,3 +255,43 @@ def test_dashboard_queries_run_in_prometheus(prometheus: Prometheus) -> None:
     )
     assert "sum by (gpu) (vdet_gpu_memory_used_bytes)" in empty, empty
     assert set(empty) <= {"sum by (gpu) (vdet_gpu_memory_used_bytes)", crossings}, empty
+
+
+def _check_stack(
+    service: Vdet, prometheus_url: str, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """deploy/podman/check_stack.py, the Podman stack's check in CI, run against `service`."""
+    return subprocess.run(
+        [
+            sys.executable,
+            str(CHECK_STACK),
+            f"--vdet={service.base_url}",
+            f"--prometheus={prometheus_url}",
+            f"--timeout={timeout}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 30,
+        check=False,
+    )
+
+
+def test_stack_check_passes_on_this_stack(vdet: Vdet, prometheus: Prometheus) -> None:
+    result = _check_stack(vdet, prometheus.base_url, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("check_stack: ok") == 4, result.stdout
+
+
+def test_stack_check_fails_without_detections_from_the_camera(
+    workdir: Path, prometheus: Prometheus
+) -> None:
+    nobody_listens = f"rtsp://127.0.0.1:{free_port()}/demo"
+    service = _start_vdet(workdir, nobody_listens, name="vdet-without-camera")
+    try:
+        result = _check_stack(service, prometheus.base_url, timeout=5)
+    finally:
+        service.process.stop()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL live detections from demo: never held; last seen: no frame" in result.stderr, (
+        result.stderr
+    )
