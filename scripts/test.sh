@@ -2,7 +2,7 @@
 # Set up everything the tests need on a fresh Debian machine, then lint, type-check and test.
 # GPU (-m gpu) and TensorRT (-m tensorrt) tests skip themselves where those are absent.
 # deploy/podman/ci-stack.sh builds the compose stack's images with Podman while the Python
-# environment is set up, and runs the stack last (VDET_STACK=0 leaves it out; without Podman it
+# environment is set up, and runs the stack last (CI_STACK=0 leaves it out; without Podman it
 # says SKIP). The builds use the time setup spends waiting on downloads; the tests run alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +11,10 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends $(grep -v '^#' .ci/system-packages.txt) >/dev/null
   # The system packages are in, Podman among them: the stack check must run, not skip.
-  export VDET_STACK_REQUIRED=1
+  # (Not VDET_*: vdet refuses VDET_ variables it does not know, and the tests run vdet.)
+  export CI_STACK_REQUIRED=1
 fi
-stack=${VDET_STACK:-1}
+stack=${CI_STACK:-1}
 if [[ $stack != 0 ]]; then
   mkdir -p build
   deploy/podman/ci-stack.sh build >build/stack-build.log 2>&1 &

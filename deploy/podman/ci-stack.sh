@@ -13,10 +13,10 @@
 #   the image's own HEALTHCHECK passes (`podman healthcheck run`);
 #   vdet's process runs as uid 10001, not root;
 #   `podman stop` ends vdet within 10 s with exit status 0.
-# Where Podman is missing or unusable it says SKIP and exits 0, unless VDET_STACK_REQUIRED=1
+# Where Podman is missing or unusable it says SKIP and exits 0, unless CI_STACK_REQUIRED=1
 # (scripts/test.sh sets it when it installed the system packages, as in CI). On failure every
-# container's log and state is printed and kept in $VDET_STACK_LOG_DIR (default build/stack-logs).
-# VDET_STACK_TIMEOUT (default 120) bounds the seconds check_stack.py waits. Without systemd,
+# container's log and state is printed and kept in $CI_STACK_LOG_DIR (default build/stack-logs).
+# CI_STACK_TIMEOUT (default 120) bounds the seconds check_stack.py waits. Without systemd,
 # Podman logs "unable to get systemd connection" for health-check timers: harmless here, the
 # check is run on demand instead.
 set -euo pipefail
@@ -24,8 +24,8 @@ cd "$(dirname "$0")/../.."
 start_all=$SECONDS
 
 skip() {
-  if [[ "${VDET_STACK_REQUIRED:-0}" == 1 ]]; then
-    echo "ci-stack: FAIL: $1 (VDET_STACK_REQUIRED=1)" >&2
+  if [[ "${CI_STACK_REQUIRED:-0}" == 1 ]]; then
+    echo "ci-stack: FAIL: $1 (CI_STACK_REQUIRED=1)" >&2
     exit 1
   fi
   echo "ci-stack: SKIP: $1; the Podman stack was not run"
@@ -51,7 +51,7 @@ case $what in
     exit 2
     ;;
 esac
-LOG_DIR=${VDET_STACK_LOG_DIR:-build/stack-logs}
+LOG_DIR=${CI_STACK_LOG_DIR:-build/stack-logs}
 mkdir -p "$LOG_DIR"
 if [[ $what != run ]]; then
   rm -rf "$LOG_DIR/build"
@@ -109,7 +109,7 @@ for _ in $(seq 50); do
 done
 start_up=$SECONDS
 "${COMPOSE[@]}" up -d --no-build vdet-cpu prometheus
-python3 deploy/podman/check_stack.py --timeout "${VDET_STACK_TIMEOUT:-120}"
+python3 deploy/podman/check_stack.py --timeout "${CI_STACK_TIMEOUT:-120}"
 
 vdet=$("${COMPOSE[@]}" ps -q vdet-cpu)
 podman healthcheck run "$vdet"
