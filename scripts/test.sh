@@ -14,12 +14,19 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   # (Not VDET_*: vdet refuses VDET_ variables it does not know, and the tests run vdet.)
   export CI_STACK_REQUIRED=1
 fi
+# The GPU image's install line, resolved from PyPI's metadata (no GPU, no multi-GB download):
+# mostly waiting on the network, so it too runs beside setup.
+mkdir -p build
+deploy/check-gpu-install.sh >build/gpu-install.log 2>&1 &
+gpu_install=$!
 stack=${CI_STACK:-1}
 if [[ $stack != 0 ]]; then
   mkdir -p build
   deploy/podman/ci-stack.sh build >build/stack-build.log 2>&1 &
   stack_build=$!
-  trap 'kill "$stack_build" 2>/dev/null || true' EXIT
+  trap 'kill "$stack_build" "$gpu_install" 2>/dev/null || true' EXIT
+else
+  trap 'kill "$gpu_install" 2>/dev/null || true' EXIT
 fi
 scripts/setup.sh --dev
 . .venv/bin/activate
@@ -32,6 +39,10 @@ if [[ $stack != 0 ]]; then
   cat build/stack-build.log
   ((build_status == 0)) || exit "$build_status"
 fi
+install_status=0
+wait "$gpu_install" || install_status=$?
+grep -v '^WARNING: Location' build/gpu-install.log || true
+((install_status == 0)) || exit "$install_status"
 python -m pytest -q -p no:cacheprovider "$@"
 if [[ $stack != 0 ]]; then
   deploy/podman/ci-stack.sh run
