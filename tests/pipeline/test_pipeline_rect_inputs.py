@@ -1,5 +1,6 @@
 """Rectangular inputs: a frame is letterboxed into the smallest stride-multiple input that
 holds it, where the backend takes such inputs, and gives the same boxes as the square input.
+(The geometry itself, `rect_input_hw`, is tested with the rest of the contract: test_contract.py.)
 
 Real parts: the bundled demo model (ONNX, dynamic height and width) on ONNX Runtime, frames of
 the bundled sample clip (1920x1080 H.264).
@@ -15,36 +16,7 @@ import pytest
 
 from vdet.cli import asset_path
 from vdet.pipeline.detector import Detector
-from vdet.pipeline.preprocess import rect_input_hw
 from vdet.tracking.bytetrack import box_iou
-
-
-@pytest.mark.parametrize(
-    ("source_wh", "expected_hw"),
-    [
-        ((1920, 1080), (384, 640)),  # 16:9: 640x360 letterboxed, padded to 384
-        ((1280, 720), (384, 640)),
-        ((640, 480), (480, 640)),  # 4:3
-        ((1080, 1920), (640, 384)),  # portrait
-        ((1000, 1000), (640, 640)),  # square stays square
-        ((4000, 100), (32, 640)),  # a sliver: at least one stride
-        ((320, 180), (384, 640)),  # upscaled like the square letterbox
-    ],
-)
-def test_rect_input_is_the_smallest_stride_multiple_that_holds_the_frame(
-    source_wh: tuple[int, int], expected_hw: tuple[int, int]
-) -> None:
-    assert rect_input_hw(source_wh, (640, 640), 32) == expected_hw
-
-
-@pytest.mark.parametrize(
-    ("source_wh", "input_hw", "stride"), [((0, 10), (640, 640), 32), ((10, 10), (640, 630), 32)]
-)
-def test_rect_input_refuses_impossible_sizes(
-    source_wh: tuple[int, int], input_hw: tuple[int, int], stride: int
-) -> None:
-    with pytest.raises(ValueError, match=r"positive|multiple of the stride"):
-        rect_input_hw(source_wh, input_hw, stride)
 
 
 @pytest.fixture(scope="module")
