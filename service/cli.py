@@ -425,10 +425,33 @@ def _frame_record(
     }
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from vdet.evaluation import evaluate
+def _eval_detector(args: argparse.Namespace) -> Detector:
+    """The detector `vdet eval` (and `eval --track`) scores; a bad model is a usage error."""
     from vdet.pipeline.detector import Detector
     from vdet.pipeline.model import ModelError
+
+    try:
+        return Detector.open(
+            args.model or asset_path("demo.onnx"), args.backend, input_shape=args.input_shape
+        )
+    except (FileNotFoundError, ModelError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _print_report(args: argparse.Namespace, report: dict[str, object]) -> int:
+    """Print an evaluation report with the machine it ran on; also to --output when given."""
+    from vdet.bench import environment
+
+    text = json.dumps({**report, "environment": environment()}, indent=2)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from vdet.evaluation import evaluate
 
     if args.track:
         return _cmd_eval_track(args)
@@ -437,32 +460,16 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         coco = _heldout_set(args.cache_dir, args.synthetic)
     elif not coco.is_file():
         raise UsageError(f"COCO file not found: {coco}")
-    try:
-        detector = Detector.open(
-            args.model or asset_path("demo.onnx"), args.backend, input_shape=args.input_shape
-        )
-    except (FileNotFoundError, ModelError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+    detector = _eval_detector(args)
     with detector:
         report = evaluate(
             detector, coco, args.images, batch_size=args.batch, progress=_progress("eval")
         )
-    from vdet.bench import environment
-
-    text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    print(text)
-    return 0
+    return _print_report(args, json.loads(report.to_json()))
 
 
 def _cmd_eval_track(args: argparse.Namespace) -> int:
     import importlib.util
-
-    from vdet.bench import environment
-    from vdet.pipeline.detector import Detector
-    from vdet.pipeline.model import ModelError
 
     if importlib.util.find_spec("motmetrics") is None:
         raise UsageError("--track needs py-motmetrics: pip install 'vdet[eval]'")
@@ -470,22 +477,12 @@ def _cmd_eval_track(args: argparse.Namespace) -> int:
         raise UsageError("--clips must be 1..100 and --seconds 1..600")
     from vdet.tracking.evaluation import evaluate_tracking
 
-    try:
-        detector = Detector.open(
-            args.model or asset_path("demo.onnx"), args.backend, input_shape=args.input_shape
-        )
-    except (FileNotFoundError, ModelError, ValueError) as exc:
-        raise UsageError(str(exc)) from None
+    detector = _eval_detector(args)
     with detector:
         report = evaluate_tracking(
             detector, range(args.clips), seconds=args.seconds, progress=_progress("eval --track")
         )
-    text = json.dumps({**json.loads(report.to_json()), "environment": environment()}, indent=2)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    print(text)
-    return 0
+    return _print_report(args, json.loads(report.to_json()))
 
 
 def _heldout_set(cache_dir: Path, count: int) -> Path:
