@@ -56,7 +56,7 @@ def _worker(backend: TorchBackend, index: int = 0, **settings: Any) -> GpuWorker
     options: dict[str, Any] = {"kernels": "torch", "cuda_graphs": False} | settings
     return GpuWorker(
         "cpu",
-        backend.network_for_batch,
+        backend.network_for,
         input_hw=backend.info.input_hw,
         dtype=torch.float32,
         settings=GpuSettings(**options),
@@ -170,8 +170,8 @@ def test_batched_worker_serves_several_streams_with_their_own_thresholds(
         snap = manager.snapshot("cam2")
         assert snap is not None
         assert all(s >= 0.99 for s in snap.result.detections.scores)
-        batcher = pool.workers[0]._batcher
-        assert batcher is not None and batcher.frames >= 9
+        batcher = pool.workers[0]._batchers[cpu_backend.info.input_hw]
+        assert batcher.frames >= 9
     finally:
         manager.close()
         pool.close()
@@ -208,7 +208,7 @@ def test_a_failing_gpu_worker_fails_only_its_own_streams(
 ) -> None:
     broken_calls = threading.Event()
 
-    def broken_network(batch: int) -> Any:
+    def broken_network(batch: int, input_hw: tuple[int, int]) -> Any:
         def run(x: Any) -> Any:
             broken_calls.set()
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
