@@ -163,12 +163,15 @@ def plan_precision(
 
 def rect_profile_hw(
     input_hw: tuple[int, int], stride: int
-) -> tuple[tuple[int, int], tuple[int, int]]:
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
     """(min_hw, opt_hw) of the rectangular inputs an engine covers for a model of `input_hw`:
     down to half of each side (rounded up to the stride), so that every frame from 2:1
     landscape to 1:2 portrait runs at its own `rect_input_hw` (a wider one pads up to the
     minimum, at the same scale), tuned for 16:9 landscape, the common camera (384x640 at 640).
+    None when the model's sides are not multiples of the stride (no rect input exists).
     """
+    if stride < 1 or any(side < stride or side % stride for side in input_hw):
+        return None
     low = tuple(-(-(side // 2) // stride) * stride for side in input_hw)
     opt = rect_input_hw((1920, 1080), input_hw, stride)
     return (low[0], low[1]), (max(opt[0], low[0]), max(opt[1], low[1]))
@@ -414,10 +417,10 @@ def engine_request(
     model = onnx.load(str(source), load_external_data=False)
     plan = plan_precision(major, options.precision, onnx_precision(model), lib=lib)
     profile = resolve_profile(info.batch, options.profile)
-    if info.dynamic_hw and options.plugin_nms is None:
+    rect = rect_profile_hw(info.input_hw, info.stride) if info.dynamic_hw else None
+    if rect is not None and options.plugin_nms is None:
         # The raw-head engine of the GPU data path: every stream runs at its rectangular input.
-        min_hw, opt_hw = rect_profile_hw(info.input_hw, info.stride)
-        profile = replace(profile, min_hw=min_hw, opt_hw=opt_hw)
+        profile = replace(profile, min_hw=rect[0], opt_hw=rect[1])
 
     workdir = cache_dir / "onnx"
     prepared = source

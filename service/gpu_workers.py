@@ -138,8 +138,13 @@ class InputShapes:
 
     def __post_init__(self) -> None:
         H, W = self.model_hw
-        if self.stride < 1 or H < 1 or W < 1 or H % self.stride or W % self.stride:
-            raise ValueError(f"model input {self.model_hw} must be a multiple of the stride")
+        if H < 1 or W < 1:
+            raise ValueError(f"model input {self.model_hw} must be positive")
+        if self.rect and (self.stride < 1 or H % self.stride or W % self.stride):
+            raise ValueError(
+                f"rect inputs need a model input {self.model_hw} that is a multiple of the "
+                f"stride {self.stride}"
+            )
         if self.min_hw is not None and not all(
             0 < low <= side for low, side in zip(self.min_hw, self.model_hw, strict=True)
         ):
@@ -156,6 +161,12 @@ class InputShapes:
 
     def describe(self) -> str:
         return "rect inputs" if self.rect else "square inputs"
+
+
+def _has_rect_inputs(model_hw: tuple[int, int], stride: int) -> bool:
+    """Whether a model of `model_hw` has rectangular inputs at all (sides multiples of the
+    stride; the rest run square)."""
+    return stride >= 1 and all(side >= stride and side % stride == 0 for side in model_hw)
 
 
 @dataclass
@@ -647,7 +658,9 @@ def build_gpu_pool(
         shapes = InputShapes(
             backend.info.input_hw,
             backend.info.stride,
-            rect=input_shape == "rect" and source.rect_networks,
+            rect=input_shape == "rect"
+            and source.rect_networks
+            and _has_rect_inputs(backend.info.input_hw, backend.info.stride),
             min_hw=source.network_min_hw if tensorrt else None,
         )
         workers.append(

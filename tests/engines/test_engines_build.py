@@ -150,12 +150,14 @@ def test_versions_and_profiles() -> None:
         ((640, 640), 32, ((320, 320), (384, 640))),
         ((1280, 1280), 64, ((640, 640), (768, 1280))),
         ((480, 640), 32, ((256, 320), (384, 640))),
+        ((24, 24), 32, None),  # smaller than the stride: no rect input
+        ((640, 630), 32, None),
     ],
 )
 def test_rect_profile_covers_2_to_1_both_ways_tuned_for_16_9(
     input_hw: tuple[int, int],
     stride: int,
-    expected: tuple[tuple[int, int], tuple[int, int]],
+    expected: tuple[tuple[int, int], tuple[int, int]] | None,
 ) -> None:
     assert rect_profile_hw(input_hw, stride) == expected
 
