@@ -46,6 +46,7 @@ from vdet.contract import STRIDE, rect_input_hw
 from vdet.ingest.nvdec import GpuVideoFrame
 from vdet.ingest.nvdec_reader import select_reader
 from vdet.ingest.reader import SourceReader
+from vdet.pipeline.backends.base import InferenceBackend
 from vdet.pipeline.gpu_ops import (
     DecodeNmsFn,
     Nv12Geometry,
@@ -607,71 +608,50 @@ def _apply_host_wait(index: int, mode: str) -> None:
 
 def build_gpu_pool(
     settings: GpuSettings,
-    backend: Any,
+    backend: InferenceBackend,
     *,
     on_eager_fallback: Callable[[], None] | None = None,
     input_shape: Literal["rect", "square"] = "rect",
 ) -> GpuPool:
-    """One worker per GPU of `settings.devices` (None: every visible GPU) for a torch or a
-    TensorRT backend (raw-head engine).
+    """One worker per GPU of `settings.devices` (None: every visible GPU) for a backend that
+    feeds the GPU data path (torch, or a TensorRT raw-head engine: `gpu_data_path`), built
+    from what the backend declares (`network_for`, `network_dtype`, `network_channels_last`,
+    `rect_networks`, `network_min_hw`, `replica`).
 
     `input_shape` "rect" runs each frame at its rectangular input where the backend's networks
     take one (torch: a model with dynamic height and width; TensorRT: an engine whose profile
     covers smaller inputs), "square" always at the model's input size.
 
-    The backend's own GPU uses the backend; every other GPU gets a replica: the same ONNX
-    converted again (torch), or the same plan deserialized there (TensorRT: plans are per GPU
-    model, and a node's GPUs are one model).
+    The backend's own GPU uses the backend; every other GPU gets its `replica`.
     """
-    from vdet.pipeline.backends.tensorrt import TensorRTBackend
-    from vdet.pipeline.backends.torch import TorchBackend
-
+    if not backend.gpu_data_path:
+        raise TypeError(f"{backend!r} does not feed the GPU data path (gpu_data_path is False)")
     count = torch.cuda.device_count()
     devices = settings.devices if settings.devices is not None else list(range(count))
     if missing := [d for d in devices if not 0 <= d < count]:
         raise ValueError(f"gpu.devices {missing} do not exist; this node has {count} GPU(s)")
 
-    def replica(index: int) -> Any:
-        if isinstance(backend, TensorRTBackend):
-            if index == backend.device_index:
-                return backend
-            return TensorRTBackend(backend.plan, device=index)
-        if isinstance(backend, TorchBackend):
-            own = torch.device(backend.torch_device)
-            own_index = own.index if own.index is not None else torch.cuda.current_device()
-            if index == own_index:
-                return backend
-            return TorchBackend(
-                backend.info.path,
-                device=f"cuda:{index}",
-                fp16=backend.fp16,
-                channels_last=backend.channels_last,
-                cuda_graph=False,
-            )
-        raise TypeError(f"the GPU data path runs torch or TensorRT, not {type(backend).__name__}")
-
     workers = []
     for index in devices:
         _apply_host_wait(index, settings.host_wait)
-        source = replica(index)
-        tensorrt = isinstance(source, TensorRTBackend)
+        source: InferenceBackend = backend.replica(index)
         shapes = InputShapes(
             backend.info.input_hw,
             backend.info.stride,
             rect=input_shape == "rect"
             and source.rect_networks
             and _has_rect_inputs(backend.info.input_hw, backend.info.stride),
-            min_hw=source.network_min_hw if tensorrt else None,
+            min_hw=source.network_min_hw,
         )
         workers.append(
             GpuWorker(
                 torch.device("cuda", index),
                 source.network_for,
                 input_hw=backend.info.input_hw,
-                dtype=source.input_torch_dtype() if tensorrt else source.dtype,
+                dtype=source.network_dtype,
                 settings=settings,
                 on_eager_fallback=on_eager_fallback,
-                channels_last=not tensorrt and source.channels_last,
+                channels_last=source.network_channels_last,
                 input_shapes=shapes,
             )
         )

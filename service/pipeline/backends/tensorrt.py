@@ -181,7 +181,7 @@ class TensorRTBackend(InferenceBackend):
         self.end_to_end = set(self._outputs) == {DETECTIONS, NUM_DETECTIONS}
         profile = manifest.key.profile
         self._max_batch = profile.max
-        self.network_min_hw = self._profile_min_hw()
+        self._network_min_hw = self._profile_min_hw()
         self._lock = threading.Lock()
         self._local = threading.local()
         self._lanes: list[_Lane] = []
@@ -403,10 +403,26 @@ class TensorRTBackend(InferenceBackend):
         return low[2], low[3]
 
     @property
+    def network_min_hw(self) -> tuple[int, int] | None:
+        """The smallest (H, W) of the engine's profile (`_profile_min_hw`)."""
+        return self._network_min_hw
+
+    @property
     def rect_networks(self) -> bool:
         """Whether `network_for` takes inputs smaller than the model's (rectangular
         letterboxes): the engine's profile covers them (`network_min_hw`)."""
         return self.network_min_hw is not None and self.network_min_hw != self.info.input_hw
+
+    @property
+    def network_dtype(self) -> Any:
+        return self.input_torch_dtype()
+
+    def replica(self, gpu: int) -> TensorRTBackend:
+        """Itself on its own GPU; elsewhere the same plan deserialized on `gpu` (plans are per
+        GPU model, and a node's GPUs are one model)."""
+        if gpu == self._device:
+            return self
+        return TensorRTBackend(self.plan, device=gpu)
 
     def network_for_batch(self, batch: int) -> TensorRTGraphNetwork:
         """`network_for` at the model's input size."""

@@ -410,6 +410,32 @@ class TorchBackend(InferenceBackend):
         the model's height and width are dynamic (`ModelInfo.dynamic_hw`)."""
         return self.info.dynamic_hw
 
+    @property
+    def network_dtype(self) -> Any:
+        return self.dtype
+
+    @property
+    def network_channels_last(self) -> bool:
+        return self.channels_last
+
+    def replica(self, gpu: int) -> TorchBackend:
+        """Itself on its own GPU; elsewhere the same ONNX converted again on `gpu` (no graph
+        of its own: the GPU data path captures its own around `network_for`'s networks)."""
+        import torch
+
+        own = self._torch_device
+        if own.type == "cuda":
+            own_index = own.index if own.index is not None else torch.cuda.current_device()
+            if gpu == own_index:
+                return self
+        return TorchBackend(
+            self.info.path,
+            device=f"cuda:{gpu}",
+            fp16=self.fp16,
+            channels_last=self.channels_last,
+            cuda_graph=False,
+        )
+
     def _takes_network_hw(self, hw: tuple[int, int]) -> bool:
         stride = self.info.stride
         return self.rect_networks and all(
