@@ -60,6 +60,7 @@ from vdet.pipeline.gpu_runner import (
     CudaGraphRunner,
     LaunchedBatch,
     Network,
+    RunnerOptions,
     RunResult,
 )
 from vdet.pipeline.postprocess import PostprocessParams
@@ -352,9 +353,19 @@ class GpuWorker:
         self.dtype = dtype
         self.channels_last = channels_last
         self._network_factory = network_factory
-        self._on_eager_fallback = on_eager_fallback
         self._nvc = nvc
         self.preprocess, self.decode_nms, self.ops_name = choose_ops(settings.kernels, self.device)
+        # What every runner of this worker shares; each gets its own network, shape and name.
+        self.runner_options = RunnerOptions(
+            dtype=dtype,
+            device=self.device,
+            preprocess=self.preprocess,
+            decode_nms=self.decode_nms,
+            channels_last=channels_last,
+            use_graphs=settings.cuda_graphs,
+            on_eager_fallback=on_eager_fallback,
+            blocking_wait=settings.host_wait == "block",
+        )
         self._lock = threading.Lock()
         # One runner per stream, for the input shape of its latest frame.
         self._runners: dict[str, CudaGraphRunner] = {}
@@ -378,7 +389,9 @@ class GpuWorker:
                 batch = self.settings.batch
                 runner = BatchedGraphRunner(
                     self._network_factory(batch, input_hw),
-                    **self._runner_options(f"gpu {self.label} batched runner {W}x{H}", input_hw),
+                    input_hw=input_hw,
+                    options=self.runner_options,
+                    name=f"gpu {self.label} batched runner {W}x{H}",
                     batch=batch,
                     # a graph per batch-size bucket, at this shape
                     network_for_batch=lambda size: self._network_factory(size, input_hw),
@@ -390,20 +403,6 @@ class GpuWorker:
                 )
                 self._batchers[input_hw] = batcher
             return batcher
-
-    def _runner_options(self, name: str, input_hw: tuple[int, int]) -> dict[str, Any]:
-        return {
-            "input_hw": input_hw,
-            "dtype": self.dtype,
-            "device": self.device,
-            "preprocess": self.preprocess,
-            "decode_nms": self.decode_nms,
-            "channels_last": self.channels_last,
-            "use_graphs": self.settings.cuda_graphs,
-            "on_eager_fallback": self._on_eager_fallback,
-            "name": name,
-            "blocking_wait": self.settings.host_wait == "block",
-        }
 
     # --- ingest -----------------------------------------------------------------------------
 
@@ -458,9 +457,9 @@ class GpuWorker:
                 H, W = input_hw
                 runner = CudaGraphRunner(
                     self._network_factory(1, input_hw),
-                    **self._runner_options(
-                        f"gpu {self.label} runner of {source_id} at {W}x{H}", input_hw
-                    ),
+                    input_hw=input_hw,
+                    options=self.runner_options,
+                    name=f"gpu {self.label} runner of {source_id} at {W}x{H}",
                 )
                 self._runners[source_id] = runner
                 if stale is not None:

@@ -23,7 +23,7 @@ from support.toy_network import toy_network
 from vdet.config import GpuSettings
 from vdet.gpu_workers import GpuWorker, InputShapes
 from vdet.ingest.nvdec import GpuVideoFrame
-from vdet.pipeline.gpu_runner import CudaGraphRunner, Network, as_numpy_rows
+from vdet.pipeline.gpu_runner import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import ColourMatrix, ColourRange
 
@@ -127,10 +127,9 @@ def _expected(frame: GpuVideoFrame, input_hw: tuple[int, int]) -> np.ndarray:
     runner = CudaGraphRunner(
         toy_network,
         input_hw=input_hw,
-        dtype=torch.float32,
-        device="cpu",
-        channels_last=False,
-        use_graphs=False,
+        options=RunnerOptions(
+            dtype=torch.float32, device="cpu", channels_last=False, use_graphs=False
+        ),
     )
     return as_numpy_rows(runner.run_frame(frame, PARAMS))
 

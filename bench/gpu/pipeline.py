@@ -55,7 +55,7 @@ from vdet.contract import rect_input_hw
 from vdet.dataset.synthetic import SceneConfig, render_image
 from vdet.pipeline.backends.torch import load_onnx_network
 from vdet.pipeline.gpu_ops import Nv12Geometry
-from vdet.pipeline.gpu_runner import CudaGraphRunner
+from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import ColourMatrix, ColourRange
 
@@ -114,7 +114,8 @@ def _latency(
     ops: dict[str, Any] | None = None,
     input_hw: tuple[int, int] = INPUT_HW,
 ) -> dict[str, Any]:
-    runner = CudaGraphRunner(network, input_hw=input_hw, use_graphs=use_graphs, **(ops or {}))
+    options = RunnerOptions(use_graphs=use_graphs, **(ops or {}))
+    runner = CudaGraphRunner(network, input_hw=input_hw, options=options)
     geometry = Nv12Geometry.of(FRAME_WH, input_hw, ColourMatrix.BT601, ColourRange.LIMITED)
     for frame in frames[:5]:
         runner.run(frame, geometry, PARAMS)  # capture and warm up
@@ -142,7 +143,7 @@ def _memory_per_source(network: Any, frames: list[torch.Tensor]) -> dict[str, fl
     runners = []
     ops = _kernel_ops()
     for _ in range(4):
-        runner = CudaGraphRunner(network, input_hw=INPUT_HW, **ops)
+        runner = CudaGraphRunner(network, input_hw=INPUT_HW, options=RunnerOptions(**ops))
         runner.run(frames[0], geometry, PARAMS)
         runners.append(runner)
     torch.cuda.synchronize()
@@ -160,7 +161,8 @@ def _streams(
 ) -> dict[str, Any]:
     geometry = Nv12Geometry.of((1920, 1080), INPUT_HW, ColourMatrix.BT601, ColourRange.LIMITED)
     ops = _kernel_ops()
-    runners = [CudaGraphRunner(network, input_hw=INPUT_HW, **ops) for _ in range(sources)]
+    options = RunnerOptions(**ops)
+    runners = [CudaGraphRunner(network, input_hw=INPUT_HW, options=options) for _ in range(sources)]
     for runner in runners:
         runner.run(frames[0], geometry, PARAMS)
     counts = [0] * sources
@@ -204,7 +206,7 @@ def _nvdec(network: Any) -> dict[str, Any]:
     out["decode_only_fps"] = frames / (time.perf_counter() - started)
     out["decode_only_frames"] = frames
 
-    runner = CudaGraphRunner(network, input_hw=INPUT_HW, **_kernel_ops())
+    runner = CudaGraphRunner(network, input_hw=INPUT_HW, options=RunnerOptions(**_kernel_ops()))
     started = time.perf_counter()
     count = 0
     for frame in decode_file(str(SAMPLE)):

@@ -44,7 +44,7 @@ from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
 from vdet.pipeline.detector import Detector  # noqa: E402
 from vdet.pipeline.gpu_ops import Nv12Geometry  # noqa: E402
-from vdet.pipeline.gpu_runner import CudaGraphRunner  # noqa: E402
+from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions  # noqa: E402
 from vdet.types import ColourMatrix, ColourRange  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
@@ -113,8 +113,7 @@ def test_a_graph_runner_at_a_rect_input_matches_the_cpu_detector(
     runner = CudaGraphRunner(
         backend.network_for(1, input_hw),
         input_hw=input_hw,
-        on_eager_fallback=lambda: fallbacks.append(1),
-        **_ops(),
+        options=RunnerOptions(on_eager_fallback=lambda: fallbacks.append(1), **_ops()),
     )
     geometry = _geometry(size_wh, input_hw)
     try:
