@@ -249,14 +249,13 @@ def test_batched_square_worker_builds_its_one_batcher_up_front() -> None:
         worker.close()
 
 
-@pytest.mark.parametrize("input_hw", [(384, 640), (480, 640)])
-def test_torch_backend_network_at_a_rect_input_matches_onnxruntime(
-    input_hw: tuple[int, int],
-) -> None:
-    """The demo's height and width are dynamic: the converted network at 384x640 / 480x640 has
-    the anchors of that shape (5040 / 6300; the grid is folded per shape, not kept at 640x640)
-    and the raw head ONNX Runtime gives at that input (FP32, tolerances of the square test in
-    tests/pipeline/test_pipeline_torch_backend.py)."""
+def test_torch_backend_network_at_a_rect_input_matches_onnxruntime() -> None:
+    """The demo's height and width are dynamic: the converted network at 384x640 has that
+    shape's 5040 anchors (the grid is folded per shape, not kept at 640x640) and the raw head
+    ONNX Runtime gives at that input (FP32, tolerances of the square test in
+    tests/pipeline/test_pipeline_torch_backend.py). 480x640 runs on the GPU
+    (tests/gpu/test_gpu_rect.py)."""
+    input_hw = (384, 640)
     pytest.importorskip("onnx2torch")
     from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
     from vdet.pipeline.backends.torch import TorchBackend
