@@ -33,12 +33,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import onnx
 
+from vdet.contract import rect_input_hw
 from vdet.engines.cache import (
     PORTABLE_GPU,
     CachedEngine,
@@ -158,6 +159,22 @@ def plan_precision(
             return PrecisionPlan("fp16", strongly_typed=True, convert_fp16=True)
         return PrecisionPlan("fp16", strongly_typed=False, fp16_flag=True)
     return PrecisionPlan("fp32", strongly_typed=typed_only)
+
+
+def rect_profile_hw(
+    input_hw: tuple[int, int], stride: int
+) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(min_hw, opt_hw) of the rectangular inputs an engine covers for a model of `input_hw`:
+    down to half of each side (rounded up to the stride), so that every frame from 2:1
+    landscape to 1:2 portrait runs at its own `rect_input_hw` (a wider one pads up to the
+    minimum, at the same scale), tuned for 16:9 landscape, the common camera (384x640 at 640).
+    None when the model's sides are not multiples of the stride (no rect input exists).
+    """
+    if stride < 1 or any(side < stride or side % stride for side in input_hw):
+        return None
+    low = tuple(-(-(side // 2) // stride) * stride for side in input_hw)
+    opt = rect_input_hw((1920, 1080), input_hw, stride)
+    return (low[0], low[1]), (max(opt[0], low[0]), max(opt[1], low[1]))
 
 
 def resolve_profile(model_batch: int | None, requested: OptimizationProfile) -> OptimizationProfile:
@@ -400,6 +417,10 @@ def engine_request(
     model = onnx.load(str(source), load_external_data=False)
     plan = plan_precision(major, options.precision, onnx_precision(model), lib=lib)
     profile = resolve_profile(info.batch, options.profile)
+    rect = rect_profile_hw(info.input_hw, info.stride) if info.dynamic_hw else None
+    if rect is not None and options.plugin_nms is None:
+        # The raw-head engine of the GPU data path: every stream runs at its rectangular input.
+        profile = replace(profile, min_hw=rect[0], opt_hw=rect[1])
 
     workdir = cache_dir / "onnx"
     prepared = source
@@ -683,15 +704,19 @@ def _add_profile(
     input_hw: tuple[int, int],
     profile: OptimizationProfile,
 ) -> dict[str, list[int]]:
-    """An optimization profile for the image input when any of its dimensions is dynamic."""
+    """An optimization profile for the image input when any of its dimensions is dynamic:
+    the profile's batches, and its input sizes (`min_hw`, `opt_hw`) up to `input_hw` where it
+    has them, else `input_hw` throughout."""
     if network.num_inputs != 1:
         raise BuildError(f"expected one network input, TensorRT sees {network.num_inputs}")
     tensor = network.get_input(0)
     dims = list(tensor.shape)
     H, W = input_hw
+    low_hw = profile.min_hw or (H, W)
+    opt_hw = profile.opt_hw or (H, W)
     shapes = {
-        "min": [profile.min, 3, H, W],
-        "opt": [profile.opt, 3, H, W],
+        "min": [profile.min, 3, *low_hw],
+        "opt": [profile.opt, 3, *opt_hw],
         "max": [profile.max, 3, H, W],
     }
     for which, shape in shapes.items():

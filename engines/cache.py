@@ -67,11 +67,18 @@ class EngineMismatchError(EngineCacheError):
 
 @dataclass(frozen=True)
 class OptimizationProfile:
-    """The batch sizes one TensorRT optimization profile covers: min <= opt <= max."""
+    """The batch sizes one TensorRT optimization profile covers: min <= opt <= max; and, for a
+    model whose height and width are dynamic, the input (H, W) it covers from `min_hw` up to
+    the model's own, tuned for `opt_hw` (rectangular letterboxes; None: the model's size only).
+    The input sizes are part of the key but not of the label: a plan built for the model's size
+    only is refused and rebuilt, in the same slot, by a request that wants rectangular inputs.
+    """
 
     min: int = 1
     opt: int = 1
     max: int = 1
+    min_hw: tuple[int, int] | None = None
+    opt_hw: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for name in ("min", "opt", "max"):
@@ -83,6 +90,17 @@ class OptimizationProfile:
                 f"profile batches must satisfy min <= opt <= max, got {self.min}, {self.opt}, "
                 f"{self.max}"
             )
+        if (self.min_hw is None) != (self.opt_hw is None):
+            raise ValueError("profile min_hw and opt_hw are given together or not at all")
+        if (
+            self.min_hw is not None
+            and self.opt_hw is not None
+            and not all(0 < low <= opt for low, opt in zip(self.min_hw, self.opt_hw, strict=True))
+        ):
+            raise ValueError(
+                f"profile input sizes must satisfy 0 < min_hw <= opt_hw, got {self.min_hw}, "
+                f"{self.opt_hw}"
+            )
 
     @classmethod
     def fixed(cls, batch: int) -> OptimizationProfile:
@@ -91,6 +109,14 @@ class OptimizationProfile:
     @property
     def label(self) -> str:
         return f"b{self.min}-{self.opt}-{self.max}"
+
+
+def _hw(value: Any) -> tuple[int, int] | None:
+    """An (H, W) read back from a manifest's JSON list (absent in plans of square profiles)."""
+    if value is None:
+        return None
+    height, width = value
+    return int(height), int(width)
 
 
 @dataclass(frozen=True)
@@ -155,7 +181,11 @@ class EngineKey:
             onnx_sha256=str(data["onnx_sha256"]),
             precision=str(data["precision"]),
             profile=OptimizationProfile(
-                int(profile["min"]), int(profile["opt"]), int(profile["max"])
+                int(profile["min"]),
+                int(profile["opt"]),
+                int(profile["max"]),
+                _hw(profile.get("min_hw")),
+                _hw(profile.get("opt_hw")),
             ),
             flavour=str(data["flavour"]),
         )

@@ -613,9 +613,10 @@ class Settings(BaseSettings):
         default="rect",
         description="rect: each frame is letterboxed into the smallest input (sides multiples of "
         "the model's stride) that holds it, 640x384 for 16:9 at 640: about 40% less network work "
-        "for the same boxes, where the backend takes such inputs (ONNX Runtime with a model "
-        "whose height and width are dynamic); square: always the model's input size. The GPU "
-        "path (CUDA graphs, engines) runs the model's input size either way.",
+        "for the same boxes, where the backend takes such inputs (a model whose height and "
+        "width are dynamic, on ONNX Runtime or torch; a TensorRT engine whose profile covers "
+        "them); square: always the model's input size. On the GPU path a stream's CUDA graph "
+        "is captured for its shape and batches hold one shape each (docs/gpu-data-path.md).",
     )
     detection: DetectionDefaults = Field(
         default_factory=DetectionDefaults, description="Postprocessing defaults."

@@ -10,6 +10,14 @@ on the stream's own CUDA stream (batch 1, lowest latency), or, with `gpu.batch` 
 holds the workers and places each new stream with vdet.placement (pinned, sticky, least
 loaded), so a frame's whole life stays on one GPU.
 
+Input shapes (`InputShapes`, setting `input_shape`): with `rect`, a frame runs at the smallest
+stride-multiple input that holds it (384x640 for 16:9 at a 640 model, 480x640 for 4:3), where
+the network takes such inputs; with `square` (or a network that does not), at the model's
+input size. A graph is captured for one input shape, so a stream's runner is built for the
+shape its resolution needs and rebuilt when a resolution change needs another one; batching
+keeps one batcher (and batched runner) per input shape, made when a frame first needs it, so
+a batch holds frames of one shape and cameras of mixed resolutions still batch.
+
 Isolation: each worker has its own CUDA streams, runners and network replica; an exception on
 one GPU fails that frame only (the stream manager records it on the stream), and a GPU whose
 CUDA context is lost keeps failing its own streams while the other GPUs go on.
@@ -27,16 +35,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
 from vdet.capture_guard import CUDA_WORK
 from vdet.config import GpuSettings
+from vdet.contract import STRIDE, rect_input_hw
 from vdet.ingest.nvdec import GpuVideoFrame
 from vdet.ingest.nvdec_reader import select_reader
 from vdet.ingest.reader import SourceReader
+from vdet.pipeline.backends.base import InferenceBackend
 from vdet.pipeline.gpu_ops import (
     DecodeNmsFn,
     Nv12Geometry,
@@ -50,6 +60,7 @@ from vdet.pipeline.gpu_runner import (
     CudaGraphRunner,
     LaunchedBatch,
     Network,
+    RunnerOptions,
     RunResult,
 )
 from vdet.pipeline.postprocess import PostprocessParams
@@ -58,8 +69,8 @@ from vdet.types import Detections, ImageArray, StageTimings
 
 log = logging.getLogger(__name__)
 
-# network_factory(batch) -> a network for (batch, 3, H, W) inputs on the worker's device.
-NetworkFactory = Callable[[int], Network]
+# network_factory(batch, (H, W)) -> a network for (batch, 3, H, W) inputs on the worker's device.
+NetworkFactory = Callable[[int, tuple[int, int]], Network]
 # A batched request not answered within this long means the batcher is wedged.
 _BATCH_REPLY_TIMEOUT_S = 30.0
 
@@ -109,6 +120,55 @@ def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
         rgb = nv12_to_rgb_u8(frame.nv12, geometry)  # (3, h, w) float32 0..255
         bgr = rgb.flip(0).permute(1, 2, 0).to(torch.uint8).contiguous()
     return np.ascontiguousarray(bgr.cpu().numpy())
+
+
+@dataclass(frozen=True)
+class InputShapes:
+    """Which network input (H, W) a frame of a given size runs at on the GPU path.
+
+    `model_hw` is the model's input size and `stride` its largest stride. With `rect`, a frame
+    gets `rect_input_hw` of its size (the smallest stride multiple that holds it at the scale
+    the model's input gives it), raised to at least `min_hw` where the networks take nothing
+    smaller (a TensorRT profile's minimum; the letterbox then pads more, at the same scale);
+    without it, every frame runs at `model_hw`.
+    """
+
+    model_hw: tuple[int, int]
+    stride: int = STRIDE
+    rect: bool = False
+    min_hw: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        H, W = self.model_hw
+        if H < 1 or W < 1:
+            raise ValueError(f"model input {self.model_hw} must be positive")
+        if self.rect and (self.stride < 1 or H % self.stride or W % self.stride):
+            raise ValueError(
+                f"rect inputs need a model input {self.model_hw} that is a multiple of the "
+                f"stride {self.stride}"
+            )
+        if self.min_hw is not None and not all(
+            0 < low <= side for low, side in zip(self.min_hw, self.model_hw, strict=True)
+        ):
+            raise ValueError(f"min_hw {self.min_hw} must lie within the model input")
+
+    def of(self, source_wh: tuple[int, int]) -> tuple[int, int]:
+        """The input (H, W) a frame of `source_wh` is letterboxed into."""
+        if not self.rect:
+            return self.model_hw
+        H, W = rect_input_hw(source_wh, self.model_hw, self.stride)
+        if self.min_hw is not None:
+            H, W = max(H, self.min_hw[0]), max(W, self.min_hw[1])
+        return H, W
+
+    def describe(self) -> str:
+        return "rect inputs" if self.rect else "square inputs"
+
+
+def _has_rect_inputs(model_hw: tuple[int, int], stride: int) -> bool:
+    """Whether a model of `model_hw` has rectangular inputs at all (sides multiples of the
+    stride; the rest run square)."""
+    return stride >= 1 and all(side >= stride and side % stride == 0 for side in model_hw)
 
 
 @dataclass
@@ -253,11 +313,12 @@ class GpuWorker:
     """Everything one GPU does for the streams placed on it (module docstring).
 
     `device` is a torch device (cuda:N; "cpu" runs the same code without CUDA, for tests);
-    `network_factory(batch)` gives the network for a batch size on that device (called once
-    per stream runner: a TensorRT network is an execution context of its own), `dtype` and
-    `channels_last` describe the input it takes; `nvc` replaces
-    the PyNvVideoCodec module in the readers, and `index` gives a CPU worker a GPU index to
-    stand for (both for tests on the CPU).
+    `network_factory(batch, input_hw)` gives the network for a batch size and input shape on
+    that device (called once per stream runner: a TensorRT network is an execution context of
+    its own), `dtype` and `channels_last` describe the input it takes; `input_shapes` says
+    which input shape a frame runs at (default: always `input_hw`, the model's); `nvc`
+    replaces the PyNvVideoCodec module in the readers, and `index` gives a CPU worker a GPU
+    index to stand for (both for tests on the CPU).
     Thread-safe.
     """
 
@@ -273,6 +334,7 @@ class GpuWorker:
         nvc: Any = None,
         index: int | None = None,
         channels_last: bool = True,
+        input_shapes: InputShapes | None = None,
     ) -> None:
         self.device = torch.device(device)
         cuda = self.device.type == "cuda"
@@ -283,40 +345,64 @@ class GpuWorker:
         self.label = str(index) if index >= 0 else "cpu"
         self.settings = settings
         self.input_hw = input_hw
+        self.input_shapes = InputShapes(input_hw) if input_shapes is None else input_shapes
+        if self.input_shapes.model_hw != input_hw:
+            raise ValueError(
+                f"input_shapes are for a {self.input_shapes.model_hw} model, not {input_hw}"
+            )
         self.dtype = dtype
         self.channels_last = channels_last
         self._network_factory = network_factory
-        self._on_eager_fallback = on_eager_fallback
         self._nvc = nvc
         self.preprocess, self.decode_nms, self.ops_name = choose_ops(settings.kernels, self.device)
+        # What every runner of this worker shares; each gets its own network, shape and name.
+        self.runner_options = RunnerOptions(
+            dtype=dtype,
+            device=self.device,
+            preprocess=self.preprocess,
+            decode_nms=self.decode_nms,
+            channels_last=channels_last,
+            use_graphs=settings.cuda_graphs,
+            on_eager_fallback=on_eager_fallback,
+            blocking_wait=settings.host_wait == "block",
+        )
         self._lock = threading.Lock()
+        # One runner per stream, for the input shape of its latest frame.
         self._runners: dict[str, CudaGraphRunner] = {}
-        self._batcher: _Batcher | None = None
+        # With gpu.batch > 1: one batcher per input shape, made when a frame first needs it.
+        self._batchers: dict[tuple[int, int], _Batcher] = {}
+        self.runner_rebuilds = 0  # stream runners replaced for a new input shape
         self._closed = False
-        if settings.batch > 1:
-            runner = BatchedGraphRunner(
-                network_factory(settings.batch),
-                **self._runner_options(f"gpu {self.label} batched runner"),
-                batch=settings.batch,
-                network_for_batch=network_factory,  # a graph per batch-size bucket
-            )
-            self._batcher = _Batcher(
-                runner, settings.batch_wait_ms / 1000.0, f"vdet-batcher-gpu{self.label}"
-            )
+        if settings.batch > 1 and not self.input_shapes.rect:
+            self._batcher_for(input_hw)  # the only shape: built now, not on the first frame
 
-    def _runner_options(self, name: str) -> dict[str, Any]:
-        return {
-            "input_hw": self.input_hw,
-            "dtype": self.dtype,
-            "device": self.device,
-            "preprocess": self.preprocess,
-            "decode_nms": self.decode_nms,
-            "channels_last": self.channels_last,
-            "use_graphs": self.settings.cuda_graphs,
-            "on_eager_fallback": self._on_eager_fallback,
-            "name": name,
-            "blocking_wait": self.settings.host_wait == "block",
-        }
+    def _batcher_for(self, input_hw: tuple[int, int]) -> _Batcher:
+        batcher = self._batchers.get(input_hw)  # lock-free read, as in `_runner`
+        if batcher is not None and not self._closed:
+            return batcher
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"GPU worker {self.label} is closed")
+            batcher = self._batchers.get(input_hw)
+            if batcher is None:
+                H, W = input_hw
+                batch = self.settings.batch
+                runner = BatchedGraphRunner(
+                    self._network_factory(batch, input_hw),
+                    input_hw=input_hw,
+                    options=self.runner_options,
+                    name=f"gpu {self.label} batched runner {W}x{H}",
+                    batch=batch,
+                    # a graph per batch-size bucket, at this shape
+                    network_for_batch=lambda size: self._network_factory(size, input_hw),
+                )
+                batcher = _Batcher(
+                    runner,
+                    self.settings.batch_wait_ms / 1000.0,
+                    f"vdet-batcher-gpu{self.label}-{W}x{H}",
+                )
+                self._batchers[input_hw] = batcher
+            return batcher
 
     # --- ingest -----------------------------------------------------------------------------
 
@@ -340,34 +426,67 @@ class GpuWorker:
         self, source_id: str, frame: GpuVideoFrame, params: PostprocessParams
     ) -> tuple[Detections, StageTimings]:
         """Detections of one decoded frame, in source pixels, and where the time went."""
-        if self._batcher is not None:
-            result = self._batcher.submit(frame, params)
+        input_hw = self.input_shapes.of(frame.size_wh)
+        if self.settings.batch > 1:
+            result = self._batcher_for(input_hw).submit(frame, params)
         else:
-            result = self._runner(source_id).run_frame(frame, params)
+            result = self._runner(source_id, input_hw).run_frame(frame, params)
         return result.detections, StageTimings(inference=result.seconds)
 
     def to_bgr(self, frame: GpuVideoFrame) -> ImageArray:
         """A decoded frame as a BGR host image (snapshots)."""
         return frame_to_bgr(frame)
 
-    def _runner(self, source_id: str) -> CudaGraphRunner:
+    def _runner(self, source_id: str, input_hw: tuple[int, int]) -> CudaGraphRunner:
         # Every frame of every stream comes here: the common case reads the dict without the
         # worker's lock (a dict read is atomic), since a lock that all of a GPU's pipeline
         # threads take per frame queues them behind the GIL (64 streams: 29% of thread samples).
         runner = self._runners.get(source_id)
-        if runner is not None and not self._closed:
+        if runner is not None and runner.input_hw == input_hw and not self._closed:
             return runner
+        stale = None
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"GPU worker {self.label} is closed")
             runner = self._runners.get(source_id)
+            if runner is not None and runner.input_hw != input_hw:
+                # A resolution change that needs another input shape: the graphs are captured
+                # for one shape, so the stream gets a runner for the new one.
+                stale, runner = runner, None
             if runner is None:
+                H, W = input_hw
                 runner = CudaGraphRunner(
-                    self._network_factory(1),
-                    **self._runner_options(f"gpu {self.label} runner of {source_id}"),
+                    self._network_factory(1, input_hw),
+                    input_hw=input_hw,
+                    options=self.runner_options,
+                    name=f"gpu {self.label} runner of {source_id} at {W}x{H}",
                 )
                 self._runners[source_id] = runner
-            return runner
+                if stale is not None:
+                    self.runner_rebuilds += 1
+        if stale is not None:
+            log.info(
+                "stream %s: input %dx%d -> %dx%d, its GPU runner is rebuilt",
+                source_id,
+                stale.input_hw[1],
+                stale.input_hw[0],
+                input_hw[1],
+                input_hw[0],
+            )
+            stale.close()
+        return runner
+
+    @property
+    def batched_shapes(self) -> list[tuple[int, int]]:
+        """The input shapes (H, W) this worker has a batcher for (gpu.batch > 1)."""
+        with self._lock:
+            return list(self._batchers)
+
+    def runner_shape(self, source_id: str) -> tuple[int, int] | None:
+        """The input shape (H, W) of a stream's runner; None before its first frame, or when
+        batching."""
+        runner = self._runners.get(source_id)
+        return None if runner is None else runner.input_hw
 
     def release(self, source_id: str) -> None:
         """Free a removed stream's runner (its graphs, static buffers and CUDA stream)."""
@@ -388,17 +507,19 @@ class GpuWorker:
         return int(torch.cuda.memory_reserved(self.device))
 
     def describe(self) -> str:
-        mode = f"batch {self.settings.batch}" if self._batcher is not None else "per-stream"
+        mode = f"batch {self.settings.batch}" if self.settings.batch > 1 else "per-stream"
         graphs = "cuda graphs" if self.settings.cuda_graphs else "eager"
-        return f"{self.device} ({mode}, {graphs}, {self.ops_name} ops)"
+        shapes = self.input_shapes.describe()
+        return f"{self.device} ({mode}, {graphs}, {self.ops_name} ops, {shapes})"
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             runners, self._runners = list(self._runners.values()), {}
-        if self._batcher is not None:
-            self._batcher.close()
-            self._batcher.runner.close()
+            batchers, self._batchers = list(self._batchers.values()), {}
+        for batcher in batchers:
+            batcher.close()
+            batcher.runner.close()
         for runner in runners:
             runner.close()
 
@@ -486,58 +607,51 @@ def _apply_host_wait(index: int, mode: str) -> None:
 
 def build_gpu_pool(
     settings: GpuSettings,
-    backend: Any,
+    backend: InferenceBackend,
     *,
     on_eager_fallback: Callable[[], None] | None = None,
+    input_shape: Literal["rect", "square"] = "rect",
 ) -> GpuPool:
-    """One worker per GPU of `settings.devices` (None: every visible GPU) for a torch or a
-    TensorRT backend (raw-head engine).
+    """One worker per GPU of `settings.devices` (None: every visible GPU) for a backend that
+    feeds the GPU data path (torch, or a TensorRT raw-head engine: `gpu_data_path`), built
+    from what the backend declares (`network_for`, `network_dtype`, `network_channels_last`,
+    `rect_networks`, `network_min_hw`, `replica`).
 
-    The backend's own GPU uses the backend; every other GPU gets a replica: the same ONNX
-    converted again (torch), or the same plan deserialized there (TensorRT: plans are per GPU
-    model, and a node's GPUs are one model).
+    `input_shape` "rect" runs each frame at its rectangular input where the backend's networks
+    take one (torch: a model with dynamic height and width; TensorRT: an engine whose profile
+    covers smaller inputs), "square" always at the model's input size.
+
+    The backend's own GPU uses the backend; every other GPU gets its `replica`.
     """
-    from vdet.pipeline.backends.tensorrt import TensorRTBackend
-    from vdet.pipeline.backends.torch import TorchBackend
-
+    if not backend.gpu_data_path:
+        raise TypeError(f"{backend!r} does not feed the GPU data path (gpu_data_path is False)")
     count = torch.cuda.device_count()
     devices = settings.devices if settings.devices is not None else list(range(count))
     if missing := [d for d in devices if not 0 <= d < count]:
         raise ValueError(f"gpu.devices {missing} do not exist; this node has {count} GPU(s)")
 
-    def replica(index: int) -> Any:
-        if isinstance(backend, TensorRTBackend):
-            if index == backend.device_index:
-                return backend
-            return TensorRTBackend(backend.plan, device=index)
-        if isinstance(backend, TorchBackend):
-            own = torch.device(backend.torch_device)
-            own_index = own.index if own.index is not None else torch.cuda.current_device()
-            if index == own_index:
-                return backend
-            return TorchBackend(
-                backend.info.path,
-                device=f"cuda:{index}",
-                fp16=backend.fp16,
-                channels_last=backend.channels_last,
-                cuda_graph=False,
-            )
-        raise TypeError(f"the GPU data path runs torch or TensorRT, not {type(backend).__name__}")
-
     workers = []
     for index in devices:
         _apply_host_wait(index, settings.host_wait)
-        source = replica(index)
-        tensorrt = isinstance(source, TensorRTBackend)
+        source: InferenceBackend = backend.replica(index)
+        shapes = InputShapes(
+            backend.info.input_hw,
+            backend.info.stride,
+            rect=input_shape == "rect"
+            and source.rect_networks
+            and _has_rect_inputs(backend.info.input_hw, backend.info.stride),
+            min_hw=source.network_min_hw,
+        )
         workers.append(
             GpuWorker(
                 torch.device("cuda", index),
-                source.network_for_batch,
+                source.network_for,
                 input_hw=backend.info.input_hw,
-                dtype=source.input_torch_dtype() if tensorrt else source.dtype,
+                dtype=source.network_dtype,
                 settings=settings,
                 on_eager_fallback=on_eager_fallback,
-                channels_last=not tensorrt and source.channels_last,
+                channels_last=source.network_channels_last,
+                input_shapes=shapes,
             )
         )
     return GpuPool(workers, max_streams_per_gpu=settings.max_streams_per_gpu)
@@ -546,6 +660,7 @@ def build_gpu_pool(
 __all__ = [
     "GpuPool",
     "GpuWorker",
+    "InputShapes",
     "NetworkFactory",
     "build_gpu_pool",
     "choose_ops",

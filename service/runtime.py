@@ -279,7 +279,10 @@ def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | N
 
     tune_interpreter_for_streams()
     return build_gpu_pool(
-        settings.gpu, backend, on_eager_fallback=metrics.inference_eager_fallbacks.inc
+        settings.gpu,
+        backend,
+        on_eager_fallback=metrics.inference_eager_fallbacks.inc,
+        input_shape=settings.input_shape,
     )
 
 

@@ -82,3 +82,28 @@ def test_gpu_busy_is_averaged_over_the_run_window(streams: ModuleType) -> None:
     }
     assert sampler.window(None, 10.0) is None  # a run that failed has no window
     assert sampler.window(200.0, 10.0) is None
+
+
+def test_input_shape_runs_are_each_held_to_the_decode_only_ceiling(streams: ModuleType) -> None:
+    plan = streams._listed_runs(
+        "decode_only:64:u:x8 vdet:64:u:1:x8:mps:rect vdet:64:u:1:x8:mps:square", 8.0
+    )
+    assert [p.get("input_shape") for p in plan] == [None, "rect", "square"]
+    assert [streams._name(p) for p in plan[1:]] == [
+        "vdet unpaced 64 b1 x8proc mps rect",
+        "vdet unpaced 64 b1 x8proc mps square",
+    ]
+    runs = [
+        {"name": "decode_only unpaced 64 x8proc", "system": "decode_only", "paced": False,
+         "sources": 64, "fps_aggregate": 2000.0},
+        {"name": "rect", "system": "vdet", "paced": False, "sources": 64,
+         "fps_aggregate": 1900.0, "input_shape": "rect"},
+        {"name": "square", "system": "vdet", "paced": False, "sources": 64,
+         "fps_aggregate": 1500.0, "input_shape": "square"},
+    ]  # fmt: skip
+    report = {"runs": runs}
+    streams._summarise(report)
+    shaped = {t["what"]: t for t in report["targets"] if "decode-only ceiling" in t["what"]}
+    assert shaped["rect: >= 90% of the decode-only ceiling"]["met"] is True
+    assert shaped["square: >= 90% of the decode-only ceiling"]["met"] is False
+    assert report["ceiling"]["vdet_run"] == "rect"

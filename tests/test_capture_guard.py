@@ -78,7 +78,7 @@ def test_work_runs_side_by_side_and_a_failed_capture_releases_the_guard() -> Non
 def test_the_graph_runner_captures_alone() -> None:
     torch = pytest.importorskip("torch")
     from vdet.pipeline.gpu_ops import Nv12Geometry
-    from vdet.pipeline.gpu_runner import CudaGraphRunner
+    from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions
     from vdet.pipeline.postprocess import PostprocessParams
     from vdet.types import ColourMatrix, ColourRange
 
@@ -99,7 +99,9 @@ def test_the_graph_runner_captures_alone() -> None:
     def network(x: torch.Tensor) -> torch.Tensor:
         return torch.zeros((x.shape[0], 6, 4))
 
-    runner = CudaGraphRunner(network, input_hw=(32, 32), device="cpu", capture=capture)
+    runner = CudaGraphRunner(
+        network, input_hw=(32, 32), options=RunnerOptions(device="cpu", capture=capture)
+    )
     geometry = Nv12Geometry.of((64, 48), (32, 32), ColourMatrix.BT601, ColourRange.LIMITED)
     nv12 = torch.zeros((72, 64), dtype=torch.uint8)
     result = runner.run(nv12, geometry, PostprocessParams())

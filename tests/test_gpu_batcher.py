@@ -18,7 +18,12 @@ from support.toy_network import toy_network as _network
 from vdet.gpu_workers import _Batcher
 from vdet.ingest.nvdec import GpuVideoFrame
 from vdet.pipeline.gpu_ops import Nv12Geometry, nv12_letterbox_reference
-from vdet.pipeline.gpu_runner import BatchedGraphRunner, CudaGraphRunner, as_numpy_rows
+from vdet.pipeline.gpu_runner import (
+    BatchedGraphRunner,
+    CudaGraphRunner,
+    RunnerOptions,
+    as_numpy_rows,
+)
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import ColourMatrix, ColourRange
 
@@ -54,11 +59,13 @@ def _batched(preprocess: Callable[..., None] = nv12_letterbox_reference) -> Batc
         _network,
         input_hw=INPUT_HW,
         batch=4,
-        dtype=torch.float32,
-        device="cpu",
-        preprocess=preprocess,
-        channels_last=False,
-        use_graphs=False,
+        options=RunnerOptions(
+            dtype=torch.float32,
+            device="cpu",
+            preprocess=preprocess,
+            channels_last=False,
+            use_graphs=False,
+        ),
         network_for_batch=lambda size: _network,
     )
 
@@ -67,10 +74,9 @@ def _expected(frame: GpuVideoFrame, params: PostprocessParams) -> np.ndarray:
     single = CudaGraphRunner(
         _network,
         input_hw=INPUT_HW,
-        dtype=torch.float32,
-        device="cpu",
-        channels_last=False,
-        use_graphs=False,
+        options=RunnerOptions(
+            dtype=torch.float32, device="cpu", channels_last=False, use_graphs=False
+        ),
     )
     return as_numpy_rows(single.run_frame(frame, params))
 

@@ -26,7 +26,7 @@ from support.truth import SAMPLE, recall  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 
 from vdet.config import GpuSettings, StreamSpec  # noqa: E402
-from vdet.gpu_workers import GpuPool, GpuWorker  # noqa: E402
+from vdet.gpu_workers import GpuPool, GpuWorker, build_gpu_pool  # noqa: E402
 from vdet.hub import ResultsHub  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
 from vdet.metrics import Metrics  # noqa: E402
@@ -56,7 +56,7 @@ def _worker(backend: TorchBackend, index: int = 0, **settings: Any) -> GpuWorker
     options: dict[str, Any] = {"kernels": "torch", "cuda_graphs": False} | settings
     return GpuWorker(
         "cpu",
-        backend.network_for_batch,
+        backend.network_for,
         input_hw=backend.info.input_hw,
         dtype=torch.float32,
         settings=GpuSettings(**options),
@@ -170,8 +170,8 @@ def test_batched_worker_serves_several_streams_with_their_own_thresholds(
         snap = manager.snapshot("cam2")
         assert snap is not None
         assert all(s >= 0.99 for s in snap.result.detections.scores)
-        batcher = pool.workers[0]._batcher
-        assert batcher is not None and batcher.frames >= 9
+        batcher = pool.workers[0]._batchers[cpu_backend.info.input_hw]
+        assert batcher.frames >= 9
     finally:
         manager.close()
         pool.close()
@@ -208,7 +208,7 @@ def test_a_failing_gpu_worker_fails_only_its_own_streams(
 ) -> None:
     broken_calls = threading.Event()
 
-    def broken_network(batch: int) -> Any:
+    def broken_network(batch: int, input_hw: tuple[int, int]) -> Any:
         def run(x: Any) -> Any:
             broken_calls.set()
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -237,3 +237,23 @@ def test_a_failing_gpu_worker_fails_only_its_own_streams(
     finally:
         manager.close()
         pool.close()
+
+
+def test_gpu_pool_is_built_from_what_the_backend_declares(
+    cpu_backend: TorchBackend, detector: Detector
+) -> None:
+    """The abilities `build_gpu_pool` reads (no backend types there): the torch backend
+    declares its networks' dtype, layout and shapes; a CPU-path backend declares none and is
+    refused."""
+    assert cpu_backend.network_dtype == torch.float32  # CPU torch: FP32
+    assert cpu_backend.network_channels_last is True
+    assert cpu_backend.rect_networks is True and cpu_backend.network_min_hw is None
+    assert cpu_backend.network_for(1, (640, 640)) is cpu_backend.network_for_batch(1)
+    ort = detector.backend
+    assert not ort.gpu_data_path and not ort.rect_networks
+    with pytest.raises(NotImplementedError, match="GPU data path"):
+        ort.network_for(1, (640, 640))
+    with pytest.raises(NotImplementedError, match="GPU data path"):
+        ort.replica(0)
+    with pytest.raises(TypeError, match="does not feed the GPU data path"):
+        build_gpu_pool(GpuSettings(), ort)

@@ -31,7 +31,7 @@ from support import truth  # noqa: E402
 from vdet.ingest.nvdec import decode_file  # noqa: E402
 from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
 from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops  # noqa: E402
-from vdet.pipeline.gpu_runner import CudaGraphRunner  # noqa: E402
+from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions  # noqa: E402
 from vdet.pipeline.postprocess import PostprocessParams  # noqa: E402
 from vdet.types import Detections  # noqa: E402
 
@@ -68,11 +68,13 @@ def demo_runner(
     runner = CudaGraphRunner(
         backend.network_for_batch(1),
         input_hw=backend.info.input_hw,
-        dtype=backend.dtype,
-        preprocess=preprocess,
-        decode_nms=decode_nms,
-        channels_last=backend.channels_last,
-        blocking_wait=blocking_wait,
+        options=RunnerOptions(
+            dtype=backend.dtype,
+            preprocess=preprocess,
+            decode_nms=decode_nms,
+            channels_last=backend.channels_last,
+            blocking_wait=blocking_wait,
+        ),
     )
     return runner, backend
 

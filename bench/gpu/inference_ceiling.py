@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 from vdet.bench import environment  # noqa: E402
 from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
 from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops  # noqa: E402
-from vdet.pipeline.gpu_runner import BatchedGraphRunner  # noqa: E402
+from vdet.pipeline.gpu_runner import BatchedGraphRunner, RunnerOptions  # noqa: E402
 from vdet.pipeline.postprocess import PostprocessParams  # noqa: E402
 from vdet.types import ColourMatrix, ColourRange  # noqa: E402
 
@@ -48,10 +48,12 @@ def _measure(backend: TorchBackend, batch: int, runners: int, seconds: float) ->
             backend.network_for_batch(batch),
             input_hw=backend.info.input_hw,
             batch=batch,
-            dtype=backend.dtype,
-            preprocess=preprocess,
-            decode_nms=decode_nms,
-            blocking_wait=True,
+            options=RunnerOptions(
+                dtype=backend.dtype,
+                preprocess=preprocess,
+                decode_nms=decode_nms,
+                blocking_wait=True,
+            ),
         )
         for i in range(batch):
             runner.stage(i, frame, geometry)

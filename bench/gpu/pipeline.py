@@ -6,7 +6,10 @@ Run on the GPU machine (bench/gpu/run_pipeline_device.sh does):
 Per model (the demo YOLOv8n, and a yolov8s.yaml-built ONNX when ultralytics is importable),
 FP16, batch 1, 1080p frames letterboxed to 640; sections `graph`/`eager` put the torch reference
 ops (vdet.pipeline.gpu_ops) around the network, `graph_cuda`/`eager_cuda` (and memory, streams,
-nvdec) vdet's CUDA kernels, as the service does; `ultralytics` is Ultralytics `predict` (FP16)
+nvdec) vdet's CUDA kernels, as the service does; `graph_cuda_rect` is `graph_cuda` with the
+1080p frames letterboxed into their rectangular input (384x640, `input_shape: rect`; the
+network converted at that shape), the square/rect pair measured in the same run (target for
+YOLOv8s: p50 <= 1.0 ms at rect); `ultralytics` is Ultralytics `predict` (FP16)
 on the same frames as host BGR images, the way a user would call it:
 - latency p50/p99 of `CudaGraphRunner.run` (copy in, preprocess, network, decode + NMS, copy
   out, wait, boxes to source pixels), graph replay against the same work launched eagerly;
@@ -48,10 +51,11 @@ import cv2
 import numpy as np
 import torch
 
+from vdet.contract import rect_input_hw
 from vdet.dataset.synthetic import SceneConfig, render_image
 from vdet.pipeline.backends.torch import load_onnx_network
 from vdet.pipeline.gpu_ops import Nv12Geometry
-from vdet.pipeline.gpu_runner import CudaGraphRunner
+from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import ColourMatrix, ColourRange
 
@@ -60,6 +64,9 @@ DEMO = ROOT / "service" / "assets" / "demo.onnx"
 SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
 PARAMS = PostprocessParams()
 INPUT_HW = (640, 640)
+FRAME_WH = (1920, 1080)
+# The input a 1080p frame runs at with input_shape: rect (384x640).
+RECT_HW = rect_input_hw(FRAME_WH, INPUT_HW, 32)
 
 
 def _nv12_frames(count: int, size: tuple[int, int] = (1920, 1080)) -> list[torch.Tensor]:
@@ -105,9 +112,11 @@ def _latency(
     use_graphs: bool,
     iterations: int,
     ops: dict[str, Any] | None = None,
+    input_hw: tuple[int, int] = INPUT_HW,
 ) -> dict[str, Any]:
-    runner = CudaGraphRunner(network, input_hw=INPUT_HW, use_graphs=use_graphs, **(ops or {}))
-    geometry = Nv12Geometry.of((1920, 1080), INPUT_HW, ColourMatrix.BT601, ColourRange.LIMITED)
+    options = RunnerOptions(use_graphs=use_graphs, **(ops or {}))
+    runner = CudaGraphRunner(network, input_hw=input_hw, options=options)
+    geometry = Nv12Geometry.of(FRAME_WH, input_hw, ColourMatrix.BT601, ColourRange.LIMITED)
     for frame in frames[:5]:
         runner.run(frame, geometry, PARAMS)  # capture and warm up
     wall, launch, detections = [], [], 0
@@ -118,6 +127,7 @@ def _latency(
         detections += len(result.detections)
     return {
         "graph": use_graphs,
+        "input_hw": list(input_hw),
         "ops": "vdet CUDA kernels" if ops else "torch reference ops",
         "replayed": runner.captures > 0 and runner.eager_runs == 0,
         "latency": _percentiles(wall),
@@ -133,7 +143,7 @@ def _memory_per_source(network: Any, frames: list[torch.Tensor]) -> dict[str, fl
     runners = []
     ops = _kernel_ops()
     for _ in range(4):
-        runner = CudaGraphRunner(network, input_hw=INPUT_HW, **ops)
+        runner = CudaGraphRunner(network, input_hw=INPUT_HW, options=RunnerOptions(**ops))
         runner.run(frames[0], geometry, PARAMS)
         runners.append(runner)
     torch.cuda.synchronize()
@@ -151,7 +161,8 @@ def _streams(
 ) -> dict[str, Any]:
     geometry = Nv12Geometry.of((1920, 1080), INPUT_HW, ColourMatrix.BT601, ColourRange.LIMITED)
     ops = _kernel_ops()
-    runners = [CudaGraphRunner(network, input_hw=INPUT_HW, **ops) for _ in range(sources)]
+    options = RunnerOptions(**ops)
+    runners = [CudaGraphRunner(network, input_hw=INPUT_HW, options=options) for _ in range(sources)]
     for runner in runners:
         runner.run(frames[0], geometry, PARAMS)
     counts = [0] * sources
@@ -195,7 +206,7 @@ def _nvdec(network: Any) -> dict[str, Any]:
     out["decode_only_fps"] = frames / (time.perf_counter() - started)
     out["decode_only_frames"] = frames
 
-    runner = CudaGraphRunner(network, input_hw=INPUT_HW, **_kernel_ops())
+    runner = CudaGraphRunner(network, input_hw=INPUT_HW, options=RunnerOptions(**_kernel_ops()))
     started = time.perf_counter()
     count = 0
     for frame in decode_file(str(SAMPLE)):
@@ -246,7 +257,11 @@ def _yolov8s_onnx(folder: Path) -> Path | None:
     os.chdir(folder)
     try:
         # opset 17: newer Ultralytics default to a Split-18 that onnx2torch cannot convert.
-        exported = YOLO("yolov8s.yaml").export(format="onnx", imgsz=640, simplify=False, opset=17)
+        # dynamic: height and width stay open, so the same file runs square and rect (the
+        # conversion folds the shape in either way).
+        exported = YOLO("yolov8s.yaml").export(
+            format="onnx", imgsz=640, simplify=False, opset=17, dynamic=True
+        )
     finally:
         os.chdir(previous)
     return Path(folder, exported).resolve()
@@ -290,6 +305,7 @@ SECTIONS = (
     "graph",
     "eager",
     "graph_cuda",
+    "graph_cuda_rect",
     "eager_cuda",
     "ultralytics",
     "memory",
@@ -308,7 +324,8 @@ def _section(name: str, path: Path, iterations: int, seconds: float) -> dict[str
     _progress(f"{path.name} {name}: making 1080p NV12 frames")
     frames = _nv12_frames(8)
     started = time.perf_counter()
-    network = load_onnx_network(path, batch=1, input_hw=INPUT_HW)
+    input_hw = RECT_HW if name.endswith("_rect") else INPUT_HW
+    network = load_onnx_network(path, batch=1, input_hw=input_hw)
     result: dict[str, Any] = {"load_seconds": time.perf_counter() - started}
     _progress(f"{path.name} {name}: network loaded in {result['load_seconds']:.1f} s")
     if name == "graph":
@@ -317,6 +334,8 @@ def _section(name: str, path: Path, iterations: int, seconds: float) -> dict[str
         result.update(_latency(network, frames, False, iterations))
     elif name == "graph_cuda":
         result.update(_latency(network, frames, True, iterations, _kernel_ops()))
+    elif name == "graph_cuda_rect":
+        result.update(_latency(network, frames, True, iterations, _kernel_ops(), RECT_HW))
     elif name == "eager_cuda":
         result.update(_latency(network, frames, False, iterations, _kernel_ops()))
     elif name == "ultralytics":
@@ -401,23 +420,36 @@ def _child_main(args: argparse.Namespace) -> int:
     os._exit(rc)
 
 
+def rect_over_square(model: dict[str, Any]) -> float | None:
+    """p50 of `graph_cuda_rect` over `graph_cuda` (same run, same frames), when both ran."""
+    square = model.get("graph_cuda", {}).get("latency")
+    rect = model.get("graph_cuda_rect", {}).get("latency")
+    if not square or not rect:
+        return None
+    return float(rect["p50_ms"] / square["p50_ms"])
+
+
 def _print_table(report: dict[str, Any]) -> None:
-    print(f"\n{'model':<14}{'mode':<11}{'p50 ms':>9}{'p99 ms':>9}{'launch us':>11}")
+    print(f"\n{'model':<14}{'mode':<16}{'p50 ms':>9}{'p99 ms':>9}{'launch us':>11}")
+    modes = ("graph", "eager", "graph_cuda", "graph_cuda_rect", "eager_cuda", "ultralytics")
     for model in report["models"]:
-        for mode in ("graph", "eager", "graph_cuda", "eager_cuda", "ultralytics"):
+        for mode in modes:
             m = model.get(mode, {})
             if "skipped" in m:
                 continue
             if mode == "ultralytics" and "latency" in m:
-                print(f"{model['model']:<14}{'ultra':<11}{m['latency']['p50_ms']:>9.3f}")
+                print(f"{model['model']:<14}{'ultra':<16}{m['latency']['p50_ms']:>9.3f}")
                 continue
             if "latency" not in m:
-                print(f"{model['model']:<14}{mode:<11}error (see JSON)")
+                print(f"{model['model']:<14}{mode:<16}error (see JSON)")
                 continue
             print(
-                f"{model['model']:<14}{mode:<11}{m['latency']['p50_ms']:>9.3f}"
+                f"{model['model']:<14}{mode:<16}{m['latency']['p50_ms']:>9.3f}"
                 f"{m['latency']['p99_ms']:>9.3f}{m['host_launch']['p50_ms'] * 1e3:>11.1f}"
             )
+        ratio = rect_over_square(model)
+        if ratio is not None:
+            print(f"  rect / square p50 (graph_cuda): {ratio:.3f}")
         mem = model.get("memory", {})
         if "allocated_mib_per_source" in mem:
             print(f"  memory per source: {mem['allocated_mib_per_source']:.1f} MiB allocated")
@@ -506,6 +538,10 @@ def main() -> int:
                     f"{path.name} {name}: {status} in {model[name]['section_wall_seconds']:.1f} s"
                 )
                 args.out.write_text(json.dumps(report, indent=1))
+    for model in report["models"]:
+        ratio = rect_over_square(model)
+        if ratio is not None:
+            model["rect_over_square_p50"] = round(ratio, 3)
     args.out.write_text(json.dumps(report, indent=1))
     _print_table(report)
     failed = any("error" in m.get(name, {}) for m in report["models"] for name in sections)

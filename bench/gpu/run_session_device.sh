@@ -26,6 +26,9 @@
 #   runs      only the many-stream runs named in $VDET_RUNS
 #   workers   vdet serve with worker processes on the GPU, then the GPU tests
 #   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards)
+#   rect      rectangular inputs: the kernel, runner and rect GPU tests, the YOLOv8s and demo
+#             frame -> detections p50 square vs rect, then unpaced 64 streams (8 MPS
+#             processes, b1) rect vs square vs the decode-only ceiling
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -264,6 +267,22 @@ ceiling)
   tail -n 14 "$OUT/ceiling.log"
   stream_runs $((340 - (SECONDS - started))) "${VDET_RUNS:-vdet:64:u:b16:x4:mps \
 decode_only:64:u:x8 vdet:64:u:b8:x8:mps}" 12
+  ;;
+rect)
+  # Rectangular inputs (docs/gpu-data-path.md, "Input shapes"): the kernels at 384x640 and
+  # 480x640 with the existing kernel and runner tests, the frame -> detections p50 square vs
+  # rect (target: YOLOv8s <= 1.0 ms at rect), then unpaced 64 streams rect vs square vs the
+  # decode-only ceiling (target: rect >= 90% of it), each run 8 s.
+  timeout 200 python3 -m pytest -m gpu tests/gpu -k "rect or kernels or torch_backend" -q -rs \
+    -p no:cacheprovider --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? ($((SECONDS - started)) s)"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
+  timeout 130 python3 bench/gpu/pipeline.py --sections graph_cuda,graph_cuda_rect \
+    --section-timeout 60 --out "$OUT/gpu_pipeline_rect.json" >"$OUT/pipeline.log" 2>&1
+  echo "pipeline rc=$? ($((SECONDS - started)) s)"
+  grep -E "graph_cuda|rect / square" "$OUT/pipeline.log"
+  stream_runs $((590 - (SECONDS - started))) "${VDET_RUNS:-decode_only:64:u:x8 \
+vdet:64:u:1:x8:mps:rect vdet:64:u:1:x8:mps:square}" 8
   ;;
 runs)
   # Only the many-stream runs named in $VDET_RUNS.

@@ -223,6 +223,32 @@ def _parse_rows(
     return Detections(geometry.transform.to_source(dets.xyxy), dets.scores, dets.class_ids)
 
 
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How a runner runs, whatever its network, input shape and batch: what a GPU worker
+    gives every runner it makes.
+
+    `dtype`, `device` and `channels_last` describe the network's input; `preprocess` /
+    `decode_nms` default to the torch references in gpu_ops; `use_graphs` False runs the work
+    eagerly; `cache_size` is the LRU of graphs per runner (per batch bucket when batched);
+    `on_eager_fallback` is called for every frame that ran eagerly because capture failed;
+    `capture` replaces CUDA graph capture (tests inject a failing or fake one);
+    `blocking_wait`: the thread waiting for a frame's result sleeps until the GPU signals
+    (cudaEventBlockingSync) instead of spinning on a core (vdet.host_wait).
+    """
+
+    dtype: torch.dtype = torch.float16
+    device: torch.device | str = "cuda"
+    preprocess: PreprocessFn | None = None
+    decode_nms: DecodeNmsFn | None = None
+    channels_last: bool = True
+    use_graphs: bool = True
+    cache_size: int = 4
+    on_eager_fallback: Callable[[], None] | None = None
+    capture: CaptureFn | None = None
+    blocking_wait: bool = False
+
+
 class _RunnerBase:
     """Shared machinery: device, stream, capture with fallbacks, host buffers, result parsing."""
 
@@ -232,24 +258,19 @@ class _RunnerBase:
         *,
         input_hw: tuple[int, int],
         batch: int,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        preprocess: PreprocessFn | None,
-        decode_nms: DecodeNmsFn | None,
-        channels_last: bool,
-        use_graphs: bool,
+        options: RunnerOptions,
         cache_size: int,
-        on_eager_fallback: Callable[[], None] | None,
-        capture: CaptureFn | None,
         name: str,
-        blocking_wait: bool = False,
     ) -> None:
+        dtype, device, capture = options.dtype, options.device, options.capture
+        preprocess, decode_nms = options.preprocess, options.decode_nms
+        self.options = options
         self.network = network
         self.input_hw = (int(input_hw[0]), int(input_hw[1]))
         self.batch = batch
         self.dtype = dtype
         self.device = torch.device(device)
-        self.channels_last = channels_last
+        self.channels_last = options.channels_last
         self.name = name
         self.preprocess: PreprocessFn = (
             preprocess if preprocess is not None else nv12_letterbox_reference
@@ -257,16 +278,16 @@ class _RunnerBase:
         self._reference_nms = ReferenceDecodeNms()
         self.decode_nms: DecodeNmsFn = decode_nms if decode_nms is not None else self._reference_nms
         self._cuda = self.device.type == "cuda"
-        self.use_graphs = use_graphs and (self._cuda or capture is not None)
+        self.use_graphs = options.use_graphs and (self._cuda or capture is not None)
         self._capture: CaptureFn = capture if capture is not None else capture_cuda_graph
-        self._on_eager_fallback = on_eager_fallback
+        self._on_eager_fallback = options.on_eager_fallback
         self.stream: torch.cuda.Stream | None = (
             torch.cuda.Stream(device=self.device) if self._cuda else None  # type: ignore[no-untyped-call]
         )
         # blocking_wait: the thread waiting for a frame's result sleeps until the GPU signals
         # (cudaEventBlockingSync) instead of spinning on a core (vdet.host_wait).
         self._done = (
-            torch.cuda.Event(blocking=blocking_wait)  # type: ignore[no-untyped-call]
+            torch.cuda.Event(blocking=options.blocking_wait)  # type: ignore[no-untyped-call]
             if self._cuda
             else None
         )
@@ -461,9 +482,8 @@ class _RunnerBase:
 class CudaGraphRunner(_RunnerBase):
     """One source's frames -> detections, one CUDA graph per (geometry, params).
 
-    `network` maps (1, 3, H, W) `dtype` -> (1, 4 + nc, N) and must be capturable (the torch
-    backend's modules are). `preprocess` / `decode_nms` default to the torch references in
-    gpu_ops. `capture` replaces CUDA graph capture (tests inject a failing or fake one).
+    `network` maps (1, 3, H, W) of `options.dtype` -> (1, 4 + nc, N) and must be capturable
+    (the torch backend's modules are); `options` says how it runs (`RunnerOptions`).
     Calls are serialised; frames of one source arrive one at a time anyway.
     """
 
@@ -472,33 +492,16 @@ class CudaGraphRunner(_RunnerBase):
         network: Network,
         *,
         input_hw: tuple[int, int],
-        dtype: torch.dtype = torch.float16,
-        device: torch.device | str = "cuda",
-        preprocess: PreprocessFn | None = None,
-        decode_nms: DecodeNmsFn | None = None,
-        channels_last: bool = True,
-        use_graphs: bool = True,
-        cache_size: int = 4,
-        on_eager_fallback: Callable[[], None] | None = None,
-        capture: CaptureFn | None = None,
+        options: RunnerOptions = RunnerOptions(),
         name: str = "gpu runner",
-        blocking_wait: bool = False,
     ) -> None:
         super().__init__(
             network,
             input_hw=input_hw,
             batch=1,
-            dtype=dtype,
-            device=device,
-            preprocess=preprocess,
-            decode_nms=decode_nms,
-            channels_last=channels_last,
-            use_graphs=use_graphs,
-            cache_size=cache_size,
-            on_eager_fallback=on_eager_fallback,
-            capture=capture,
+            options=options,
+            cache_size=options.cache_size,
             name=name,
-            blocking_wait=blocking_wait,
         )
 
     def _preprocess_into(self, slot: _Slot) -> None:
@@ -624,17 +627,8 @@ class BatchedGraphRunner(_RunnerBase):
         *,
         input_hw: tuple[int, int],
         batch: int,
-        dtype: torch.dtype = torch.float16,
-        device: torch.device | str = "cuda",
-        preprocess: PreprocessFn | None = None,
-        decode_nms: DecodeNmsFn | None = None,
-        channels_last: bool = True,
-        use_graphs: bool = True,
-        cache_size: int = 4,
-        on_eager_fallback: Callable[[], None] | None = None,
-        capture: CaptureFn | None = None,
+        options: RunnerOptions = RunnerOptions(),
         name: str = "batched gpu runner",
-        blocking_wait: bool = False,
         network_for_batch: Callable[[int], Network] | None = None,
     ) -> None:
         if batch < 1:
@@ -644,17 +638,9 @@ class BatchedGraphRunner(_RunnerBase):
             network,
             input_hw=input_hw,
             batch=batch,
-            dtype=dtype,
-            device=device,
-            preprocess=preprocess,
-            decode_nms=decode_nms,
-            channels_last=channels_last,
-            use_graphs=use_graphs,
-            cache_size=cache_size * len(buckets),
-            on_eager_fallback=on_eager_fallback,
-            capture=capture,
+            options=options,
+            cache_size=options.cache_size * len(buckets),
             name=name,
-            blocking_wait=blocking_wait,
         )
         # Built now, not at a bucket's first use: loading a network mid-stream stalls it.
         self._networks: dict[int, Network] = {batch: network}
@@ -752,6 +738,7 @@ __all__ = [
     "Nv12Frame",
     "Replayable",
     "RunResult",
+    "RunnerOptions",
     "as_numpy_rows",
     "batch_buckets",
     "capture_cuda_graph",

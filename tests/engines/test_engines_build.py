@@ -29,6 +29,7 @@ from vdet.engines.build import (
     inspect_plan,
     onnx_precision,
     plan_precision,
+    rect_profile_hw,
     resolve_profile,
     tensorrt_installed,
     tensorrt_version_tuple,
@@ -144,6 +145,24 @@ def test_versions_and_profiles() -> None:
 
 
 @pytest.mark.parametrize(
+    ("input_hw", "stride", "expected"),
+    [
+        ((640, 640), 32, ((320, 320), (384, 640))),
+        ((1280, 1280), 64, ((640, 640), (768, 1280))),
+        ((480, 640), 32, ((256, 320), (384, 640))),
+        ((24, 24), 32, None),  # smaller than the stride: no rect input
+        ((640, 630), 32, None),
+    ],
+)
+def test_rect_profile_covers_2_to_1_both_ways_tuned_for_16_9(
+    input_hw: tuple[int, int],
+    stride: int,
+    expected: tuple[tuple[int, int], tuple[int, int]] | None,
+) -> None:
+    assert rect_profile_hw(input_hw, stride) == expected
+
+
+@pytest.mark.parametrize(
     ("kwargs", "match"),
     [
         ({"precision": "fp8"}, "precision"),
@@ -178,7 +197,9 @@ def test_request_key_for_the_demo_model(demo: Path, tmp_path: Path) -> None:
     assert (key.gpu_name, key.compute_capability, key.tensorrt_version) == (*A10, "10.8.0.43")
     assert key.onnx_sha256 == request.info.sha256 and key.plugin_sha256 is None
     assert key.precision == "fp32" and not request.plan.strongly_typed
-    assert key.profile == OptimizationProfile(1, 2, 4)  # the demo's batch is dynamic
+    # The demo's batch is dynamic, and so are its height and width: the profile covers the
+    # rectangular inputs of the GPU path, tuned for 16:9.
+    assert key.profile == OptimizationProfile(1, 2, 4, (320, 320), (384, 640))
     assert request.stem == "demo" and request.prepared_onnx == demo
     assert request.timing_cache == tmp_path / "timing.nvidia-a10-sm86.trt10.8.0.43.cache"
     meta = request.model_metadata()

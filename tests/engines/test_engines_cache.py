@@ -64,6 +64,25 @@ def test_profile_validation(args: tuple[int, int, int], match: str) -> None:
 def test_profile_label_and_fixed() -> None:
     assert OptimizationProfile(1, 4, 8).label == "b1-4-8"
     assert OptimizationProfile.fixed(2) == OptimizationProfile(2, 2, 2)
+    # Input sizes are keyed but not labelled: a square-only plan is refused in the same slot.
+    rect = OptimizationProfile(1, 4, 8, (320, 320), (384, 640))
+    assert rect.label == "b1-4-8" and rect != OptimizationProfile(1, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("min_hw", "opt_hw", "match"),
+    [
+        ((320, 320), None, "together"),
+        (None, (384, 640), "together"),
+        ((480, 320), (384, 640), "min_hw <= opt_hw"),
+        ((0, 320), (384, 640), "min_hw <= opt_hw"),
+    ],
+)
+def test_profile_input_sizes_validation(
+    min_hw: tuple[int, int] | None, opt_hw: tuple[int, int] | None, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        OptimizationProfile(1, 1, 8, min_hw, opt_hw)
 
 
 @pytest.mark.parametrize(
@@ -92,6 +111,9 @@ def test_slot_names_what_the_caller_chooses() -> None:
 def test_key_round_trip_and_differences() -> None:
     key = make_key(plugin_sha256="cd" * 32)
     assert EngineKey.from_dict(json.loads(json.dumps(key.to_dict()))) == key
+    rect = dataclasses.replace(key, profile=OptimizationProfile(1, 4, 8, (320, 320), (384, 640)))
+    assert EngineKey.from_dict(json.loads(json.dumps(rect.to_dict()))) == rect
+    assert rect.differences(key)[0].startswith("profile: plan has")
     other = make_key(tensorrt_version="11.1.0", plugin_sha256="ef" * 32)
     diffs = key.differences(other)
     assert len(diffs) == 2

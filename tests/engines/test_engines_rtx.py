@@ -96,6 +96,14 @@ def test_the_demo_builds_for_sm86_without_a_gpu(
     assert build["strongly_typed"] is True and build["fp16_flag"] is False
     assert build["timing_cache"] is None and build["timing_cache_reused"] is False
     assert manifest.model["names"] and manifest.model["input_hw"] == [640, 640]
+    # The demo's height and width are dynamic: the profile covers the GPU path's rectangular
+    # inputs (down to 2:1 either way), tuned for 16:9, and the key records it.
+    assert build["input_shapes"] == {
+        "min": [1, 3, 320, 320],
+        "opt": [1, 3, 384, 640],
+        "max": [8, 3, 640, 640],
+    }
+    assert (key.profile.min_hw, key.profile.opt_hw) == ((320, 320), (384, 640))
     # The network as TensorRT for RTX typed it: every Conv of the ONNX, all of it in float32.
     network = build["network"]
     assert network["inputs"] == {"images": "FLOAT"} and network["outputs"] == {"output0": "FLOAT"}

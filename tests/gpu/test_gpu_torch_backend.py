@@ -46,6 +46,7 @@ from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops, nv12_to_rgb_u8  # no
 from vdet.pipeline.gpu_runner import (  # noqa: E402
     BatchedGraphRunner,
     CudaGraphRunner,
+    RunnerOptions,
     RunResult,
     as_numpy_rows,
 )
@@ -165,7 +166,8 @@ def test_auto_chooses_torch_on_cuda() -> None:
 
 
 def _runner(backend: TorchBackend, **kwargs: object) -> CudaGraphRunner:
-    return CudaGraphRunner(backend.network, input_hw=(640, 640), **kwargs)  # type: ignore[arg-type]
+    options = RunnerOptions(**kwargs)  # type: ignore[arg-type]
+    return CudaGraphRunner(backend.network, input_hw=(640, 640), options=options)
 
 
 def _frames(count: int, offset: int = 0) -> list[tuple[np.ndarray, Nv12Geometry]]:

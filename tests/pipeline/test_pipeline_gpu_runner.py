@@ -8,8 +8,10 @@ same static buffers), and `_failing_capture` raises like a capture that hits a h
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from vdet.pipeline.gpu_runner import (
     BatchedGraphRunner,
     CudaGraphRunner,
     GraphCache,
+    RunnerOptions,
     RunResult,
     as_numpy_rows,
     batch_buckets,
@@ -64,15 +67,12 @@ def _frame(w: int, h: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(nv12)
 
 
-def _runner(**kwargs: object) -> CudaGraphRunner:
-    options: dict[str, object] = {
-        "input_hw": INPUT_HW,
-        "dtype": torch.float32,
-        "device": "cpu",
-        "channels_last": False,
-    }
-    options.update(kwargs)
-    return CudaGraphRunner(_network, **options)  # type: ignore[arg-type]
+CPU_OPTIONS = RunnerOptions(dtype=torch.float32, device="cpu", channels_last=False)
+
+
+def _runner(**kwargs: Any) -> CudaGraphRunner:
+    options = dataclasses.replace(CPU_OPTIONS, **kwargs)
+    return CudaGraphRunner(_network, input_hw=INPUT_HW, options=options)
 
 
 def _cpu_pipeline(
@@ -188,10 +188,7 @@ def test_batched_runner_matches_the_per_frame_runner() -> None:
         _network,
         input_hw=INPUT_HW,
         batch=4,
-        dtype=torch.float32,
-        device="cpu",
-        channels_last=False,
-        capture=capture,
+        options=dataclasses.replace(CPU_OPTIONS, capture=capture),
     )
     single = _runner(use_graphs=False)
     frames = [
@@ -232,10 +229,7 @@ def test_batched_runner_replays_the_smallest_bucket_that_holds_the_frames() -> N
         network_for_batch(8),
         input_hw=INPUT_HW,
         batch=8,
-        dtype=torch.float32,
-        device="cpu",
-        channels_last=False,
-        capture=capture,
+        options=dataclasses.replace(CPU_OPTIONS, capture=capture),
         network_for_batch=network_for_batch,
     )
     assert batched.buckets == (1, 2, 4, 8)

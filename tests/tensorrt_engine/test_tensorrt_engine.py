@@ -424,7 +424,9 @@ def _nv12_frame(seed: int) -> Any:
 @pytest.mark.parametrize("batch", [1, 2])
 def test_gpu_workers_on_the_engine_find_what_onnxruntime_finds(fp32_plan: Path, batch: int) -> None:
     """vdet serve's GPU path on TensorRT: one context per stream runner (or one batched
-    runner), our kernels around the engine, all in one CUDA graph; replay against eager."""
+    runner), our kernels around the engine, all in one CUDA graph; replay against eager. The
+    demo's engine has a profile over rectangular inputs, so the 1080p frames run at 384x640
+    (input_shape: rect, the default), as the CPU reference does."""
     from vdet.config import GpuSettings
     from vdet.gpu_workers import build_gpu_pool
     from vdet.pipeline.detector import Detector
@@ -441,6 +443,11 @@ def test_gpu_workers_on_the_engine_find_what_onnxruntime_finds(fp32_plan: Path, 
                     worker.detect(f"cam{i}", frame, reference.params)[0]
                     for i, (frame, _) in enumerate(frames)
                 ]
+                assert engine.rect_networks and engine.network_min_hw == (320, 320)
+                if batch > 1:
+                    assert worker.batched_shapes == [(384, 640)]
+                else:
+                    assert worker.runner_shape("cam0") == (384, 640)
             finally:
                 pool.close()
         expected = reference.detect([bgr for _, bgr in frames])

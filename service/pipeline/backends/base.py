@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,44 @@ class InferenceBackend(ABC):
         """Whether `infer` takes inputs smaller than `info.input_hw` (rectangular letterboxes).
         Backends whose graphs or engines fix the shape say no."""
         return False
+
+    # ---- the GPU data path ---------------------------------------------------------------
+    # What a backend whose `gpu_data_path` is True declares; vdet.gpu_workers builds its
+    # workers from these alone, knowing no backend type. The others raise.
+
+    def network_for(self, batch: int, input_hw: tuple[int, int]) -> Any:
+        """A network for vdet.pipeline.gpu_runner on this backend's GPU: a (batch, 3, H, W)
+        torch tensor of `network_dtype` -> the raw head (batch, 4 + nc, N) as a torch tensor,
+        capturable in a CUDA graph. (H, W) is `info.input_hw`, or a rectangular input where
+        `rect_networks` (no smaller than `network_min_hw`). Each call may give a network of its
+        own (an execution context); callers keep what they get."""
+        raise NotImplementedError(f"{type(self).__name__} does not feed the GPU data path")
+
+    @property
+    def network_dtype(self) -> Any:
+        """The torch dtype of the input `network_for`'s networks take."""
+        raise NotImplementedError(f"{type(self).__name__} does not feed the GPU data path")
+
+    @property
+    def network_channels_last(self) -> bool:
+        """Whether those networks want their input channels_last (NHWC in memory)."""
+        return False
+
+    @property
+    def rect_networks(self) -> bool:
+        """Whether `network_for` takes inputs smaller than `info.input_hw`."""
+        return False
+
+    @property
+    def network_min_hw(self) -> tuple[int, int] | None:
+        """The smallest (H, W) `network_for` takes where it is bounded (an engine's profile);
+        None: any stride multiple up to `info.input_hw` (when `rect_networks`)."""
+        return None
+
+    def replica(self, gpu: int) -> InferenceBackend:
+        """This backend on CUDA device `gpu`: itself where it runs there, else a copy of the
+        same model loaded there (the GPU data path runs one worker per GPU)."""
+        raise NotImplementedError(f"{type(self).__name__} does not feed the GPU data path")
 
     @abstractmethod
     def close(self) -> None:

@@ -181,6 +181,7 @@ class TensorRTBackend(InferenceBackend):
         self.end_to_end = set(self._outputs) == {DETECTIONS, NUM_DETECTIONS}
         profile = manifest.key.profile
         self._max_batch = profile.max
+        self._network_min_hw = self._profile_min_hw()
         self._lock = threading.Lock()
         self._local = threading.local()
         self._lanes: list[_Lane] = []
@@ -385,13 +386,68 @@ class TensorRTBackend(InferenceBackend):
         TensorRT 10 keep an FP32 input)."""
         return _torch_dtype(self._trt, self._engine.get_tensor_dtype(self._input))
 
+    def _profile_min_hw(self) -> tuple[int, int] | None:
+        """The smallest (H, W) the engine's optimization profile takes, when its height and
+        width are dynamic and the profile reaches up to the model's input; else None (the
+        engine runs the model's input size only: a square-only plan from before rectangular
+        inputs, or a model exported at a fixed size)."""
+        dims = tuple(int(d) for d in self._engine.get_tensor_shape(self._input))
+        if len(dims) != 4 or (dims[2] >= 0 and dims[3] >= 0):
+            return None
+        low, _, high = (
+            tuple(int(d) for d in shape)
+            for shape in self._engine.get_tensor_profile_shape(self._input, 0)
+        )
+        if tuple(high[2:]) != self.info.input_hw:
+            return None
+        return low[2], low[3]
+
+    @property
+    def network_min_hw(self) -> tuple[int, int] | None:
+        """The smallest (H, W) of the engine's profile (`_profile_min_hw`)."""
+        return self._network_min_hw
+
+    @property
+    def rect_networks(self) -> bool:
+        """Whether `network_for` takes inputs smaller than the model's (rectangular
+        letterboxes): the engine's profile covers them (`network_min_hw`)."""
+        return self.network_min_hw is not None and self.network_min_hw != self.info.input_hw
+
+    @property
+    def network_dtype(self) -> Any:
+        return self.input_torch_dtype()
+
+    def replica(self, gpu: int) -> TensorRTBackend:
+        """Itself on its own GPU; elsewhere the same plan deserialized on `gpu` (plans are per
+        GPU model, and a node's GPUs are one model)."""
+        if gpu == self._device:
+            return self
+        return TensorRTBackend(self.plan, device=gpu)
+
     def network_for_batch(self, batch: int) -> TensorRTGraphNetwork:
+        """`network_for` at the model's input size."""
+        return self.network_for(batch, self.info.input_hw)
+
+    def network_for(self, batch: int, input_hw: tuple[int, int]) -> TensorRTGraphNetwork:
         """A network for vdet.pipeline.gpu_runner with its OWN execution context (each source's
-        runner gets one), for (batch, 3, H, W) input on this backend's GPU."""
+        runner gets one), for (batch, 3, H, W) input on this backend's GPU. H, W other than the
+        model's must lie in the engine's profile (`network_min_hw` up to the model's)."""
         if self.end_to_end:
             raise RuntimeError(f"{self.plan} is end-to-end: the GPU path needs the raw head")
         if not 1 <= batch <= self._max_batch:
             raise ValueError(f"batch {batch} is outside the engine's profile 1..{self._max_batch}")
+        hw = (int(input_hw[0]), int(input_hw[1]))
+        low = self.network_min_hw
+        if hw != self.info.input_hw and not (
+            low is not None
+            and all(
+                lo <= side <= hi for side, lo, hi in zip(hw, low, self.info.input_hw, strict=True)
+            )
+        ):
+            raise ValueError(
+                f"input {hw} is outside the engine's profile "
+                f"({low or self.info.input_hw} to {self.info.input_hw}); rebuild the engine"
+            )
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{self!r} is closed")
@@ -403,7 +459,7 @@ class TensorRTBackend(InferenceBackend):
                 self._input,
                 output,
                 batch,
-                self.info.input_hw,
+                hw,
                 self._device,
                 on_first_run=self.save_runtime_cache,
             )

@@ -354,7 +354,7 @@ class TorchBackend(InferenceBackend):
         self._on_eager_fallback = on_eager_fallback
         self._lock = threading.Lock()
         self._networks_lock = threading.Lock()
-        self._networks: dict[int, Any] = {}
+        self._networks: dict[tuple[int, tuple[int, int]], Any] = {}
         self.network: Any = self.network_for_batch(self._batch)
         H, W = self.info.input_hw
         self._input = torch.zeros((self._batch, 3, H, W), dtype=self.dtype, device=device)
@@ -368,20 +368,80 @@ class TorchBackend(InferenceBackend):
             self._output = self._forward()
 
     def network_for_batch(self, batch: int) -> Any:
-        """The converted network for a fixed batch (cached; weights are per batch size)."""
+        """The converted network for a fixed batch at the model's input size (cached)."""
+        return self.network_for(batch, self.info.input_hw)
+
+    def network_for(self, batch: int, input_hw: tuple[int, int]) -> Any:
+        """The converted network for a fixed (batch, 3, H, W) input (cached per shape: the
+        fold bakes the shape in, the anchor grid of a dynamic export included, so each shape
+        is a network of its own with its own copy of the weights).
+
+        H, W other than the model's need a model whose height and width are dynamic
+        (`rect_networks`), with sides multiples of the stride no larger than the model's.
+        """
+        hw = (int(input_hw[0]), int(input_hw[1]))
+        if hw != self.info.input_hw and not self._takes_network_hw(hw):
+            raise ValueError(
+                f"{self.info.path} runs at {self.info.input_hw}"
+                + (
+                    f" or smaller multiples of {self.info.stride}"
+                    if self.rect_networks
+                    else " only (its height and width are fixed)"
+                )
+                + f", not {hw}"
+            )
         with self._networks_lock:
-            found = self._networks.get(batch)
+            found = self._networks.get((batch, hw))
             if found is None:
                 found = load_onnx_network(
                     self.info.path,
                     batch=batch,
-                    input_hw=self.info.input_hw,
+                    input_hw=hw,
                     device=str(self._torch_device),
                     fp16=self.fp16,
                     channels_last=self.channels_last,
                 )
-                self._networks[batch] = found
+                self._networks[(batch, hw)] = found
         return found
+
+    @property
+    def rect_networks(self) -> bool:
+        """Whether `network_for` builds networks at rectangular inputs (for the GPU data path):
+        the model's height and width are dynamic (`ModelInfo.dynamic_hw`)."""
+        return self.info.dynamic_hw
+
+    @property
+    def network_dtype(self) -> Any:
+        return self.dtype
+
+    @property
+    def network_channels_last(self) -> bool:
+        return self.channels_last
+
+    def replica(self, gpu: int) -> TorchBackend:
+        """Itself on its own GPU; elsewhere the same ONNX converted again on `gpu` (no graph
+        of its own: the GPU data path captures its own around `network_for`'s networks)."""
+        import torch
+
+        own = self._torch_device
+        if own.type == "cuda":
+            own_index = own.index if own.index is not None else torch.cuda.current_device()
+            if gpu == own_index:
+                return self
+        return TorchBackend(
+            self.info.path,
+            device=f"cuda:{gpu}",
+            fp16=self.fp16,
+            channels_last=self.channels_last,
+            cuda_graph=False,
+        )
+
+    def _takes_network_hw(self, hw: tuple[int, int]) -> bool:
+        stride = self.info.stride
+        return self.rect_networks and all(
+            0 < side <= limit and side % stride == 0
+            for side, limit in zip(hw, self.info.input_hw, strict=True)
+        )
 
     def _forward(self) -> Any:
         import torch
