@@ -25,7 +25,8 @@
 #   ceiling   the batched graphs alone (inference ceiling), then unpaced batched 64 streams
 #   runs      only the many-stream runs named in $VDET_RUNS
 #   workers   vdet serve with worker processes on the GPU, then the GPU tests
-#   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards)
+#   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards; one
+#             worker killed mid-window at 64 streams)
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
@@ -94,11 +95,22 @@ serve)
   # vdet serve as users run it, installed in a venv over the image's torch: the GPU
   # worker-process tests (kill -9 and the restart, SIGTERM), then `vdet bench serve` with worker
   # processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run, in what is
-  # left of $VDET_SERVE_BUDGET seconds.
+  # left of $VDET_SERVE_BUDGET seconds. In the steps of $VDET_SERVE_KILL_STREAMS (default 64;
+  # those not in $VDET_SERVE_STREAMS are left out) one worker is killed with SIGKILL
+  # $VDET_SERVE_KILL_AFTER seconds (default 3) into the window; either one empty: no kill.
   # This script's knobs are read here and dropped: vdet serve refuses unknown VDET_ variables.
   budget=${VDET_SERVE_BUDGET:-500} tests_s=${VDET_WORKERS_TESTS_S:-200}
   streams=${VDET_SERVE_STREAMS:-64,96} shards=${VDET_SHARDS_HARNESS-b1:x8:mps}
-  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SHARDS_HARNESS
+  kill_after=${VDET_SERVE_KILL_AFTER-3} kill_streams=${VDET_SERVE_KILL_STREAMS-64}
+  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SHARDS_HARNESS \
+    VDET_SERVE_KILL_AFTER VDET_SERVE_KILL_STREAMS
+  kill_in=""
+  for n in ${kill_streams//,/ }; do
+    [[ ",$streams," == *",$n,"* ]] && kill_in+="${kill_in:+,}$n"
+  done
+  kill_args=()
+  [ -n "$kill_after" ] && [ -n "$kill_in" ] &&
+    kill_args=(--kill-worker-after "$kill_after" --kill-worker-streams "$kill_in")
   unset PYTHONPATH  # else the venv's pip takes /tmp/site's wheels as already installed
   python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
   python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
@@ -118,7 +130,7 @@ serve)
   timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch \
     --streams "$streams" --duration 10 --clients 4 \
     --variant "workers:workers.processes=auto" ${shards:+--shards-harness "$shards"} \
-    --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
+    "${kill_args[@]}" --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
   echo "bench serve rc=$? ($((SECONDS - started)) s)"
   tail -n 25 "$OUT/serve.log"
   ;;
