@@ -2,10 +2,11 @@
 
 Per variant: start the server, read its tree with no streams (the memory baseline), connect
 the WebSocket clients, then for each N: add N streams, wait until each has published, warm
-up, measure one window (clients, control loop, process tree, /metrics, GPU memory), collect,
-remove the streams. The server is always stopped, whatever failed; a failed variant or step is
-recorded with its reason and the run goes on. This module sequences; the measuring is done by
-the modules it calls.
+up, measure one window (clients, control loop, process tree, /metrics, GPU memory; with
+--kill-worker-after, a worker killed mid-window beside them), collect, remove the streams.
+The server is always stopped, whatever failed; a failed variant or step is recorded with its
+reason and the run goes on. This module sequences; the measuring is done by the modules it
+calls.
 """
 
 from __future__ import annotations
