@@ -16,10 +16,15 @@ Measured per window of wall-clock time, by the time a message was received:
 - frames dropped as gaps in each stream's `frame_index`, results missed here as gaps in the
   global `seq`, and anything out of order;
 - every close (code, reason, and the `lagging`/`shutdown` event before it); the client then
-  resumes with `?after=<last seq>` as the API contract says a client should.
+  resumes with `?after=<last seq>` as the API contract says a client should;
+- per measured stream: its results, frame-index gaps, the longest time without a result
+  (window edges included) and, once told of a kill, when its first result of a frame that
+  arrived after the kill was received (the parent knows which streams the killed worker ran).
 
 Commands come from the parent over a `multiprocessing` connection: `("window", start, end,
-prefix)`, `("collect",)` (answered with the last window's figures as a dict) and `("stop",)`.
+prefix)`, `("kill", time)` (a worker was killed at that wall-clock time), `("collect",)`
+(answered with the last window's figures as a dict, the per-stream ones under `per_stream`)
+and `("stop",)`.
 The first thing sent back is `("ready", None)` once connected, or `("failed", reason)`.
 """
 
@@ -69,6 +74,25 @@ def latency_samples_ms(seconds: array[float] | list[float], kept: int) -> list[f
     return [round(float(v), 3) for v in a]
 
 
+@dataclass(slots=True)
+class _StreamTrack:
+    """One measured stream at this client in one window."""
+
+    last_received: float  # the window's start until its first result
+    results: int = 0
+    index_gaps: int = 0
+    max_gap_s: float = 0.0
+    returned: float | None = None  # receipt of its first result of a frame after the kill
+
+    def figures(self, window_end: float) -> dict[str, Any]:
+        return {
+            "results": self.results,
+            "index_gaps": self.index_gaps,
+            "max_gap_s": round(max(self.max_gap_s, window_end - self.last_received), 4),
+            "returned": self.returned,
+        }
+
+
 @dataclass
 class _Window:
     start: float
@@ -86,6 +110,8 @@ class _Window:
     closes: list[dict[str, Any]] = field(default_factory=list)
     cpu_start: float | None = None
     cpu_end: float | None = None
+    streams: dict[str, _StreamTrack] = field(default_factory=dict)
+    killed_at: float | None = None
 
     def figures(self) -> dict[str, Any]:
         seconds = self.end - self.start
@@ -111,6 +137,7 @@ class _Window:
             "gap_events": self.gap_events,
             "closes": self.closes,
             "cpu_percent": round(cpu, 1) if cpu is not None else None,
+            "per_stream": {k: v.figures(self.end) for k, v in self.streams.items()},
         }
 
 
@@ -144,6 +171,8 @@ class EventsClient:
             loop = asyncio.get_running_loop()
             loop.call_later(max(0.0, start - time.time()), self._mark_cpu, window, "cpu_start")
             loop.call_later(max(0.0, end - time.time()), self._mark_cpu, window, "cpu_end")
+        elif kind == "kill" and self.window is not None:
+            self.window.killed_at = command[1]
         elif kind == "collect":
             figures = self.window.figures() if self.window is not None else {}
             figures["closes_total"] = self.closes_total
@@ -195,9 +224,18 @@ class EventsClient:
         arrival = result["arrival_time"]
         window.latency.append(received - arrival)
         window.server_part.append(result["published_time"] - arrival)
+        track = window.streams.get(source)
+        if track is None:
+            track = window.streams[source] = _StreamTrack(last_received=window.start)
+        track.results += 1
+        track.max_gap_s = max(track.max_gap_s, received - track.last_received)
+        track.last_received = received
+        if track.returned is None and window.killed_at is not None and arrival >= window.killed_at:
+            track.returned = received
         if previous_index is not None:
             if index > previous_index + 1:
                 window.index_gaps += index - previous_index - 1
+                track.index_gaps += index - previous_index - 1
             elif index <= previous_index:
                 window.out_of_order += 1
 

@@ -64,6 +64,8 @@ class ServeBenchOptions:
     control_interval_s: float = 0.25
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 15.0
+    kill_worker_after_s: float | None = None
+    kill_worker_streams: tuple[int, ...] = ()  # the steps that kill one; all when asked
 
 
 def parse_variant(text: str) -> Variant:
@@ -99,20 +101,20 @@ def parse_variant(text: str) -> Variant:
     return Variant(name, settings, env)
 
 
-def parse_streams(text: str) -> tuple[int, ...]:
+def parse_streams(text: str, name: str = "--streams") -> tuple[int, ...]:
     """`8,16,32` -> (8, 16, 32): distinct positive counts, run in the order given."""
     try:
         counts = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise ServeBenchUsageError(
-            f"--streams must be comma-separated integers, got {text!r}"
+            f"{name} must be comma-separated integers, got {text!r}"
         ) from None
     if not counts:
-        raise ServeBenchUsageError("--streams must name at least one stream count")
+        raise ServeBenchUsageError(f"{name} must name at least one stream count")
     if any(not 1 <= n <= MAX_STREAMS for n in counts):
-        raise ServeBenchUsageError(f"--streams: each count must be 1..{MAX_STREAMS}, got {text!r}")
+        raise ServeBenchUsageError(f"{name}: each count must be 1..{MAX_STREAMS}, got {text!r}")
     if len(set(counts)) != len(counts):
-        raise ServeBenchUsageError(f"--streams: a count is repeated in {text!r}")
+        raise ServeBenchUsageError(f"{name}: a count is repeated in {text!r}")
     return counts
 
 
@@ -183,6 +185,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "DELETE) during each measured window",
     )
     group.add_argument(
+        "--kill-worker-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="serve: this many seconds into a measured window, SIGKILL one worker process "
+        "that runs streams (from GET /v1/workers) and measure the other streams' drops and "
+        "the killed streams' return; variants without worker processes record why not",
+    )
+    group.add_argument(
+        "--kill-worker-streams",
+        default=None,
+        metavar="N[,N...]",
+        help="serve: the stream counts whose step kills a worker (default: every step)",
+    )
+    group.add_argument(
         "--start-timeout", type=float, default=180.0, help="serve: seconds to wait for /readyz"
     )
     group.add_argument(
@@ -213,9 +230,12 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         raise ServeBenchUsageError(
             f"--shards-harness: run options are ':'-separated words, got {args.shards_harness!r}"
         )
+    streams = parse_streams(args.streams)
+    duration = _positive("--duration", args.duration)
+    kill_after, kill_streams = _kill_options(args, streams, duration)
     return ServeBenchOptions(
-        streams=parse_streams(args.streams),
-        duration_s=_positive("--duration", args.duration),
+        streams=streams,
+        duration_s=duration,
         warmup_s=_positive("--warmup-seconds", args.warmup_seconds, zero_ok=True),
         clients=args.clients,
         variants=variants,
@@ -228,4 +248,31 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         control_interval_s=_positive("--control-interval", args.control_interval),
         start_timeout_s=_positive("--start-timeout", args.start_timeout),
         stop_timeout_s=_positive("--stop-timeout", args.stop_timeout),
+        kill_worker_after_s=kill_after,
+        kill_worker_streams=kill_streams,
     )
+
+
+def _kill_options(
+    args: argparse.Namespace, streams: tuple[int, ...], duration_s: float
+) -> tuple[float | None, tuple[int, ...]]:
+    """--kill-worker-after inside the window, --kill-worker-streams among --streams."""
+    after: float | None = args.kill_worker_after
+    if after is None:
+        if args.kill_worker_streams is not None:
+            raise ServeBenchUsageError("--kill-worker-streams needs --kill-worker-after")
+        return None, ()
+    if not 0 < after < duration_s:
+        raise ServeBenchUsageError(
+            f"--kill-worker-after must be inside the measured window (0 < s < --duration "
+            f"{duration_s:g}), got {after:g}"
+        )
+    if args.kill_worker_streams is None:
+        return after, streams
+    chosen = parse_streams(args.kill_worker_streams, "--kill-worker-streams")
+    unknown = [n for n in chosen if n not in streams]
+    if unknown:
+        raise ServeBenchUsageError(
+            f"--kill-worker-streams: {unknown} not among --streams {list(streams)}"
+        )
+    return after, chosen

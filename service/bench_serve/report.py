@@ -70,6 +70,17 @@ def _dropped(step: Mapping[str, Any]) -> str:
     return f"{_fixed(step.get('dropped'), 0)} / {_fixed(step.get('server_dropped'), 0)}"
 
 
+def _cutoffs(step: Mapping[str, Any]) -> str:
+    """How many closes, and why: the end event sent before them (lagging, shutdown) or the
+    close code."""
+    count = _fixed(step.get("cutoffs"), 0)
+    why = set()
+    for client in _mapping_list(step.get("clients")):
+        for close in _mapping_list(client.get("closes")):
+            why.add(_text(close.get("event") or f"code {_text(close.get('code'))}"))
+    return f"{count} ({', '.join(sorted(why))})" if why else count
+
+
 def _results_rows(data: Mapping[str, Any]) -> list[list[str]]:
     first = next(iter(_mapping_list(data.get("variants"))), {})
     baseline = {
@@ -89,7 +100,7 @@ def _results_rows(data: Mapping[str, Any]) -> list[list[str]]:
                 _pair(step.get("latency_ms")),
                 _dropped(step),
                 _fixed(step.get("missed"), 0),
-                _fixed(step.get("cutoffs"), 0),
+                _cutoffs(step),
                 _yes_no(step.get("real_time")),
                 _ratio(step.get("results_per_s"), baseline.get(streams)),
                 _ratio(step.get("results_per_s"), shard.get("fps_aggregate") if shard else None),
@@ -134,6 +145,40 @@ def _resource_rows(data: Mapping[str, Any]) -> list[list[str]]:
                 f"{_fixed(_get(bench, 'clients_cpu_percent_max'), 0)} / "
                 f"{_fixed(_get(bench, 'control_cpu_percent'), 0)}",
                 _yes_no(_get(bench, "client_bound")),
+            ]
+        )
+    return rows
+
+
+def _kill_rows(data: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for variant, step in _steps(data):
+        killed = step.get("kill")
+        if not isinstance(killed, Mapping):
+            continue
+        names = killed.get("killed_streams")
+        count = len(names) if isinstance(names, list) else None
+        total = _number(step.get("streams"))
+        worker = (
+            f"{_text(killed.get('worker'))} ({_text(count)} of {_fixed(total, 0)})"
+            if killed.get("worker")
+            else DASH
+        )
+        rows.append(
+            [
+                _text(variant.get("name")),
+                _fixed(step.get("streams"), 0),
+                worker,
+                _fixed(killed.get("t_s"), 1),
+                f"{_fixed(killed.get('others_missing'), 0)} / "
+                f"{_fixed(killed.get('others_server_dropped'), 0)}",
+                _fixed(killed.get("others_max_gap_ms"), 0),
+                _fixed(killed.get("failed_after_s"), 2),
+                f"{_fixed(killed.get('republished_s_max'), 2)} / "
+                f"{_fixed(killed.get('republished_s_median'), 2)}",
+                f"{_text(killed.get('republished'))} of {_text(count)}",
+                _yes_no(killed.get("clients_connected")),
+                str(killed.get("error")).splitlines()[0] if killed.get("error") else DASH,
             ]
         )
     return rows
@@ -218,7 +263,8 @@ def render_serve_markdown(
         "Results/s of the slowest client (expected: streams x clip fps); latency from the "
         "frame's arrival at the server to receipt by the client, worst client, ms; dropped: "
         "frame-index gaps seen by a client / the server's vdet_frames_dropped_total; missed: "
-        "results a client never got; cut off: server closes of clients (1013: lagging).",
+        "results a client never got; cut off: server closes of clients, with the end event sent "
+        "before them (lagging: the client fell too far behind) or the close code.",
         "",
     ]
     lines += _table(
@@ -237,6 +283,40 @@ def render_serve_markdown(
         _results_rows(data),
         align="lrrrrrrlrr",
     )
+    kill_rows = _kill_rows(data)
+    if kill_rows:
+        lines += [
+            "## A worker killed mid-window",
+            "",
+            "One worker process (the one running most of the step's streams) killed with "
+            "SIGKILL this many seconds into the window. Other streams (those of the other "
+            "workers): frames missing at a client (frame-index gaps) / the server's "
+            "vdet_frames_dropped_total over the window, and the longest time without a result "
+            "of one stream at a client (the clip's frame interval when nothing stalled). "
+            "Killed streams: kill -> GET /v1/streams showed them all failed; kill -> first "
+            "result of a frame read after the kill at every client, slowest stream / median. "
+            "The step's results/s include the killed streams' outage; a stream started again "
+            "counts its frames from 0, so the outage is not in its dropped frames: it is the "
+            "'again after' column.",
+            "",
+        ]
+        lines += _table(
+            [
+                "Variant",
+                "Streams",
+                "Killed (its streams)",
+                "At s",
+                "Others: missing (client / server)",
+                "Others: longest gap ms",
+                "Killed: failed after s",
+                "Killed: again after s (max / median)",
+                "Published again",
+                "Clients connected",
+                "Error",
+            ],
+            kill_rows,
+            align="lrlrrrrrrll",
+        )
     lines += ["## Control calls under load (ms, p50 / p99)", ""]
     lines += _table(
         ["Variant", "Streams", "GET detections", "POST stream", "DELETE stream", "Errors"],

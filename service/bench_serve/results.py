@@ -106,6 +106,56 @@ class BenchClientUse(_Model):
     client_bound: bool = Field(description="A benchmark process was over 80% of a core.")
 
 
+class WorkerKill(_Model):
+    """One worker process killed with SIGKILL during the window, and what that cost.
+
+    The other streams are those of the step not on the killed worker; the killed streams,
+    those it ran. Gaps and returns are measured at every WebSocket client by receipt time;
+    a killed stream has published again once a client received a result of a frame that
+    arrived after the kill (`arrival_time`, the server's clock, the same host's)."""
+
+    worker: str | None = Field(description="Its name (w0, ...); null: none was killed.")
+    pid: int | None
+    t_s: float | None = Field(description="Seconds into the window when it was killed.")
+    killed_streams: list[str] = Field(description="The measured streams it ran.")
+    other_streams: int = Field(description="Measured streams on the other workers.")
+    others_missing: int | None = Field(
+        description="The other streams' frame-index gaps in the window (the most any client "
+        "saw, summed over streams): frames they dropped."
+    )
+    others_max_gap_ms: float | None = Field(
+        description="The longest time without a result of one other stream at a client, "
+        "window edges included."
+    )
+    others_server_dropped: float | None = Field(
+        description="vdet_frames_dropped_total of the other streams over the window."
+    )
+    killed_server_dropped: float | None = Field(
+        description="vdet_frames_dropped_total of the killed streams over the window."
+    )
+    server_dropped_per_stream: dict[str, float] = Field(
+        default_factory=dict,
+        description="vdet_frames_dropped_total over the window of each stream that dropped.",
+    )
+    failed_after_s: float | None = Field(
+        description="Kill -> GET /v1/streams had shown every killed stream `failed`; null "
+        "when some were never seen so (polled every 50 ms)."
+    )
+    failed_seen: int = Field(description="Killed streams seen `failed` in /v1/streams.")
+    republished: int = Field(description="Killed streams that published again in the window.")
+    republished_s_max: float | None = Field(
+        description="Kill -> a killed stream's first new result at every client: the slowest "
+        "stream; null unless every killed stream published again in the window."
+    )
+    republished_s_median: float | None = Field(
+        description="The same, the median over the killed streams that published again."
+    )
+    clients_connected: bool = Field(
+        description="No WebSocket client was closed by the server after the kill."
+    )
+    error: str | None = None
+
+
 class StepResult(_Model):
     """N streams on one server, measured for one window."""
 
@@ -131,6 +181,9 @@ class StepResult(_Model):
     counters: ServerCounters | None
     bench_client: BenchClientUse
     remove_seconds: float
+    kill: WorkerKill | None = Field(
+        default=None, description="A worker killed in this window (--kill-worker-after)."
+    )
     error: str | None = None
 
 
@@ -208,6 +261,8 @@ class RunOptions(_Model):
     backend: str
     model: str | None
     clip: ClipInfo
+    kill_worker_after_s: float | None = None
+    kill_worker_streams: list[int] = Field(default_factory=list)
 
 
 class ServeBenchResult(_Model):

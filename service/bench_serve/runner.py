@@ -2,10 +2,11 @@
 
 Per variant: start the server, read its tree with no streams (the memory baseline), connect
 the WebSocket clients, then for each N: add N streams, wait until each has published, warm
-up, measure one window (clients, control loop, process tree, /metrics, GPU memory), collect,
-remove the streams. The server is always stopped, whatever failed; a failed variant or step is
-recorded with its reason and the run goes on. This module sequences; the measuring is done by
-the modules it calls.
+up, measure one window (clients, control loop, process tree, /metrics, GPU memory; with
+--kill-worker-after, a worker killed mid-window beside them), collect, remove the streams.
+The server is always stopped, whatever failed; a failed variant or step is recorded with its
+reason and the run goes on. This module sequences; the measuring is done by the modules it
+calls.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 import httpx
 
 from vdet.bench import cpu_model
-from vdet.bench_serve import control, gpu_memory, scrape
+from vdet.bench_serve import control, gpu_memory, kill, proctree, scrape
 from vdet.bench_serve.events_client import client_main
 from vdet.bench_serve.options import ServeBenchOptions, Variant
 from vdet.bench_serve.results import (
@@ -49,6 +50,7 @@ from vdet.bench_serve.results import (
     ServerUse,
     StepResult,
     VariantResult,
+    WorkerKill,
 )
 from vdet.bench_serve.server import ServeProcess, ServerStartError, free_port, vdet_executable
 
@@ -215,11 +217,11 @@ def _latency(values: list[float]) -> LatencyMs | None:
     return LatencyMs.model_validate(summary) if summary else None
 
 
-async def _metrics(http: httpx.AsyncClient, prefix: str) -> scrape.StreamCounters | None:
+async def _metrics(http: httpx.AsyncClient, prefix: str) -> dict[str, scrape.StreamCounters] | None:
     try:
         response = await http.get("/metrics")
         response.raise_for_status()
-        return scrape.stream_counters(response.text, prefix)
+        return scrape.per_stream_counters(response.text, prefix)
     except (httpx.HTTPError, ValueError):
         return None
 
@@ -277,20 +279,49 @@ async def _run_step(
     await asyncio.sleep(max(0.0, window_start - time.time()))
     tree0, cpu0, t0 = server.note_tree(), time.process_time(), time.monotonic()
     counters0 = await _metrics(http, prefix)
+    killing = None
+    if opts.kill_worker_after_s is not None and n in opts.kill_worker_streams and error is None:
+
+        def notify(killed_at: float) -> None:
+            for client in clients:
+                client.conn.send(("kill", killed_at))
+
+        killing = asyncio.create_task(
+            kill.kill_one_worker(
+                http,
+                ids,
+                at=window_start + opts.kill_worker_after_s,
+                until=window_end,
+                server_tree=lambda: proctree.descendants(server.pid),
+                notify=notify,
+            )
+        )
     calls = await control.control_loop(
         http, ids, extra_prefix, clip.path, opts.control_interval_s, until=window_end
     )
     await asyncio.sleep(max(0.0, window_end - time.time()))
     tree1, cpu1, t1 = server.note_tree(), time.process_time(), time.monotonic()
     counters1 = await _metrics(http, prefix)
+    killed = await killing if killing is not None else None
     gpu = await asyncio.to_thread(gpu_memory.read_gpu_memory, tree1.pids)
     await asyncio.sleep(_WINDOW_GRACE_S)
 
-    figures = []
+    figures, per_stream = [], []
     for client in clients:
         client.conn.send(("collect",))
         _, data = await _receive(client.conn, _COLLECT_TIMEOUT_S)
+        per_stream.append(data.pop("per_stream", {}))
         figures.append(ClientFigures.model_validate(data))
+    kill_result = None
+    if killed is not None:
+        kill_result = kill.summarize(
+            killed,
+            ids,
+            (window_start, window_end),
+            figures,
+            per_stream,
+            (counters0, counters1) if counters0 is not None and counters1 is not None else None,
+        )
 
     teardown = control.CallLog()
     started = time.monotonic()
@@ -319,7 +350,8 @@ async def _run_step(
         )
     counters = None
     if counters0 is not None and counters1 is not None:
-        delta = counters1.minus(counters0)
+        total = scrape.StreamCounters.total
+        delta = total(counters1.values()).minus(total(counters0.values()))
         counters = ServerCounters(
             decoded=delta.decoded, processed=delta.processed, dropped=delta.dropped
         )
@@ -371,6 +403,7 @@ async def _run_step(
             client_bound=bound,
         ),
         remove_seconds=round(remove_seconds, 3),
+        kill=kill_result,
         error=error,
     )
 
@@ -385,7 +418,21 @@ def _step_line(variant: str, step: StepResult) -> str:
     return (
         f"{variant} N={step.streams}: {rate} of {step.expected_results_per_s:.0f} results/s, "
         f"{p}, dropped {step.dropped} (server {step.server_dropped}), cut off {step.cutoffs}"
+        + (f"; {_kill_line(step.kill)}" if step.kill is not None else "")
         + (f", ERROR {step.error}" if step.error else "")
+    )
+
+
+def _kill_line(killed: WorkerKill) -> str:
+    if killed.worker is None or killed.t_s is None:
+        return f"no worker killed: {killed.error}"
+    return (
+        f"killed {killed.worker} ({len(killed.killed_streams)} streams) at {killed.t_s:.1f} s: "
+        f"others missed {killed.others_missing} frames (server dropped "
+        f"{killed.others_server_dropped}), longest gap {killed.others_max_gap_ms} ms; killed "
+        f"streams failed after {killed.failed_after_s} s, {killed.republished} of "
+        f"{len(killed.killed_streams)} published again, max {killed.republished_s_max} s; "
+        f"clients connected: {killed.clients_connected}"
     )
 
 
@@ -539,6 +586,8 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
             backend=opts.backend,
             model=str(opts.model) if opts.model else None,
             clip=clip.model_copy(update={"path": str(opts.clip or SAMPLE_CLIP_NAME)}),
+            kill_worker_after_s=opts.kill_worker_after_s,
+            kill_worker_streams=list(opts.kill_worker_streams),
         ),
         variants=variants,
         shards=shards,

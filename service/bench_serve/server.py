@@ -3,8 +3,9 @@
 The server is the `vdet` console script of the running interpreter's environment, run with a
 generated YAML config and the variant's environment, exactly as a user would run it. Stopping
 is SIGTERM, then SIGKILL after a timeout; what is reported is the exit code, how long the stop
-took, and any process of its tree that outlived it (an orphan, then killed: it was started by
-this benchmark). This module owns the process's lifetime and log, nothing about measuring.
+took, and any process of its tree that outlived it by more than two seconds (an orphan, then
+killed: it was started by this benchmark). This module owns the process's lifetime and log,
+nothing about measuring.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from vdet.bench_serve.options import ServeBenchUsageError, Variant
 
 _POLL_S = 0.2
 _LOG_TAIL_LINES = 30
+_ORPHAN_GRACE_S = 2.0
 
 
 class ServerStartError(RuntimeError):
@@ -174,7 +176,15 @@ class ServeProcess:
                 self.popen.kill()
                 self.popen.wait(timeout=timeout_s)
         stop_seconds = time.monotonic() - started
-        orphans = tuple(proctree.alive(i for i in self.seen if i[0] != self.popen.pid))
+        others = [i for i in self.seen if i[0] != self.popen.pid]
+        # Some children end just after their parent, on their own: multiprocessing's resource
+        # tracker reads the end of its pipe, then cleans up what the parent left (more so
+        # after a worker was killed). Only what still runs after the grace is an orphan.
+        grace_end = time.monotonic() + _ORPHAN_GRACE_S
+        orphans = tuple(proctree.alive(others))
+        while orphans and time.monotonic() < grace_end:
+            time.sleep(_POLL_S / 4)
+            orphans = tuple(proctree.alive(others))
         for pid in orphans:
             try:
                 os.kill(pid, signal.SIGKILL)

@@ -9,10 +9,11 @@ import pytest
 from vdet.bench_serve.options import (
     ServeBenchUsageError,
     Variant,
+    options_from_args,
     parse_streams,
     parse_variant,
 )
-from vdet.cli import main
+from vdet.cli import _build_parser, main
 
 
 def test_a_variant_turns_settings_into_vdet_variables_and_passes_env_as_is() -> None:
@@ -59,6 +60,17 @@ def test_stream_counts_keep_their_order() -> None:
         (["--clip", "/nonexistent/clip.mp4"], "--clip: no such file"),
         (["--model", "/nonexistent/model.onnx"], "--model: no such file"),
         (["--shards-harness", "x8;rm"], "--shards-harness"),
+        (["--kill-worker-after", "0"], "--kill-worker-after must be inside the measured window"),
+        (["--duration", "5", "--kill-worker-after", "5"], "(0 < s < --duration 5), got 5"),
+        (["--kill-worker-streams", "2"], "--kill-worker-streams needs --kill-worker-after"),
+        (
+            ["--streams", "16,64", "--kill-worker-after", "3", "--kill-worker-streams", "32"],
+            "--kill-worker-streams: [32] not among --streams [16, 64]",
+        ),
+        (
+            ["--kill-worker-after", "3", "--kill-worker-streams", "x"],
+            "--kill-worker-streams must be comma-separated integers",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line_and_start_nothing(
@@ -73,3 +85,13 @@ def test_bad_arguments_exit_2_with_one_line_and_start_nothing(
 def test_errors_name_the_variant(tmp_path: Path) -> None:
     with pytest.raises(ServeBenchUsageError, match="--variant w8: 'x' is not key=value"):
         parse_variant("w8:x")
+
+
+def test_a_kill_applies_to_every_step_unless_steps_are_named() -> None:
+    parser = _build_parser()
+    argv = ["bench", "serve", "--streams", "16,64", "--kill-worker-after", "3"]
+    every = options_from_args(parser.parse_args(argv))
+    assert every.kill_worker_after_s == 3.0 and every.kill_worker_streams == (16, 64)
+    named = options_from_args(parser.parse_args([*argv, "--kill-worker-streams", "64"]))
+    assert named.kill_worker_streams == (64,)
+    assert options_from_args(parser.parse_args(argv[:4])).kill_worker_after_s is None

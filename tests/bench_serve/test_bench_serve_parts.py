@@ -1,5 +1,6 @@
 """The measuring parts of `vdet bench serve` on their own: process tree, counters, nvidia-smi
-output, the shards harness's run specs, latency summaries."""
+output, the shards harness's run specs, latency summaries, which worker a kill picks and how a
+kill is summarized."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 from vdet.bench_serve import proctree
 from vdet.bench_serve.events_client import latency_samples_ms, latency_summary_ms
 from vdet.bench_serve.gpu_memory import parse_devices, parse_processes
-from vdet.bench_serve.scrape import stream_counters
+from vdet.bench_serve.kill import KillRecord, pick_worker, summarize
+from vdet.bench_serve.results import ClientFigures, CloseEvent
+from vdet.bench_serve.scrape import StreamCounters, per_stream_counters, stream_counters
 from vdet.bench_serve.shards import harness_run, run_shards
 
 
@@ -59,6 +62,11 @@ def test_counters_sum_the_prefixed_streams_over_every_label() -> None:
     counters = stream_counters(METRICS, "n8-")
     assert (counters.decoded, counters.processed, counters.dropped) == (300.0, 297.0, 5.0)
     assert stream_counters(METRICS, "none-").dropped == 0.0
+    per_stream = per_stream_counters(METRICS, "n8-")
+    assert per_stream == {
+        "n8-0": StreamCounters(300.0, 297.0, 3.0),
+        "n8-1": StreamCounters(0.0, 0.0, 2.0),
+    }
 
 
 def test_nvidia_smi_lines_are_read_and_the_tree_filters_processes() -> None:
@@ -97,3 +105,92 @@ def test_a_harness_that_fails_is_recorded_not_raised(tmp_path: Path) -> None:
     runs = result.command[result.command.index("--runs") + 1]
     assert runs == "vdet:4:p:b1:x4:mps vdet:8:p:b1:x8:mps"
     assert result.command[-2:] == ["--out", result.command[-1]] and "--no-peers" in result.command
+
+
+WORKERS = [
+    {"name": "w0", "role": "worker", "alive": True, "pid": 10, "streams": 1},
+    {"name": "w1", "role": "worker", "alive": True, "pid": 11, "streams": 2},
+    {"name": "w2", "role": "worker", "alive": False, "pid": None, "streams": 3},
+    {"name": "spare0", "role": "spare", "alive": True, "pid": 12, "streams": 0},
+]
+STREAMS = [
+    {"id": "n6-0", "worker": "w0"},
+    {"id": "n6-1", "worker": "w1"},
+    {"id": "n6-2", "worker": "w1"},
+    {"id": "n6-3", "worker": "w2"},
+    {"id": "ctl-n6-0", "worker": "w0"},
+]
+IDS = [f"n6-{i}" for i in range(4)]
+
+
+def test_the_live_worker_with_most_measured_streams_is_killed() -> None:
+    picked = pick_worker(WORKERS, STREAMS, IDS)
+    assert not isinstance(picked, str)
+    worker, streams = picked
+    assert worker["name"] == "w1" and streams == ["n6-1", "n6-2"]
+    # Only the control loop's stream on w0: never a reason to pick it.
+    assert pick_worker(WORKERS[:1], STREAMS[-1:], IDS) == (
+        "no live worker runs a stream of this step: nothing killed"
+    )
+    assert "no worker processes" in str(pick_worker([], STREAMS, IDS))
+
+
+def _client_closed_at(t_s: float | None) -> ClientFigures:
+    closes = [CloseEvent(t_s=t_s, code=1013, reason="", event="lagging")] if t_s else []
+    return ClientFigures(
+        window_s=10.0,
+        results=1,
+        results_per_s=0.1,
+        streams_seen=1,
+        slowest_stream_results_per_s=0.1,
+        other_results=0,
+        latency_ms=None,
+        server_latency_ms=None,
+        latency_samples_ms=[],
+        dropped_frame_index_gaps=0,
+        missed_seq_gaps=0,
+        out_of_order=0,
+        gap_events=0,
+        closes=closes,
+        closes_total=len(closes),
+        cpu_percent=None,
+    )
+
+
+def test_a_kill_is_summarized_from_every_client_and_the_server_counters() -> None:
+    start = 1000.0
+    record = KillRecord("w1", 11, start + 2.0, ("n6-1", "n6-2"), {"n6-1": 0.1, "n6-2": 0.3})
+    per_client = [
+        {
+            "n6-0": {"index_gaps": 2, "max_gap_s": 0.2, "returned": start + 2.01},
+            "n6-1": {"index_gaps": 0, "max_gap_s": 1.5, "returned": start + 2.5},
+            "n6-2": {"index_gaps": 0, "max_gap_s": 1.9, "returned": start + 2.9},
+        },
+        {
+            "n6-0": {"index_gaps": 1, "max_gap_s": 0.4, "returned": start + 2.02},
+            "n6-1": {"index_gaps": 0, "max_gap_s": 1.5, "returned": start + 3.0},
+            "n6-2": {"index_gaps": 0, "max_gap_s": 1.9, "returned": None},
+        },
+    ]
+    before = {i: StreamCounters(10, 10, 1) for i in IDS}
+    after = {**before, "n6-0": StreamCounters(40, 37, 4), "n6-2": StreamCounters(20, 15, 6)}
+    out = summarize(
+        record,
+        IDS,
+        (start, start + 10.0),
+        [_client_closed_at(None), _client_closed_at(1.0)],
+        per_client,
+        (before, after),
+    )
+    assert out.t_s == 2.0 and out.killed_streams == ["n6-1", "n6-2"] and out.other_streams == 2
+    # n6-3 (another worker's) never reached a client: silent for the whole window.
+    assert out.others_missing == 2 and out.others_max_gap_ms == 10000.0
+    assert (out.others_server_dropped, out.killed_server_dropped) == (3.0, 5.0)
+    assert out.server_dropped_per_stream == {"n6-0": 3.0, "n6-2": 5.0}
+    assert out.failed_after_s == 0.3 and out.failed_seen == 2
+    # n6-2 never came back at the second client: not published again (at every client).
+    assert out.republished == 1 and out.republished_s_max is None
+    assert out.republished_s_median == 1.0
+    assert out.clients_connected  # the only close came before the kill
+    nothing = summarize(KillRecord(error="why"), IDS, (start, start + 10.0), [], [], None)
+    assert nothing.worker is None and nothing.error == "why" and nothing.others_missing is None

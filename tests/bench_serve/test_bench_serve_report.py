@@ -176,8 +176,9 @@ def test_serve_results_are_recognised_and_rendered() -> None:
     assert markdown.startswith("# Serve benchmark: serve-test\n")
     # results/s (expected), p50 / p99, dropped client / server, ratio to the first variant
     # at the same N, and to the shards harness where it has a run at that N.
-    assert "| one-process | 16 | 300.0 (480) | 5.0 / 9.5 | 0 / 0 | 0 | 1 | no | 1.00 | — |" in (
-        markdown
+    assert (
+        "| one-process | 16 | 300.0 (480) | 5.0 / 9.5 | 0 / 0 | 0 | 1 (lagging) | no | 1.00 | — |"
+        in markdown
     )
     assert "| workers8 | 16 | 480.0 (480) |" in markdown and "| 1.60 | — |" in markdown
     assert "| workers8 | 8 | 240.0 (240) |" in markdown and "| 1.00 | 1.00 |" in markdown
@@ -186,6 +187,49 @@ def test_serve_results_are_recognised_and_rendered() -> None:
     assert "| vdet paced 16 b1 x8proc mps | 16 |" in markdown and "| last |" in markdown
     assert "0: NVIDIA H200, driver 580" in markdown
     assert "no service): 22.50 fps, inference p50 34.1 ms" in markdown
+
+
+KILL = {
+    "worker": "w3",
+    "pid": 4242,
+    "t_s": 3.01,
+    "killed_streams": [f"n16-{i}" for i in range(2)],
+    "other_streams": 14,
+    "others_missing": 0,
+    "others_max_gap_ms": 41.5,
+    "others_server_dropped": 0.0,
+    "killed_server_dropped": 1.0,
+    "server_dropped_per_stream": {"n16-1": 1.0},
+    "failed_after_s": 0.052,
+    "failed_seen": 2,
+    "republished": 2,
+    "republished_s_max": 1.234,
+    "republished_s_median": 1.1,
+    "clients_connected": True,
+    "error": None,
+}
+
+
+def test_a_killed_worker_has_its_own_table() -> None:
+    data = serve_result()
+    assert "## A worker killed" not in (render_markdown(data, "no-kill") or "")
+    data["variants"][1]["steps"][1]["kill"] = KILL
+    data["variants"][0]["steps"][1]["kill"] = {
+        **KILL,
+        "worker": None,
+        "pid": None,
+        "t_s": None,
+        "killed_streams": [],
+        "error": "the server runs no worker processes (GET /v1/workers is empty): nothing",
+    }
+    data["options"] |= {"kill_worker_after_s": 3.0, "kill_worker_streams": [16]}
+    ServeBenchResult.model_validate(data)
+    markdown = render_markdown(data, "kill")
+    assert markdown is not None and "## A worker killed mid-window" in markdown
+    row = "| workers8 | 16 | w3 (2 of 16) | 3.0 | 0 / 0 | 42 | 0.05 | 1.23 / 1.10 | 2 of 2 | yes |"
+    assert f"{row} {DASH} |" in markdown
+    assert f"| one-process | 16 | {DASH} | {DASH} |" in markdown
+    assert "| the server runs no worker processes" in markdown
 
 
 def test_missing_fields_are_dashes_not_errors() -> None:
