@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vdet.api import (
     limits,
+    loop_health,
     routes_detect,
     routes_events,
     routes_live,
@@ -70,7 +71,8 @@ def create_app(
         # Model loading and process starts block: off the event loop.
         await run_in_threadpool(runtime.start)
         try:
-            yield
+            async with loop_health.measured(runtime.metrics):
+                yield
         finally:
             await run_in_threadpool(runtime.stop)
 
