@@ -152,6 +152,18 @@ def test_metrics_time_event_loop_lag_and_gc_pauses_while_serving(
     assert gc.callbacks == hooks_before  # the hook leaves with the app
 
 
+def test_startup_objects_can_be_frozen_out_of_the_collectors_reach(
+    make_settings: MakeSettings,
+) -> None:
+    assert gc.get_freeze_count() == 0
+    try:
+        with TestClient(create_app(make_settings(), freeze_startup_objects=True)) as client:
+            assert client.get("/readyz").status_code == 200
+            assert gc.get_freeze_count() > 10_000  # modules, routes, the model session
+    finally:
+        gc.unfreeze()  # other tests' objects must stay collectable
+
+
 def test_openapi_documents_routes_status_codes_and_tags(client: TestClient) -> None:
     spec = client.get("/openapi.json").json()
     paths = spec["paths"]
