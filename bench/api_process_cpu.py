@@ -166,7 +166,7 @@ def numpy_pickled(messages: list[bytes]) -> list[bytes]:
     `__reduce__`)."""
     objects = [pickle.loads(m) for m in messages]
     reduce = Detections.__reduce__
-    del Detections.__reduce__  # type: ignore[misc]
+    del Detections.__reduce__
     try:
         return [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in objects]
     finally:
