@@ -286,7 +286,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"sources": [demo]})
     if not settings.model_path.is_file():
         raise UsageError(f"model not found: {settings.model_path}")
-    app = create_app(settings)
+    app = create_app(settings, freeze_startup_objects=True)
     config = uvicorn.Config(
         app,
         host=settings.host,

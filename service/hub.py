@@ -7,6 +7,13 @@ live subscriber. Pipeline threads call `publish`; the event loop reads from subs
 It must not block the publisher on a slow reader: a subscriber whose queue is full is cut off
 and marked lagging, and the client resumes from the replay history with the last seq it saw.
 It knows nothing about HTTP, JSON or metrics.
+
+What it keeps for replay is compact: a result that arrives already encoded (`encoded_tail`,
+from a worker process) is kept as a plain tuple of int and str, which CPython's garbage
+collector stops tracking, instead of its object graph (result, detections, timings). Thousands
+of kept results then cost a full collection nothing to walk, and such a collection is a pause
+of every thread of the API process. Only the latest result per source is kept whole (REST
+serves its detections). Replays and subscriptions hand such results out as `EncodedResult`s.
 """
 
 from __future__ import annotations
@@ -24,6 +31,33 @@ from collections.abc import Callable, Iterable
 from vdet.types import DetectionResult
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class EncodedResult:
+    """A kept result that arrived encoded: what replay and live delivery need of it, without
+    its detections. `encoded_tail` is as in `DetectionResult` (the wire text after the seq)."""
+
+    seq: int
+    source_id: str
+    frame_index: int
+    encoded_tail: str
+
+
+# What replays and subscriptions hand out: the result as published (no `encoded_tail`: a result
+# made in this process) or its compact form.
+HubResult = DetectionResult | EncodedResult
+
+# One kept result: (seq, source_id, frame_index, encoded tail or the whole result). A tuple of
+# int and str only is untracked by the garbage collector after its first young collection.
+_Kept = tuple[int, str, int, str | DetectionResult]
+
+
+def _handed_out(kept: _Kept) -> HubResult:
+    seq, source_id, frame_index, payload = kept
+    if isinstance(payload, str):
+        return EncodedResult(seq, source_id, frame_index, payload)
+    return payload
 
 
 class SubscriptionEnd(enum.StrEnum):
@@ -52,7 +86,7 @@ class Replay:
     `oldest_seq` is then the first seq that can still be replayed (None when nothing is kept).
     """
 
-    results: tuple[DetectionResult, ...]
+    results: tuple[HubResult, ...]
     gap: bool
     oldest_seq: int | None
 
@@ -79,7 +113,7 @@ class Subscription:
         self._hub = hub
         self._loop = loop
         self._queue_size = queue_size
-        self._items: deque[DetectionResult] = deque()
+        self._items: deque[HubResult] = deque()
         self._wakeup = asyncio.Event()
         self._end: SubscriptionEnd | None = None
         # Live delivery starts after everything published before subscribing: the replay
@@ -91,7 +125,7 @@ class Subscription:
     def ended(self) -> SubscriptionEnd | None:
         return self._end
 
-    def _deliver(self, result: DetectionResult) -> None:
+    def _deliver(self, result: HubResult) -> None:
         if self._end is not None or result.seq <= self._last_seq:
             return
         if len(self._items) >= self._queue_size:
@@ -111,7 +145,7 @@ class Subscription:
         self._wakeup.set()
         self._hub._unregister(self)
 
-    async def get(self) -> DetectionResult:
+    async def get(self) -> HubResult:
         """The next live result; raises SubscriptionEndedError once the subscription has ended."""
         while True:
             if self._items:
@@ -124,7 +158,7 @@ class Subscription:
     def __aiter__(self) -> Subscription:
         return self
 
-    async def __anext__(self) -> DetectionResult:
+    async def __anext__(self) -> HubResult:
         try:
             return await self.get()
         except SubscriptionEndedError:
@@ -153,11 +187,11 @@ class _Outbox:
         self.loop = loop
         self.subscribers: set[Subscription] = set()
         self._hub = hub
-        self._pending: list[DetectionResult] = []
+        self._pending: list[_Kept] = []
 
-    def put_locked(self, result: DetectionResult) -> None:
-        """Queue `result` (hub lock held)."""
-        self._pending.append(result)
+    def put_locked(self, kept: _Kept) -> None:
+        """Queue a kept result (hub lock held)."""
+        self._pending.append(kept)
         if len(self._pending) == 1:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to deliver to
                 self.loop.call_soon_threadsafe(self._deliver)
@@ -166,8 +200,9 @@ class _Outbox:
         with self._hub._lock:
             results, self._pending = self._pending, []
             subscribers = list(self.subscribers)
-        for result in results:
-            source = result.source_id
+        for kept in results:
+            source = kept[1]
+            result = _handed_out(kept)  # once, shared by every subscriber
             for sub in subscribers:
                 if sub.source_id is None or sub.source_id == source:
                     sub._deliver(result)
@@ -193,8 +228,8 @@ class ResultsHub:
         self._seq = 0
         self._capacity_per_source = capacity_per_source
         self._subscriber_queue_size = subscriber_queue_size
-        self._history: deque[DetectionResult] = deque(maxlen=capacity_total)
-        self._per_source: dict[str, deque[DetectionResult]] = {}
+        self._history: deque[_Kept] = deque(maxlen=capacity_total)
+        self._per_source: dict[str, deque[_Kept]] = {}
         # Highest seq per source that can no longer be replayed from its own history: a resume
         # from below it must be told about the gap.
         self._evicted_through: dict[str, int] = {}
@@ -214,17 +249,24 @@ class ResultsHub:
             self._seq += 1
             numbered = dataclasses.replace(result, seq=self._seq)
             source = numbered.source_id
-            self._history.append(numbered)
+            tail = numbered.encoded_tail
+            kept: _Kept = (
+                self._seq,
+                source,
+                numbered.frame_index,
+                numbered if tail is None else tail,
+            )
+            self._history.append(kept)
             ring = self._per_source.get(source)
             if ring is None:
                 ring = self._per_source[source] = deque()
             if len(ring) >= self._capacity_per_source:
-                self._evicted_through[source] = ring.popleft().seq
-            ring.append(numbered)
+                self._evicted_through[source] = ring.popleft()[0]
+            ring.append(kept)
             self._latest[source] = numbered
             # Queued under the lock so every loop sees results in seq order.
             for outbox in self._outboxes.values():
-                outbox.put_locked(numbered)
+                outbox.put_locked(kept)
             ahead = self._on_publish if self._outboxes else None
         if ahead is not None:
             try:
@@ -243,45 +285,45 @@ class ResultsHub:
     def oldest_seq(self) -> int | None:
         """The oldest seq still replayable across all sources; None when nothing is kept."""
         with self._lock:
-            return self._history[0].seq if self._history else None
+            return self._history[0][0] if self._history else None
 
     def latest(self, source_id: str) -> DetectionResult | None:
         with self._lock:
             return self._latest.get(source_id)
 
-    def find(self, source_id: str, frame_index: int, wait_s: float = 0.0) -> DetectionResult | None:
+    def find(self, source_id: str, frame_index: int, wait_s: float = 0.0) -> HubResult | None:
         """The kept result of one source's frame, waiting up to `wait_s` for it to be published
         (it may be on its way from a worker process); None if it never is."""
         deadline = time.monotonic() + wait_s
         while True:
             with self._lock:
-                for result in reversed(self._per_source.get(source_id, ())):
-                    if result.frame_index == frame_index:
-                        return result
-                    if result.frame_index < frame_index:
+                for kept in reversed(self._per_source.get(source_id, ())):
+                    if kept[2] == frame_index:
+                        return _handed_out(kept)
+                    if kept[2] < frame_index:
                         break
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.005)
 
-    def since(self, after_seq: int, source_id: str | None = None) -> list[DetectionResult]:
+    def since(self, after_seq: int, source_id: str | None = None) -> list[HubResult]:
         """Kept results with seq > after_seq, oldest first, of one source or of all."""
         with self._lock:
             return self._since_locked(after_seq, source_id)
 
-    def _since_locked(self, after_seq: int, source_id: str | None) -> list[DetectionResult]:
-        kept: Iterable[DetectionResult]
+    def _since_locked(self, after_seq: int, source_id: str | None) -> list[HubResult]:
+        kept: Iterable[_Kept]
         kept = self._history if source_id is None else self._per_source.get(source_id, ())
-        return [r for r in kept if r.seq > after_seq]
+        return [_handed_out(k) for k in kept if k[0] > after_seq]
 
     def _replay_locked(self, after_seq: int, source_id: str | None) -> Replay:
         results = self._since_locked(after_seq, source_id)
         if source_id is None:
-            oldest = self._history[0].seq if self._history else None
+            oldest = self._history[0][0] if self._history else None
             evicted_through = (oldest - 1) if oldest is not None else self._seq
         else:
             ring = self._per_source.get(source_id)
-            oldest = ring[0].seq if ring else None
+            oldest = ring[0][0] if ring else None
             evicted_through = self._evicted_through.get(source_id, 0)
         gap = after_seq < evicted_through or after_seq > self._seq
         if after_seq > self._seq:  # a seq from before a restart: replay everything kept

@@ -43,6 +43,8 @@ LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
     1.0,
     2.0,
 )
+# 0.5 ms .. 2 s: a healthy event loop wakes within a millisecond of when it asked to.
+LOOP_LAG_BUCKETS_SECONDS: tuple[float, ...] = (0.0005, *LATENCY_BUCKETS_SECONDS)
 STAGES: tuple[str, ...] = ("decode", "preprocess", "inference", "postprocess")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -220,6 +222,21 @@ class Metrics:
             "vdet_tracks_started_total",
             "Tracks confirmed (given an id) by a stream's tracker, by class.",
             ["source", "class"],
+            registry=r,
+        )
+        self.event_loop_lag = Histogram(
+            "vdet_api_event_loop_lag_seconds",
+            "How late the API process's event loop woke from a short sleep (a stall of the "
+            "loop or of the whole process: every WebSocket message and request waits that long).",
+            buckets=LOOP_LAG_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "vdet_api_gc_pause_seconds",
+            "Time of each garbage collection in the API process, by generation (0, 1, 2 = full); "
+            "every thread of the process waits for it.",
+            ["generation"],
+            buckets=LOOP_LAG_BUCKETS_SECONDS,
             registry=r,
         )
         self._lock = threading.Lock()
@@ -423,6 +440,14 @@ class Metrics:
                 "selection": selection,
             }
         )
+
+    # --- API process -------------------------------------------------------------------------
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        self.event_loop_lag.observe(seconds)
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        self.gc_pause.labels(str(generation)).observe(seconds)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format (content type: `CONTENT_TYPE`)."""

@@ -47,6 +47,15 @@ class Detections:
         if self.tracker_id is not None and self.tracker_id.shape != (n,):
             raise ValueError(f"tracker_id must have shape ({n},), got {self.tracker_id.shape}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Pickled (down a worker's pipe, once per frame) as one buffer and the arrays' dtypes
+        # and lengths: numpy pickles each array with its dtype's own reconstruction, and four
+        # of those cost several times what the whole rest of a result does to unpickle.
+        arrays = (self.xyxy, self.scores, self.class_ids, self.tracker_id)
+        layout = tuple(None if a is None else a.dtype.str for a in arrays)
+        blob = bytearray(b"".join(a.tobytes() for a in arrays if a is not None))
+        return (_detections_from_buffer, (len(self.scores), layout, blob))
+
     @classmethod
     def empty(cls) -> Detections:
         return cls(
@@ -61,6 +70,19 @@ class Detections:
     def select(self, keep: npt.NDArray[np.bool_] | npt.NDArray[np.intp]) -> Detections:
         tracker_id = None if self.tracker_id is None else self.tracker_id[keep]
         return Detections(self.xyxy[keep], self.scores[keep], self.class_ids[keep], tracker_id)
+
+
+def _detections_from_buffer(n: int, layout: tuple[str | None, ...], blob: bytearray) -> Detections:
+    """The inverse of `Detections.__reduce__`: views of one (writable) buffer."""
+    xyxy_dtype, scores_dtype, class_dtype, tracker_dtype = layout
+    xyxy = np.frombuffer(blob, xyxy_dtype, 4 * n, 0)
+    scores = np.frombuffer(blob, scores_dtype, n, xyxy.nbytes)
+    at = xyxy.nbytes + scores.nbytes
+    class_ids = np.frombuffer(blob, class_dtype, n, at)
+    tracker_id = None
+    if tracker_dtype is not None:
+        tracker_id = np.frombuffer(blob, tracker_dtype, n, at + class_ids.nbytes)
+    return Detections(xyxy.reshape(n, 4), scores, class_ids, tracker_id)
 
 
 class ColourMatrix(enum.StrEnum):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import gc
 import threading
 
 import pytest
 
-from vdet.hub import ResultsHub, SubscriptionEnd, SubscriptionEndedError
+from vdet.hub import EncodedResult, ResultsHub, SubscriptionEnd, SubscriptionEndedError
 from vdet.types import DetectionResult, Detections, StageTimings
 
 
@@ -285,3 +287,25 @@ def test_a_failing_on_publish_loses_no_result() -> None:
 
     assert asyncio.run(subscribed()) == 1
     assert hub.latest("a") is not None
+
+
+async def test_encoded_results_are_kept_compact_and_replayed_with_their_text() -> None:
+    hub = ResultsHub(capacity_per_source=8, capacity_total=8)
+    live = hub.subscribe()
+    encoded = dataclasses.replace(result("a", 7), encoded_tail=',"x":1}}')
+    numbered = hub.publish(encoded)
+    hub.publish(result("a", 8))  # made in this process: kept whole
+    latest = hub.latest("a")
+    assert latest is not None and latest.frame_index == 8
+    gc.collect()  # a young collection untracks the kept tuple of an encoded result
+    assert not gc.is_tracked(hub._history[0])
+    first, second = hub.since(0)
+    assert first == EncodedResult(numbered.seq, "a", 7, ',"x":1}}')
+    assert isinstance(second, DetectionResult) and second.frame_index == 8
+    assert hub.find("a", 7) == first
+    delivered = [await asyncio.wait_for(live.get(), 1) for _ in range(2)]
+    assert delivered == [first, second]
+    replayed = hub.subscribe("a", after_seq=0)
+    assert list(replayed.replay.results) == [first, second]
+    live.close()
+    replayed.close()

@@ -75,6 +75,8 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_zone_objects": "gauge",
         "vdet_line_crossings": "counter",
         "vdet_tracks_started": "counter",
+        "vdet_api_event_loop_lag_seconds": "histogram",
+        "vdet_api_gc_pause_seconds": "histogram",
     }
     info = samples(metrics)
     labels = (("backend", "onnxruntime"), ("data_path", "cpu"), ("device", "cpu"))

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vdet.api.schemas_tracking import ZoneEventOut, events_out
 from vdet.config import ClassRef, ConfThreshold, IouThreshold, MaxDet, StreamSpec
+from vdet.hub import EncodedResult, HubResult
 from vdet.tracking.specs import TrackingSpec, ZoneList
 from vdet.types import NO_TRACK, DetectionResult, Detections, SourceState, StageTimings
 
@@ -306,8 +307,8 @@ class ResultEventEncoder:
         self._cache: OrderedDict[int, str] = OrderedDict()
         self._lock = threading.Lock()
 
-    def encode(self, result: DetectionResult, names: Sequence[str]) -> str:
-        if result.encoded_tail is not None:
+    def encode(self, result: HubResult, names: Sequence[str]) -> str:
+        if isinstance(result, EncodedResult) or result.encoded_tail is not None:
             return f"{_RESULT_EVENT_HEAD}{result.seq}{result.encoded_tail}"
         with self._lock:
             text = self._cache.get(result.seq)
@@ -319,5 +320,5 @@ class ResultEventEncoder:
                     self._cache.popitem(last=False)
         return text
 
-    def encode_many(self, results: Sequence[DetectionResult], names: Sequence[str]) -> list[str]:
+    def encode_many(self, results: Sequence[HubResult], names: Sequence[str]) -> list[str]:
         return [self.encode(result, names) for result in results]

@@ -127,6 +127,32 @@ def _control_rows(data: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _gc_cell(stalls: Any, generation: str) -> str:
+    pauses = _get(stalls, "gc", generation)
+    if not isinstance(pauses, Mapping):
+        return DASH
+    return f"{_fixed(pauses.get('count'), 0)} / {_fixed(pauses.get('max_ms'), 1)}"
+
+
+def _stall_rows(data: Mapping[str, Any]) -> list[list[str]]:
+    rows = []
+    for variant, step in _steps(data):
+        stalls = step.get("api_stalls")
+        rows.append(
+            [
+                _text(variant.get("name")),
+                _fixed(step.get("streams"), 0),
+                f"{_fixed(_get(stalls, 'loop_lag_p99_ms'), 1)} / "
+                f"{_fixed(_get(stalls, 'loop_lag_max_ms'), 1)}",
+                _fixed(_get(stalls, "loop_lag_mean_ms"), 2),
+                _gc_cell(stalls, "0"),
+                _gc_cell(stalls, "1"),
+                _gc_cell(stalls, "2"),
+            ]
+        )
+    return rows
+
+
 def _resource_rows(data: Mapping[str, Any]) -> list[list[str]]:
     rows = []
     for variant, step in _steps(data):
@@ -322,6 +348,28 @@ def render_serve_markdown(
         ["Variant", "Streams", "GET detections", "POST stream", "DELETE stream", "Errors"],
         _control_rows(data),
         align="lrrrrl",
+    )
+    lines += [
+        "## API process stalls",
+        "",
+        "From the server's own histograms over the window: how late its event loop woke from "
+        "a 50 ms sleep (p99 / max, ms: upper bounds of histogram buckets), and its garbage "
+        "collections by generation (count / longest, ms, a bucket bound; 2: full). A full "
+        "collection stops every thread of the API process.",
+        "",
+    ]
+    lines += _table(
+        [
+            "Variant",
+            "Streams",
+            "Loop lag p99 / max",
+            "Lag mean",
+            "GC gen 0",
+            "GC gen 1",
+            "GC gen 2",
+        ],
+        _stall_rows(data),
+        align="lrrrrrr",
     )
     lines += [
         "## Resources",

@@ -98,6 +98,29 @@ class ServerCounters(_Model):
     dropped: float
 
 
+class GcPauses(_Model):
+    """The API process's garbage collections of one generation in the window."""
+
+    count: int
+    total_ms: float
+    max_ms: float | None = Field(
+        description="Upper bound of the highest histogram bucket hit (2000: 2 s or more)."
+    )
+
+
+class ApiStalls(_Model):
+    """How long the API process stalled in the window, from its own /metrics histograms
+    (vdet_api_event_loop_lag_seconds, vdet_api_gc_pause_seconds): bucket bounds, not exact."""
+
+    loop_lag_samples: int = Field(description="Probe wake-ups (one per 50 ms when on time).")
+    loop_lag_p99_ms: float | None = Field(
+        description="Upper bound of the bucket holding the 99th percentile (2000: 2 s or more)."
+    )
+    loop_lag_max_ms: float | None = Field(description="Upper bound of the highest bucket hit.")
+    loop_lag_mean_ms: float | None
+    gc: dict[str, GcPauses] = Field(description="By generation: '0', '1', '2' (full).")
+
+
 class BenchClientUse(_Model):
     """Whether the benchmark client itself could have limited the figures."""
 
@@ -183,6 +206,9 @@ class StepResult(_Model):
     remove_seconds: float
     kill: WorkerKill | None = Field(
         default=None, description="A worker killed in this window (--kill-worker-after)."
+    )
+    api_stalls: ApiStalls | None = Field(
+        default=None, description="None when the server exports no such histograms."
     )
     error: str | None = None
 

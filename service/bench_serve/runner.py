@@ -36,10 +36,12 @@ from vdet.bench_serve import control, gpu_memory, kill, proctree, scrape
 from vdet.bench_serve.events_client import client_main
 from vdet.bench_serve.options import ServeBenchOptions, Variant
 from vdet.bench_serve.results import (
+    ApiStalls,
     BenchClientUse,
     CallLatencies,
     ClientFigures,
     ClipInfo,
+    GcPauses,
     GpuUse,
     LatencyMs,
     Machine,
@@ -217,13 +219,46 @@ def _latency(values: list[float]) -> LatencyMs | None:
     return LatencyMs.model_validate(summary) if summary else None
 
 
-async def _metrics(http: httpx.AsyncClient, prefix: str) -> dict[str, scrape.StreamCounters] | None:
+async def _metrics(
+    http: httpx.AsyncClient, prefix: str
+) -> tuple[dict[str, scrape.StreamCounters], scrape.ApiStalls] | None:
     try:
         response = await http.get("/metrics")
         response.raise_for_status()
-        return scrape.per_stream_counters(response.text, prefix)
+        text = response.text
+        return scrape.per_stream_counters(text, prefix), scrape.api_stalls(text)
     except (httpx.HTTPError, ValueError):
         return None
+
+
+def _ms(seconds: float | None, h: scrape.Histogram) -> float | None:
+    """Milliseconds of a bucket bound of `h`; its +Inf bucket reads as its last finite bound."""
+    if seconds is None:
+        return None
+    finite = [le for le, _ in h.buckets if le != float("inf")]
+    return round(min(seconds, finite[-1]) * 1000 if finite else seconds * 1000, 3)
+
+
+def _api_stalls(before: scrape.ApiStalls, after: scrape.ApiStalls) -> ApiStalls | None:
+    window = after.minus(before)
+    lag = window.loop_lag
+    if lag is None:
+        return None
+    gc_pauses = {
+        gen: GcPauses(
+            count=round(h.count),
+            total_ms=round(h.total_s * 1000, 3),
+            max_ms=_ms(h.max_bound_s(), h),
+        )
+        for gen, h in sorted(window.gc_pauses.items())
+    }
+    return ApiStalls(
+        loop_lag_samples=round(lag.count),
+        loop_lag_p99_ms=_ms(lag.quantile_bound_s(0.99), lag),
+        loop_lag_max_ms=_ms(lag.max_bound_s(), lag),
+        loop_lag_mean_ms=round(lag.total_s / lag.count * 1000, 3) if lag.count else None,
+        gc=gc_pauses,
+    )
 
 
 def _worst(values: list[float | None], pick: Callable[[list[float]], float]) -> float | None:
@@ -278,7 +313,7 @@ async def _run_step(
         client.conn.send(("window", window_start, window_end, prefix))
     await asyncio.sleep(max(0.0, window_start - time.time()))
     tree0, cpu0, t0 = server.note_tree(), time.process_time(), time.monotonic()
-    counters0 = await _metrics(http, prefix)
+    scraped0 = await _metrics(http, prefix)
     killing = None
     if opts.kill_worker_after_s is not None and n in opts.kill_worker_streams and error is None:
 
@@ -301,7 +336,7 @@ async def _run_step(
     )
     await asyncio.sleep(max(0.0, window_end - time.time()))
     tree1, cpu1, t1 = server.note_tree(), time.process_time(), time.monotonic()
-    counters1 = await _metrics(http, prefix)
+    scraped1 = await _metrics(http, prefix)
     killed = await killing if killing is not None else None
     gpu = await asyncio.to_thread(gpu_memory.read_gpu_memory, tree1.pids)
     await asyncio.sleep(_WINDOW_GRACE_S)
@@ -320,7 +355,7 @@ async def _run_step(
             (window_start, window_end),
             figures,
             per_stream,
-            (counters0, counters1) if counters0 is not None and counters1 is not None else None,
+            (scraped0[0], scraped1[0]) if scraped0 is not None and scraped1 is not None else None,
         )
 
     teardown = control.CallLog()
@@ -348,13 +383,14 @@ async def _run_step(
             used_mib_per_stream=round((gpu.used_mib - baseline.gpu_used_mib) / n, 2),
             server_processes_mib=gpu.processes_mib,
         )
-    counters = None
-    if counters0 is not None and counters1 is not None:
+    counters = stalls = None
+    if scraped0 is not None and scraped1 is not None:
         total = scrape.StreamCounters.total
-        delta = total(counters1.values()).minus(total(counters0.values()))
+        delta = total(scraped1[0].values()).minus(total(scraped0[0].values()))
         counters = ServerCounters(
             decoded=delta.decoded, processed=delta.processed, dropped=delta.dropped
         )
+        stalls = _api_stalls(scraped0[1], scraped1[1])
     rate = _worst([c.results_per_s for c in figures], min)
     dropped = max((c.dropped_frame_index_gaps for c in figures), default=None)
     missed = sum(c.missed_seq_gaps for c in figures)
@@ -404,6 +440,7 @@ async def _run_step(
         ),
         remove_seconds=round(remove_seconds, 3),
         kill=kill_result,
+        api_stalls=stalls,
         error=error,
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,42 @@ def test_metrics_cover_the_pipeline_and_forget_deleted_streams(
     s = scrape(client)
     assert not [key for key in s if ("source", "cam") in key[1]]
     assert value(s, "vdet_streams") == 0.0
+
+
+def test_metrics_time_event_loop_lag_and_gc_pauses_while_serving(
+    make_settings: MakeSettings,
+) -> None:
+    hooks_before = list(gc.callbacks)
+    with TestClient(create_app(make_settings())) as client:
+        assert len(gc.callbacks) == len(hooks_before) + 1
+        gc.collect(2)  # timed whichever thread collects: the hook is the process's
+        wait_until(
+            lambda: (
+                (value(scrape(client), "vdet_api_gc_pause_seconds_count", generation="2") or 0) >= 1
+            ),
+            10,
+            what="a full collection timed",
+        )
+        wait_until(
+            lambda: (value(scrape(client), "vdet_api_event_loop_lag_seconds_count") or 0) >= 3,
+            10,
+            what="three loop-lag probes",
+        )
+        lag = value(scrape(client), "vdet_api_event_loop_lag_seconds_sum")
+        assert lag is not None and lag >= 0
+    assert gc.callbacks == hooks_before  # the hook leaves with the app
+
+
+def test_startup_objects_can_be_frozen_out_of_the_collectors_reach(
+    make_settings: MakeSettings,
+) -> None:
+    assert gc.get_freeze_count() == 0
+    try:
+        with TestClient(create_app(make_settings(), freeze_startup_objects=True)) as client:
+            assert client.get("/readyz").status_code == 200
+            assert gc.get_freeze_count() > 10_000  # modules, routes, the model session
+    finally:
+        gc.unfreeze()  # other tests' objects must stay collectable
 
 
 def test_openapi_documents_routes_status_codes_and_tags(client: TestClient) -> None:

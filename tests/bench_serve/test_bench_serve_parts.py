@@ -14,7 +14,12 @@ from vdet.bench_serve.events_client import latency_samples_ms, latency_summary_m
 from vdet.bench_serve.gpu_memory import parse_devices, parse_processes
 from vdet.bench_serve.kill import KillRecord, pick_worker, summarize
 from vdet.bench_serve.results import ClientFigures, CloseEvent
-from vdet.bench_serve.scrape import StreamCounters, per_stream_counters, stream_counters
+from vdet.bench_serve.scrape import (
+    StreamCounters,
+    api_stalls,
+    per_stream_counters,
+    stream_counters,
+)
 from vdet.bench_serve.shards import harness_run, run_shards
 
 
@@ -67,6 +72,38 @@ def test_counters_sum_the_prefixed_streams_over_every_label() -> None:
         "n8-0": StreamCounters(300.0, 297.0, 3.0),
         "n8-1": StreamCounters(0.0, 0.0, 2.0),
     }
+
+
+def _stalls_text(lag: tuple[int, int, int], full: int) -> str:
+    """Loop-lag counts in buckets <= 1 ms, <= 100 ms, above; `full` gen-2 pauses <= 100 ms."""
+    fast, slow, huge = lag
+    return f"""\
+# TYPE vdet_api_event_loop_lag_seconds histogram
+vdet_api_event_loop_lag_seconds_bucket{{le="0.001"}} {fast}.0
+vdet_api_event_loop_lag_seconds_bucket{{le="0.1"}} {fast + slow}.0
+vdet_api_event_loop_lag_seconds_bucket{{le="+Inf"}} {fast + slow + huge}.0
+vdet_api_event_loop_lag_seconds_count {fast + slow + huge}.0
+vdet_api_event_loop_lag_seconds_sum {0.0005 * fast + 0.05 * slow + 3 * huge}
+# TYPE vdet_api_gc_pause_seconds histogram
+vdet_api_gc_pause_seconds_bucket{{generation="2",le="0.001"}} 0.0
+vdet_api_gc_pause_seconds_bucket{{generation="2",le="0.1"}} {full}.0
+vdet_api_gc_pause_seconds_bucket{{generation="2",le="+Inf"}} {full}.0
+vdet_api_gc_pause_seconds_count{{generation="2"}} {full}.0
+vdet_api_gc_pause_seconds_sum{{generation="2"}} {0.08 * full}
+"""
+
+
+def test_api_stalls_are_read_as_bucket_bounds_over_a_window() -> None:
+    before = api_stalls(_stalls_text((100, 0, 0), 1))
+    after = api_stalls(_stalls_text((1090, 10, 0), 3))
+    window = after.minus(before)
+    assert window.loop_lag is not None and window.loop_lag.count == 1000
+    assert window.loop_lag.quantile_bound_s(0.99) == 0.001
+    assert window.loop_lag.max_bound_s() == 0.1
+    assert window.gc_pauses["2"].count == 2 and window.gc_pauses["2"].max_bound_s() == 0.1
+    stuck = api_stalls(_stalls_text((0, 0, 1), 0))
+    assert stuck.loop_lag is not None and stuck.loop_lag.max_bound_s() == float("inf")
+    assert api_stalls(METRICS).loop_lag is None  # a server without the histograms
 
 
 def test_nvidia_smi_lines_are_read_and_the_tree_filters_processes() -> None:

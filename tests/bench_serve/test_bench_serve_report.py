@@ -74,6 +74,16 @@ def _step(n: int, rate: float) -> dict[str, Any]:
             "client_bound": False,
         },
         "remove_seconds": 0.3,
+        "api_stalls": {
+            "loop_lag_samples": 200,
+            "loop_lag_p99_ms": 7.5,
+            "loop_lag_max_ms": 150.0,
+            "loop_lag_mean_ms": 0.4,
+            "gc": {
+                "0": {"count": 900, "total_ms": 90.0, "max_ms": 1.0},
+                "2": {"count": 3, "total_ms": 300.0, "max_ms": 150.0},
+            },
+        },
         "error": None,
     }
 
@@ -187,6 +197,8 @@ def test_serve_results_are_recognised_and_rendered() -> None:
     assert "| vdet paced 16 b1 x8proc mps | 16 |" in markdown and "| last |" in markdown
     assert "0: NVIDIA H200, driver 580" in markdown
     assert "no service): 22.50 fps, inference p50 34.1 ms" in markdown
+    # loop lag p99 / max, mean; GC count / longest by generation (none of generation 1)
+    assert f"| one-process | 8 | 7.5 / 150.0 | 0.40 | 900 / 1.0 | {DASH} | 3 / 150.0 |" in markdown
 
 
 KILL = {

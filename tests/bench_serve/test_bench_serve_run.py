@@ -45,6 +45,7 @@ def test_one_stream_through_a_real_server_and_its_report(
     assert step.counters is not None and step.counters.decoded > 0
     assert step.gpu is None  # no GPU here
     assert not step.bench_client.client_bound
+    assert step.api_stalls is not None and step.api_stalls.loop_lag_samples > 0
 
     assert future.steps == [] and future.environment == {"VDET_WORKERS__PER_GPU": "8"}
     assert future.exit is not None and future.exit.exit_code == 2
