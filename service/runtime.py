@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -55,8 +56,31 @@ def open_detector(settings: Settings, backend: str | None = None, **options: Any
     )
 
 
+# ONNX Runtime sessions of the service's detector on a CPU of 2 cores or more: each stream
+# keeps as many frames in detection at once (see OnnxRuntimeBackend and StreamManager).
+CPU_SESSIONS = 2
+
+
 def default_detector_factory(settings: Settings) -> Detector:
-    return open_detector(settings)
+    """The configured detector; where that is ONNX Runtime (configured, or what `auto` chose)
+    on a CPU of 2 cores or more, with `CPU_SESSIONS` sessions, so that each stream keeps two
+    frames in detection (about 1.3x the frames per second of one frame at a time on 2 cores)."""
+    if settings.backend == "onnxruntime" and _cores() >= CPU_SESSIONS:
+        return open_detector(settings, sessions=CPU_SESSIONS)
+    detector = open_detector(settings)
+    backend = detector.backend
+    if backend.name != "onnxruntime" or backend.parallel_calls > 1 or _cores() < CPU_SESSIONS:
+        return detector
+    # `auto` chose ONNX Runtime: the other backends take no `sessions`, so it could not be
+    # asked for up front. Loading the model again costs a fraction of a second, once.
+    detector.close()
+    reopened = open_detector(settings, "onnxruntime", sessions=CPU_SESSIONS)
+    reopened.backend.selection = backend.selection
+    return reopened
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +197,7 @@ class LocalStreams:
                 defaults=settings.detection,
                 ingest=settings.ingest,
                 gpu=gpu,
+                parallel_frames=detector.parallel_frames,
             )
         except BaseException:
             if gpu is not None:
