@@ -1,11 +1,13 @@
 """`vdet bench pipeline --baseline ultralytics`: vdet against Ultralytics' `predict` on one clip.
 
 The comparison the CPU speed targets are stated in: the same ONNX model file, the same clip,
-both end to end from the file to boxes in source pixels. vdet runs as the service runs a
-stream (`SourceReader` decoding with PyAV, then `Detector.detect`); Ultralytics runs its own
-default streaming `predict` (its OpenCV video loader, its rectangular letterbox, its ONNX Runtime
-backend, its torch NMS). Both use ONNX Runtime's CPU provider with its default thread count (one
-per core): Ultralytics gives no way to set it, so vdet leaves its own at the default too.
+both end to end from the file to boxes in source pixels, both on ONNX Runtime's CPU provider
+with the cores of the machine. vdet runs as `vdet serve` runs a stream on the CPU (`_VdetStream`:
+`SourceReader` decoding with PyAV in a thread of its own, `Detector.detect` with the detector
+`vdet serve` opens, two ONNX Runtime sessions of cores / 2 threads each, two frames in
+detection at once); Ultralytics runs its own default streaming `predict` (its OpenCV video
+loader, its rectangular letterbox, one ONNX Runtime session with ONNX Runtime's default threads,
+one per core, which Ultralytics gives no way to change, one frame at a time, its torch NMS).
 
 On a shared machine two runs one after the other see different loads, so the two pipelines
 alternate in blocks of frames within one run, each keeping its decoder and session between
@@ -18,9 +20,15 @@ AGPL-3.0 and only in the `train` extra: it is imported here, on demand, never by
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import itertools
 import os
+import queue
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +38,8 @@ from vdet.bench import environment, summarize_ms
 from vdet.contract import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET
 from vdet.ingest.reader import DecodeError, SourceReader
 from vdet.pipeline.detector import Detector
-from vdet.types import Detections, FloatArray
+from vdet.runtime import CPU_SESSIONS
+from vdet.types import Detections, FloatArray, ImageArray
 
 # Two detections of one object: same class and at least this IoU.
 MATCH_IOU = 0.5
@@ -68,14 +77,80 @@ def match_count(
     return matched
 
 
-def _vdet_frames(detector: Detector, reader: SourceReader) -> Iterator[Detections]:
-    """vdet's stream path: each decoded frame detected as it comes (batch 1)."""
-    reader.open()
-    for item in reader.frames():
-        if isinstance(item, DecodeError):
-            continue
-        ((detections, _),) = detector.detect([item.image_bgr])
-        yield detections
+class _VdetStream:
+    """vdet's stream path as `vdet serve` runs it on the CPU: a decoding thread ahead of
+    detection (serve's ingest worker), and `parallel_frames` frames in detection at once
+    (serve's pipeline thread and its detection pool), results in frame order.
+
+    Unlike serve's latest-frame mailbox it drops no frame (a bounded queue), so every frame is
+    detected, as Ultralytics does. `block(n)` runs n frames to the end and leaves nothing in
+    detection, and decoding only runs while a block does (at most the one frame it was on
+    finishes after), so the work of one pipeline does not spill into the other's block.
+    """
+
+    def __init__(self, detector: Detector, source: str) -> None:
+        self._detector = detector
+        self._reader = SourceReader(source)
+        self.info = self._reader.open()
+        self._depth = detector.parallel_frames
+        self._frames: queue.Queue[ImageArray | None] = queue.Queue(maxsize=self._depth + 1)
+        self._running = threading.Event()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(self._depth, thread_name_prefix="bench-detect")
+        self._decoder = threading.Thread(target=self._decode, name="bench-decode", daemon=True)
+        self._decoder.start()
+
+    def _decode(self) -> None:
+        try:
+            for item in self._reader.frames():
+                if isinstance(item, DecodeError):
+                    continue
+                while not (self._stop.is_set() or self._running.wait(0.1)):
+                    pass
+                while not self._stop.is_set():
+                    try:
+                        self._frames.put(item.image_bgr, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        finally:
+            self._reader.close()
+            with contextlib.suppress(queue.Full):
+                self._frames.put(None, timeout=1.0)
+
+    def _detect(self, image: ImageArray) -> Detections:
+        ((detections, _),) = self._detector.detect([image])
+        return detections
+
+    def block(self, n: int) -> list[Detections]:
+        """The next n frames' detections (fewer at the end of the clip)."""
+        self._running.set()
+        done: list[Detections] = []
+        in_flight: collections.deque[Future[Detections]] = collections.deque()
+        ended = False
+        try:
+            while len(done) + len(in_flight) < n or in_flight:
+                if not ended and len(in_flight) < self._depth and len(done) + len(in_flight) < n:
+                    image = self._frames.get()
+                    if image is None:
+                        ended = True
+                    else:
+                        in_flight.append(self._pool.submit(self._detect, image))
+                    continue
+                if not in_flight:
+                    break
+                done.append(in_flight.popleft().result())
+        finally:
+            self._running.clear()
+        return done
+
+    def close(self) -> None:
+        self._stop.set()
+        self._running.set()
+        self._pool.shutdown(wait=True)
+        self._decoder.join(timeout=10.0)
 
 
 def _ultralytics_frames(model: Any, source: str) -> Iterator[Detections]:
@@ -130,38 +205,40 @@ def run_pipeline_vs_ultralytics(
     names = ("vdet", "ultralytics")
     seconds: dict[str, list[float]] = {name: [] for name in names}
     found: dict[str, list[Detections]] = {name: [] for name in names}
-    with (
-        Detector.open(model, "onnxruntime", input_shape="rect") as detector,
-        SourceReader(source) as reader,
-    ):
-        streams = {
-            "vdet": _vdet_frames(detector, reader),
-            "ultralytics": _ultralytics_frames(YOLO(str(model), task="detect"), source),
-        }
-        ended = False
-        block_index = 0
-        while not ended and min(len(found[n]) for n in names) < warmup + frames:
-            order = names if block_index % 2 == 0 else names[::-1]
-            block_index += 1
-            for name in order:
-                for _ in range(block):
-                    if len(found[name]) >= warmup + frames:
-                        break
+    # As `vdet serve` opens it on this CPU (vdet.runtime.default_detector_factory).
+    sessions = CPU_SESSIONS if (os.cpu_count() or 1) >= CPU_SESSIONS else 1
+    with Detector.open(model, "onnxruntime", input_shape="rect", sessions=sessions) as detector:
+        vdet = _VdetStream(detector, source)
+        ultralytics = _ultralytics_frames(YOLO(str(model), task="detect"), source)
+        try:
+            ended = False
+            block_index = 0
+            while not ended and min(len(found[n]) for n in names) < warmup + frames:
+                order = names if block_index % 2 == 0 else names[::-1]
+                block_index += 1
+                for name in order:
+                    # Warm-up frames run in blocks of their own, never timed with counted ones.
+                    todo = min(block, warmup + frames - len(found[name]))
+                    if len(found[name]) < warmup:
+                        todo = min(todo, warmup - len(found[name]))
+                    if todo <= 0:
+                        continue
                     started = time.perf_counter()
-                    detections = next(streams[name], None)
+                    if name == "vdet":
+                        got = vdet.block(todo)
+                    else:
+                        got = list(itertools.islice(ultralytics, todo))
                     elapsed = time.perf_counter() - started
-                    if detections is None:
-                        ended = True
-                        break
-                    found[name].append(detections)
-                    if len(found[name]) > warmup:
-                        seconds[name].append(elapsed)
-        for stream in streams.values():
-            stream.close()  # type: ignore[attr-defined]
+                    timed = len(found[name]) >= warmup
+                    found[name].extend(got)
+                    if timed and got:
+                        seconds[name].extend([elapsed / len(got)] * len(got))
+                    ended = ended or len(got) < todo
+        finally:
+            vdet.close()
+            ultralytics.close()  # type: ignore[attr-defined]
         vdet_device = detector.backend.device
-        input_hw = (
-            detector.input_hw((reader.info.width, reader.info.height)) if reader.info else None
-        )
+        input_hw = detector.input_hw((vdet.info.width, vdet.info.height))
 
     counted = min(len(seconds[n]) for n in names)
     fps = {n: round(counted / sum(seconds[n][:counted]), 2) if counted else 0.0 for n in names}
@@ -180,14 +257,15 @@ def run_pipeline_vs_ultralytics(
         "frames": counted,
         "warmup_frames": warmup,
         "block_frames": block,
-        "input_hw_used": list(input_hw) if input_hw else None,
+        "input_hw_used": list(input_hw),
         "threads": {
-            "onnxruntime_intra_op": "default (one per core) in both",
-            "vdet_backend": vdet_device,
+            "vdet": vdet_device,
+            "ultralytics": "onnxruntime default intra-op threads (one per core), one session",
             "torch": torch.get_num_threads(),
             "opencv": cv2.getNumThreads(),
         },
-        "latency_ms": {n: summarize_ms(seconds[n][:counted]) for n in names},
+        # each frame's share of its block's time (blocks of `block_frames`)
+        "ms_per_frame": {n: summarize_ms(seconds[n][:counted]) for n in names},
         "frames_per_s": fps,
         "vdet_over_ultralytics_fps": (
             round(fps["vdet"] / fps["ultralytics"], 3) if fps["ultralytics"] else None

@@ -52,7 +52,7 @@ def test_vdet_and_ultralytics_alternate_and_agree(tmp_path: Path) -> None:
     assert main([*args, "--output", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["frames"] == 6
-    assert result["latency_ms"]["vdet"]["n"] == result["latency_ms"]["ultralytics"]["n"] == 6
+    assert result["ms_per_frame"]["vdet"]["n"] == result["ms_per_frame"]["ultralytics"]["n"] == 6
     assert result["frames_per_s"]["vdet"] > 0 and result["frames_per_s"]["ultralytics"] > 0
     boxes = result["boxes"]
     assert boxes["frames_compared"] == 8 and boxes["ultralytics"] > 0
