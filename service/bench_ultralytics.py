@@ -35,10 +35,11 @@ from typing import Any
 import numpy as np
 
 from vdet.bench import environment, summarize_ms
+from vdet.config import Settings
 from vdet.contract import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET
 from vdet.ingest.reader import DecodeError, SourceReader
 from vdet.pipeline.detector import Detector
-from vdet.runtime import CPU_SESSIONS
+from vdet.runtime import cpu_sessions
 from vdet.types import Detections, FloatArray, ImageArray
 
 # Two detections of one object: same class and at least this IoU.
@@ -206,7 +207,7 @@ def run_pipeline_vs_ultralytics(
     seconds: dict[str, list[float]] = {name: [] for name in names}
     found: dict[str, list[Detections]] = {name: [] for name in names}
     # As `vdet serve` opens it on this CPU (vdet.runtime.default_detector_factory).
-    sessions = CPU_SESSIONS if (os.cpu_count() or 1) >= CPU_SESSIONS else 1
+    sessions = cpu_sessions(Settings())
     with Detector.open(model, "onnxruntime", input_shape="rect", sessions=sessions) as detector:
         vdet = _VdetStream(detector, source)
         ultralytics = _ultralytics_frames(YOLO(str(model), task="detect"), source)

@@ -617,6 +617,14 @@ class Settings(BaseSettings):
         "whose height and width are dynamic); square: always the model's input size. The GPU "
         "path (CUDA graphs, engines) runs the model's input size either way.",
     )
+    cpu_sessions: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="ONNX Runtime on the CPU: sessions of the model, each with its share of "
+        "the cores; each stream keeps this many frames in detection at once (more frames per "
+        "second, more latency per frame). null: 2 where there are 2 cores or more, else 1.",
+    )
     detection: DetectionDefaults = Field(
         default_factory=DetectionDefaults, description="Postprocessing defaults."
     )

@@ -56,25 +56,35 @@ def open_detector(settings: Settings, backend: str | None = None, **options: Any
     )
 
 
-# ONNX Runtime sessions of the service's detector on a CPU of 2 cores or more: each stream
-# keeps as many frames in detection at once (see OnnxRuntimeBackend and StreamManager).
+# ONNX Runtime sessions of the service's detector on a CPU of 2 cores or more, unless
+# `cpu_sessions` says otherwise: each stream keeps as many frames in detection at once (see
+# OnnxRuntimeBackend and StreamManager).
 CPU_SESSIONS = 2
 
 
+def cpu_sessions(settings: Settings) -> int:
+    """ONNX Runtime sessions for `settings`: `cpu_sessions`, else `CPU_SESSIONS` where there
+    are that many cores, else 1."""
+    if settings.cpu_sessions is not None:
+        return settings.cpu_sessions
+    return CPU_SESSIONS if _cores() >= CPU_SESSIONS else 1
+
+
 def default_detector_factory(settings: Settings) -> Detector:
-    """The configured detector; where that is ONNX Runtime (configured, or what `auto` chose)
-    on a CPU of 2 cores or more, with `CPU_SESSIONS` sessions, so that each stream keeps two
-    frames in detection (about 1.3x the frames per second of one frame at a time on 2 cores)."""
-    if settings.backend == "onnxruntime" and _cores() >= CPU_SESSIONS:
-        return open_detector(settings, sessions=CPU_SESSIONS)
+    """The configured detector; where that is ONNX Runtime (configured, or what `auto` chose),
+    with `cpu_sessions` sessions, so that each stream keeps that many frames in detection
+    (two: about 1.3x the frames per second of one frame at a time on 2 cores)."""
+    sessions = cpu_sessions(settings)
+    if settings.backend == "onnxruntime":
+        return open_detector(settings, sessions=sessions)
     detector = open_detector(settings)
     backend = detector.backend
-    if backend.name != "onnxruntime" or backend.parallel_calls > 1 or _cores() < CPU_SESSIONS:
+    if backend.name != "onnxruntime" or backend.parallel_calls == sessions:
         return detector
     # `auto` chose ONNX Runtime: the other backends take no `sessions`, so it could not be
     # asked for up front. Loading the model again costs a fraction of a second, once.
     detector.close()
-    reopened = open_detector(settings, "onnxruntime", sessions=CPU_SESSIONS)
+    reopened = open_detector(settings, "onnxruntime", sessions=sessions)
     reopened.backend.selection = backend.selection
     return reopened
 
