@@ -9,10 +9,13 @@ detection at once); Ultralytics runs its own default streaming `predict` (its Op
 loader, its rectangular letterbox, one ONNX Runtime session with ONNX Runtime's default threads,
 one per core, which Ultralytics gives no way to change, one frame at a time, its torch NMS).
 
-On a shared machine two runs one after the other see different loads, so the two pipelines
-alternate in blocks of frames within one run, each keeping its decoder and session between
-blocks; the ratio is taken over the same stretch of time. Each frame's boxes are matched between
-the two (same class, IoU >= `MATCH_IOU`), so a speed-up that changed what is found shows.
+The same run also measures vdet one frame at a time on one session with ONNX Runtime's default
+threads (`vdet_one_frame`: the stream path before it kept two frames in detection), so the step
+from that to today has its own same-run ratio. On a shared machine two runs one after the other
+see different loads, so the pipelines take turns in blocks of frames within one run, each
+keeping its decoder and sessions between blocks; the ratios are taken over the same stretch of
+time. Each frame's boxes are matched between vdet and Ultralytics (same class, IoU >=
+`MATCH_IOU`), so a speed-up that changed what is found shows.
 
 This module owns that loop and the matching; it must not change either pipeline. Ultralytics is
 AGPL-3.0 and only in the `train` extra: it is imported here, on demand, never by the service.
@@ -203,19 +206,29 @@ def run_pipeline_vs_ultralytics(
             "the Ultralytics baseline needs the train extra: pip install 'vdet[train]'"
         ) from exc
 
-    names = ("vdet", "ultralytics")
+    # "vdet_one_frame": one session with the default threads, one frame at a time: vdet's
+    # stream path before it kept two frames in detection, the step this run also measures.
+    names = ("vdet", "ultralytics", "vdet_one_frame")
     seconds: dict[str, list[float]] = {name: [] for name in names}
     found: dict[str, list[Detections]] = {name: [] for name in names}
     # As `vdet serve` opens it on this CPU (vdet.runtime.default_detector_factory).
     sessions = cpu_sessions(Settings())
-    with Detector.open(model, "onnxruntime", input_shape="rect", sessions=sessions) as detector:
-        vdet = _VdetStream(detector, source)
+    with (
+        Detector.open(model, "onnxruntime", input_shape="rect", sessions=sessions) as detector,
+        Detector.open(model, "onnxruntime", input_shape="rect") as one_frame,
+    ):
+        vdet = {
+            "vdet": _VdetStream(detector, source),
+            "vdet_one_frame": _VdetStream(one_frame, source),
+        }
         ultralytics = _ultralytics_frames(YOLO(str(model), task="detect"), source)
         try:
             ended = False
             block_index = 0
             while not ended and min(len(found[n]) for n in names) < warmup + frames:
-                order = names if block_index % 2 == 0 else names[::-1]
+                # each goes first, second and last in turn
+                shift = block_index % len(names)
+                order = names[shift:] + names[:shift]
                 block_index += 1
                 for name in order:
                     # Warm-up frames run in blocks of their own, never timed with counted ones.
@@ -225,8 +238,8 @@ def run_pipeline_vs_ultralytics(
                     if todo <= 0:
                         continue
                     started = time.perf_counter()
-                    if name == "vdet":
-                        got = vdet.block(todo)
+                    if name in vdet:
+                        got = vdet[name].block(todo)
                     else:
                         got = list(itertools.islice(ultralytics, todo))
                     elapsed = time.perf_counter() - started
@@ -236,10 +249,12 @@ def run_pipeline_vs_ultralytics(
                         seconds[name].extend([elapsed / len(got)] * len(got))
                     ended = ended or len(got) < todo
         finally:
-            vdet.close()
+            for stream in vdet.values():
+                stream.close()
             ultralytics.close()  # type: ignore[attr-defined]
-        vdet_device = detector.backend.device
-        input_hw = detector.input_hw((vdet.info.width, vdet.info.height))
+        devices = {"vdet": detector.backend.device, "vdet_one_frame": one_frame.backend.device}
+        info = vdet["vdet"].info
+        input_hw = detector.input_hw((info.width, info.height))
 
     counted = min(len(seconds[n]) for n in names)
     fps = {n: round(counted / sum(seconds[n][:counted]), 2) if counted else 0.0 for n in names}
@@ -260,7 +275,7 @@ def run_pipeline_vs_ultralytics(
         "block_frames": block,
         "input_hw_used": list(input_hw),
         "threads": {
-            "vdet": vdet_device,
+            **devices,
             "ultralytics": "onnxruntime default intra-op threads (one per core), one session",
             "torch": torch.get_num_threads(),
             "opencv": cv2.getNumThreads(),
@@ -270,6 +285,9 @@ def run_pipeline_vs_ultralytics(
         "frames_per_s": fps,
         "vdet_over_ultralytics_fps": (
             round(fps["vdet"] / fps["ultralytics"], 3) if fps["ultralytics"] else None
+        ),
+        "vdet_one_frame_over_ultralytics_fps": (
+            round(fps["vdet_one_frame"] / fps["ultralytics"], 3) if fps["ultralytics"] else None
         ),
         "boxes": {
             "frames_compared": len(pairs),
