@@ -623,7 +623,9 @@ class Settings(BaseSettings):
         le=16,
         description="ONNX Runtime on the CPU: sessions of the model, each with its share of "
         "the cores; each stream keeps this many frames in detection at once (more frames per "
-        "second, more latency per frame). null: 2 where there are 2 cores or more, else 1.",
+        "second, more latency per frame). null: 2 where there are 2 cores or more, else 1. "
+        "Streams in the API process only; stream worker processes (`workers`) keep one "
+        "session with their share of the cores.",
     )
     detection: DetectionDefaults = Field(
         default_factory=DetectionDefaults, description="Postprocessing defaults."
