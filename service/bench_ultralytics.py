@@ -40,7 +40,7 @@ import numpy as np
 from vdet.bench import environment, summarize_ms
 from vdet.config import Settings
 from vdet.contract import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET
-from vdet.ingest.reader import DecodeError, SourceReader
+from vdet.ingest.reader import DecodeError, SourceReader, StreamInfo
 from vdet.pipeline.detector import Detector
 from vdet.runtime import cpu_sessions
 from vdet.types import Detections, FloatArray, ImageArray
@@ -94,8 +94,11 @@ class _VdetStream:
 
     def __init__(self, detector: Detector, source: str) -> None:
         self._detector = detector
+        # One thread opens, reads and closes the reader, as SourceReader asks: the decoder.
         self._reader = SourceReader(source)
-        self.info = self._reader.open()
+        self._opened = threading.Event()
+        self._open_error: BaseException | None = None
+        self._info: StreamInfo | None = None
         self._depth = detector.parallel_frames
         self._frames: queue.Queue[ImageArray | None] = queue.Queue(maxsize=self._depth + 1)
         self._running = threading.Event()
@@ -103,9 +106,26 @@ class _VdetStream:
         self._pool = ThreadPoolExecutor(self._depth, thread_name_prefix="bench-detect")
         self._decoder = threading.Thread(target=self._decode, name="bench-decode", daemon=True)
         self._decoder.start()
+        self._opened.wait()
+        if self._open_error is not None:
+            self.close()
+            raise self._open_error
+
+    @property
+    def info(self) -> StreamInfo:
+        if self._info is None:
+            raise RuntimeError("the source is not open")
+        return self._info
 
     def _decode(self) -> None:
         try:
+            try:
+                self._info = self._reader.open()
+            except BaseException as exc:
+                self._open_error = exc
+                return
+            finally:
+                self._opened.set()
             for item in self._reader.frames():
                 if isinstance(item, DecodeError):
                     continue
