@@ -26,8 +26,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -221,10 +223,15 @@ def run_pipeline_vs_ultralytics(
         import cv2
         import torch
         from ultralytics import YOLO  # type: ignore[attr-defined]
+        from ultralytics.utils import LOGGER
     except ImportError as exc:
         raise RuntimeError(
             "the Ultralytics baseline needs the train extra: pip install 'vdet[train]'"
         ) from exc
+    # Ultralytics logs to stdout, where `vdet bench` prints the result's JSON.
+    for handler in LOGGER.handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:
+            handler.setStream(sys.stderr)
 
     # "vdet_one_frame": one session with the default threads, one frame at a time: vdet's
     # stream path before it kept two frames in detection, the step this run also measures.
