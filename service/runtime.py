@@ -73,7 +73,7 @@ def cpu_sessions(settings: Settings) -> int:
 def default_detector_factory(settings: Settings) -> Detector:
     """The configured detector; where that is ONNX Runtime (configured, or what `auto` chose),
     with `cpu_sessions` sessions, so that each stream keeps that many frames in detection
-    (two: 1.78x the frames per second of one frame at a time on 2 busy cores, see
+    (two: 1.78-1.87x the frames per second of one frame at a time on 2 busy cores, see
     bench/results/2026-12-03-cpu-vs-ultralytics.md)."""
     sessions = cpu_sessions(settings)
     if settings.backend == "onnxruntime":
