@@ -234,6 +234,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", default=None, help="video (default: the sample clip)")
     p.add_argument("--frames", type=int, default=150)
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument(
+        "--baseline",
+        choices=["ultralytics"],
+        default=None,
+        help="pipeline: also run Ultralytics' predict on the same model and clip, alternating "
+        "with vdet in blocks of frames; frames/s of each, their ratio and box agreement "
+        "(needs the train extra; onnxruntime backend, rect inputs)",
+    )
     p.add_argument("--output", type=Path, default=None)
     from vdet.bench_serve.options import add_arguments as add_serve_arguments
 
@@ -713,7 +721,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
     else:
         source = args.source or str(asset_path("sample.mp4"))
-        if args.input_shape == "both":
+        if args.baseline == "ultralytics":
+            from vdet.bench_ultralytics import run_pipeline_vs_ultralytics
+
+            if args.backend not in ("auto", "onnxruntime") or args.input_shape != "rect":
+                print(
+                    "vdet bench: --baseline ultralytics compares ONNX Runtime on the CPU with "
+                    "rect inputs (Ultralytics' default); drop --backend/--input-shape",
+                    file=sys.stderr,
+                )
+                return 2
+            try:
+                result = run_pipeline_vs_ultralytics(
+                    model, source, frames=args.frames, warmup=args.warmup
+                )
+            except RuntimeError as exc:
+                print(f"vdet bench: {exc}", file=sys.stderr)
+                return 2
+        elif args.input_shape == "both":
             result = run_pipeline_shapes_bench(
                 model=model,
                 backend=args.backend,

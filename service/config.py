@@ -618,6 +618,16 @@ class Settings(BaseSettings):
         "them); square: always the model's input size. On the GPU path a stream's CUDA graph "
         "is captured for its shape and batches hold one shape each (docs/gpu-data-path.md).",
     )
+    cpu_sessions: int | None = Field(
+        default=None,
+        ge=1,
+        le=16,
+        description="ONNX Runtime on the CPU: sessions of the model, each with its share of "
+        "the cores; each stream keeps this many frames in detection at once (more frames per "
+        "second, more latency per frame). null: 2 where there are 2 cores or more, else 1. "
+        "Streams in the API process only; stream worker processes (`workers`) keep one "
+        "session with their share of the cores.",
+    )
     detection: DetectionDefaults = Field(
         default_factory=DetectionDefaults, description="Postprocessing defaults."
     )

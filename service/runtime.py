@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -55,8 +56,42 @@ def open_detector(settings: Settings, backend: str | None = None, **options: Any
     )
 
 
+# ONNX Runtime sessions of the service's detector on a CPU of 2 cores or more, unless
+# `cpu_sessions` says otherwise: each stream keeps as many frames in detection at once (see
+# OnnxRuntimeBackend and StreamManager).
+CPU_SESSIONS = 2
+
+
+def cpu_sessions(settings: Settings) -> int:
+    """ONNX Runtime sessions for `settings`: `cpu_sessions`, else `CPU_SESSIONS` where there
+    are that many cores, else 1."""
+    if settings.cpu_sessions is not None:
+        return settings.cpu_sessions
+    return CPU_SESSIONS if _cores() >= CPU_SESSIONS else 1
+
+
 def default_detector_factory(settings: Settings) -> Detector:
-    return open_detector(settings)
+    """The configured detector; where that is ONNX Runtime (configured, or what `auto` chose),
+    with `cpu_sessions` sessions, so that each stream keeps that many frames in detection
+    (two: 1.78-1.87x the frames per second of one frame at a time on 2 busy cores, see
+    bench/results/2026-12-03-cpu-vs-ultralytics.md)."""
+    sessions = cpu_sessions(settings)
+    if settings.backend == "onnxruntime":
+        return open_detector(settings, sessions=sessions)
+    detector = open_detector(settings)
+    backend = detector.backend
+    if backend.name != "onnxruntime" or backend.parallel_calls == sessions:
+        return detector
+    # `auto` chose ONNX Runtime: the other backends take no `sessions`, so it could not be
+    # asked for up front. Loading the model again costs a fraction of a second, once.
+    detector.close()
+    reopened = open_detector(settings, "onnxruntime", sessions=sessions)
+    reopened.backend.selection = backend.selection
+    return reopened
+
+
+def _cores() -> int:
+    return os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +208,7 @@ class LocalStreams:
                 defaults=settings.detection,
                 ingest=settings.ingest,
                 gpu=gpu,
+                parallel_frames=detector.parallel_frames,
             )
         except BaseException:
             if gpu is not None:

@@ -16,12 +16,14 @@ call it from a thread, never from the event loop.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 from vdet.config import DetectionDefaults, IngestSettings, StreamSpec
@@ -32,7 +34,7 @@ from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.rates import RateMeter
-from vdet.tracking.specs import ZoneSpec
+from vdet.tracking.specs import TrackingSpec, ZoneSpec
 from vdet.tracking.stream_tracking import StreamTracking
 from vdet.tracking.zones import Zone, check_in_frame, resolve_zones
 from vdet.types import (
@@ -52,6 +54,8 @@ log = logging.getLogger(__name__)
 
 # How long the pipeline thread waits for a frame before checking whether it should stop.
 _POLL_S = 0.2
+# ... and, while a frame is in detection, before checking whether its result is ready.
+_IN_FLIGHT_POLL_S = 0.002
 # Counters from the worker are folded into metrics at most this often per stream.
 _METRICS_SYNC_S = 0.5
 
@@ -233,6 +237,17 @@ class _Outgoing:
     tracking: TrackingSummary | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class _InFlight:
+    """A frame taken from its mailbox, its detection (running or done), and the stream's
+    tracking settings when it was taken."""
+
+    frame: DecodedFrame
+    result: Future[tuple[Detections, StageTimings]]
+    tracking: TrackingSpec
+    zones: tuple[Zone, ...]
+
+
 class StreamManager:
     """Owns every stream. Thread-safe; every method may block briefly (see module docstring)."""
 
@@ -248,8 +263,14 @@ class StreamManager:
         ingest: IngestSettings | None = None,
         gpu: GpuSide | None = None,
         clock: Callable[[], float] = time.time,
+        parallel_frames: int = 1,
     ) -> None:
+        if parallel_frames < 1:
+            raise ValueError(f"parallel_frames must be >= 1, got {parallel_frames}")
         self._detector = detector
+        # Frames of one stream in detection at once (the detector's `parallel_frames`): on a
+        # CPU backend with several sessions, the next frame starts before the last one ends.
+        self._parallel_frames = parallel_frames
         self._gpu = gpu
         self._names = tuple(class_names)
         self._hub = hub
@@ -535,52 +556,95 @@ class StreamManager:
             self._metrics.sync_source(stream.spec.id, worker.status(), now=self._clock())
 
     def _run_pipeline(self, stream: _Stream) -> None:
-        """The stream's pipeline thread: mailbox -> detector -> hub + metrics, until stopped."""
-        source_id = stream.spec.id
+        """The stream's pipeline thread: mailbox -> detector -> hub + metrics, until stopped.
+
+        With `parallel_frames` > 1, frames decoded on the CPU go to the detector from a pool of
+        that many threads, so the next frame is taken (and detected) while earlier ones are
+        still in detection; results are tracked and published in the order frames were taken.
+        """
+        depth = self._parallel_frames
+        if depth == 1:
+            self._pipeline_loop(stream, None, 1)
+            return
+        with ThreadPoolExecutor(depth, thread_name_prefix=f"vdet-detect-{stream.spec.id}") as pool:
+            self._pipeline_loop(stream, pool, depth)
+
+    def _pipeline_loop(self, stream: _Stream, pool: ThreadPoolExecutor | None, depth: int) -> None:
+        in_flight: collections.deque[_InFlight] = collections.deque()
         next_sync = 0.0
         while not stream.stop.is_set():
-            frame = stream.mailbox.get(timeout=_POLL_S)
+            if in_flight and (len(in_flight) >= depth or in_flight[0].result.done()):
+                self._finish(stream, in_flight.popleft())
+                continue
+            frame = stream.mailbox.get(timeout=_IN_FLIGHT_POLL_S if in_flight else _POLL_S)
             now = time.monotonic()
             if now >= next_sync:
                 self._sync_stream_metrics(stream)
                 next_sync = now + _METRICS_SYNC_S
             if frame is None:
-                if stream.mailbox.closed:
+                if stream.mailbox.closed and not in_flight:
                     break
                 continue
-            with stream.lock:
-                params, gpu_worker = stream.params, stream.gpu_worker
-                tracking, zones = stream.spec.tracking, stream.zones
+            in_flight.append(self._start_detection(stream, frame, pool))
+
+    def _start_detection(
+        self, stream: _Stream, frame: DecodedFrame, pool: ThreadPoolExecutor | None
+    ) -> _InFlight:
+        """Detect `frame` with the stream's current settings: in `pool` when given and the
+        frame is in host memory, else here and now."""
+        with stream.lock:
+            params, gpu_worker = stream.params, stream.gpu_worker
+            tracking, zones = stream.spec.tracking, stream.zones
+        result: Future[tuple[Detections, StageTimings]]
+        if isinstance(frame, VideoFrame) and pool is not None:
+            result = pool.submit(self._detect_one, frame.image_bgr, params)
+        else:
+            result = Future()
             try:
                 if isinstance(frame, VideoFrame):
-                    ((detections, timings),) = self._detector.detect([frame.image_bgr], params)
+                    result.set_result(self._detect_one(frame.image_bgr, params))
                 elif gpu_worker is not None:
-                    detections, timings = gpu_worker.detect(source_id, frame, params)
+                    result.set_result(gpu_worker.detect(stream.spec.id, frame, params))
                 else:
                     raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU worker")
-                outgoing = _Outgoing(stream, frame, detections, timings)
-                if tracking.enabled:
-                    tracked = stream.tracking.update(
-                        detections, frame.size_wh, frame.arrival_time, tracking.params(), zones
-                    )
-                    outgoing = dataclasses.replace(
-                        outgoing,
-                        detections=tracked.detections,
-                        events=tracked.events,
-                        tracking=tracked.summary,
-                    )
-                else:
-                    stream.tracking.reset()
-            except Exception as exc:  # keep serving: one bad frame must not end the stream
-                error = f"{type(exc).__name__}: {exc}"
-                with stream.lock:
-                    repeated, stream.pipeline_error = stream.pipeline_error == error, error
-                if not repeated:  # a broken model fails every frame: log each new error once
-                    log.exception(
-                        "detection or tracking failed on %s frame %d", source_id, frame.index
-                    )
-                continue
-            self._outbox.put(outgoing)
+            except Exception as exc:
+                result.set_exception(exc)
+        return _InFlight(frame, result, tracking, zones)
+
+    def _detect_one(
+        self, image_bgr: ImageArray, params: PostprocessParams
+    ) -> tuple[Detections, StageTimings]:
+        ((detections, timings),) = self._detector.detect([image_bgr], params)
+        return detections, timings
+
+    def _finish(self, stream: _Stream, item: _InFlight) -> None:
+        """Track a detected frame and hand it to the publisher; log a failure once."""
+        frame, tracking, zones = item.frame, item.tracking, item.zones
+        try:
+            detections, timings = item.result.result()
+            outgoing = _Outgoing(stream, frame, detections, timings)
+            if tracking.enabled:
+                tracked = stream.tracking.update(
+                    detections, frame.size_wh, frame.arrival_time, tracking.params(), zones
+                )
+                outgoing = dataclasses.replace(
+                    outgoing,
+                    detections=tracked.detections,
+                    events=tracked.events,
+                    tracking=tracked.summary,
+                )
+            else:
+                stream.tracking.reset()
+        except Exception as exc:  # keep serving: one bad frame must not end the stream
+            error = f"{type(exc).__name__}: {exc}"
+            with stream.lock:
+                repeated, stream.pipeline_error = stream.pipeline_error == error, error
+            if not repeated:  # a broken model fails every frame: log each new error once
+                log.exception(
+                    "detection or tracking failed on %s frame %d", stream.spec.id, frame.index
+                )
+            return
+        self._outbox.put(outgoing)
 
     def _publish_loop(self) -> None:
         """The publisher thread: results -> hub, snapshot, counts and metrics, in the order

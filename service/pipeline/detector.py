@@ -70,6 +70,12 @@ class Detector:
     def info(self) -> ModelInfo:
         return self.backend.info
 
+    @property
+    def parallel_frames(self) -> int:
+        """How many frames a caller should keep in `detect` at once for the most frames per
+        second: the backend's `parallel_calls`."""
+        return self.backend.parallel_calls
+
     def detect(
         self, images_bgr: Sequence[ImageArray], params: PostprocessParams | None = None
     ) -> list[tuple[Detections, StageTimings]]:

@@ -37,8 +37,10 @@ from ..contract import LetterboxTransform as LetterboxTransform
 from ..contract import rect_input_hw as rect_input_hw
 from ..types import FloatArray, ImageArray
 
-# uint8 -> float32 in [0, 1] by true division; a table lookup reproduces it exactly and is faster.
-_UNIT_FROM_UINT8: FloatArray = np.arange(256, dtype=np.float32) / np.float32(UNIT_SCALE)
+# uint8 -> float32 in [0, 1] by a true float32 division (uint8 converts to float32 exactly, and
+# IEEE division rounds once), written straight into the output: half the time of a table lookup
+# per channel (np.take), with the same bits for all 256 values.
+_UNIT_SCALE_F32 = np.float32(UNIT_SCALE)
 
 
 def letterbox(
@@ -70,16 +72,15 @@ def letterbox(
 
     left, top = transform.pad_x, transform.pad_y
     right, bottom = left + new_w, top + new_h
-    pad = _UNIT_FROM_UINT8[PAD_VALUE]
+    pad = np.float32(PAD_VALUE) / _UNIT_SCALE_F32
     out[:, :top, :] = pad
     out[:, bottom:, :] = pad
     out[:, top:bottom, :left] = pad
     out[:, top:bottom, right:] = pad
     # Channel c of the output is channel 2 - c of the BGR image.
-    # mode="clip" only skips numpy's index buffering; uint8 indices are always in the table.
     for c in range(3):
         interior = out[c, top:bottom, left:right]
-        np.take(_UNIT_FROM_UINT8, resized[:, :, 2 - c], out=interior, mode="clip")
+        np.divide(resized[:, :, 2 - c], _UNIT_SCALE_F32, out=interior, dtype=np.float32)
     return out, transform
 
 

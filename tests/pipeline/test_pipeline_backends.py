@@ -89,6 +89,24 @@ def test_infer_is_thread_safe(write_head_model: HeadModelWriter) -> None:
         np.testing.assert_allclose(raw, expected_rows(batch), rtol=1e-6)
 
 
+def test_sessions_serve_concurrent_calls(write_head_model: HeadModelWriter) -> None:
+    with OnnxRuntimeBackend(mean_model(write_head_model, 2), sessions=2) as backend:
+        assert backend.parallel_calls == 2
+        # the cores shared out: one thread each on 2 cores, at least one anywhere
+        assert "2 sessions x " in backend.device
+        batches = [images(n) for n in (1, 2, 3, 4, 5)] * 4
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            results = list(pool.map(backend.infer, batches))
+    for batch, raw in zip(batches, results, strict=True):
+        np.testing.assert_allclose(raw, expected_rows(batch), rtol=1e-6)
+
+
+@pytest.mark.parametrize("sessions", [0, 65, True, 1.5])
+def test_bad_session_counts(write_head_model: HeadModelWriter, sessions: Any) -> None:
+    with pytest.raises(ValueError, match="sessions"):
+        OnnxRuntimeBackend(mean_model(write_head_model, 1), sessions=sessions)
+
+
 @pytest.mark.parametrize(
     ("batch", "match"),
     [
@@ -132,7 +150,8 @@ def test_backend_describes_itself(write_head_model: HeadModelWriter) -> None:
     with OnnxRuntimeBackend(mean_model(write_head_model, 1), threads=2) as backend:
         assert backend.name == "onnxruntime"
         assert backend.device.startswith("cpu (onnxruntime ")
-        assert "2 threads" in backend.device
+        assert "2 threads" in backend.device and "sessions" not in backend.device
+        assert backend.parallel_calls == 1
         assert "OnnxRuntimeBackend" in repr(backend)
 
 

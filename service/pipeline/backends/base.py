@@ -59,6 +59,13 @@ class InferenceBackend(ABC):
         """
 
     @property
+    def parallel_calls(self) -> int:
+        """How many `infer` calls run at once to good effect: a caller that keeps this many
+        frames in flight (a stream's pipeline) gets more frames per second than one at a time.
+        1: concurrent calls gain nothing (they queue, or share the device anyway)."""
+        return 1
+
+    @property
     def rect_inputs(self) -> bool:
         """Whether `infer` takes inputs smaller than `info.input_hw` (rectangular letterboxes).
         Backends whose graphs or engines fix the shape say no."""
