@@ -46,7 +46,7 @@ from vdet.plugins.loader import (
     load_for_plan,
 )
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 HAVE_TENSORRT = tensorrt_installed()
 A10 = ("NVIDIA A10", "8.6")
 
@@ -54,7 +54,7 @@ A10 = ("NVIDIA A10", "8.6")
 @pytest.fixture
 def demo() -> Path:
     if not DEMO.is_file():
-        pytest.skip("service/assets/demo.onnx is not present")
+        pytest.skip("service/vdet/assets/demo.onnx is not present")
     return DEMO
 
 

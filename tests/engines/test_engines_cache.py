@@ -41,7 +41,7 @@ from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
 from vdet.pipeline.model import file_sha256
 from vdet.types import FloatArray
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
 
 # ---- keys and profiles ----------------------------------------------------------------------
@@ -298,7 +298,7 @@ class GatedBackend(InferenceBackend):
 @pytest.fixture
 def demo() -> Path:
     if not DEMO.is_file():
-        pytest.skip("service/assets/demo.onnx is not present")
+        pytest.skip("service/vdet/assets/demo.onnx is not present")
     return DEMO
 
 

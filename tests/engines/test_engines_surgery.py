@@ -37,7 +37,7 @@ from vdet.engines.surgery import (
 )
 from vdet.pipeline.postprocess import PostprocessParams
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
 pytest.importorskip("onnx_graphsurgeon")
 
@@ -81,7 +81,7 @@ def _half_head_model(path: Path, nc: int = 2) -> Path:
 @pytest.fixture(scope="module")
 def demo_nms(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not DEMO.is_file():
-        pytest.skip("service/assets/demo.onnx is not present")
+        pytest.skip("service/vdet/assets/demo.onnx is not present")
     out = tmp_path_factory.mktemp("surgery") / "demo.nms.onnx"
     add_decode_nms_file(DEMO, out, DecodeNmsAttributes())
     return out

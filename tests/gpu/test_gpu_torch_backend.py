@@ -55,7 +55,7 @@ from vdet.types import ColourMatrix, ColourRange, Detections  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 PARAMS = PostprocessParams()
 SIZES = [(1280, 720), (640, 480)]
 

@@ -48,7 +48,7 @@ from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from vdet.pipeline.backends.tensorrt import TensorRTBackend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
 TENSORRT_ROOT_ENV = "TensorRT_ROOT"  # as plugins/CMakeLists.txt reads it
 
 
