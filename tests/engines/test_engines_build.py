@@ -1,4 +1,4 @@
-"""engines/build.py, plugins/loader.py and `vdet engine` on a machine without TensorRT.
+"""vdet.engines.build, vdet.plugins.loader and `vdet engine` on a machine without TensorRT.
 
 What is tested here is vdet's own logic around TensorRT: which precision/typing a build uses on
 10.x and 11.x, the optimization profile, the engine key of a request (computed from a given

@@ -1,4 +1,4 @@
-"""engines/cache.py on the CPU: engine keys, manifests, refusal and rebuild, background hand-off.
+"""vdet.engines.cache on the CPU: engine keys, manifests, refusal and rebuild, background hand-off.
 
 No TensorRT here. Where a test needs "a build", it uses `write_stand_in_plan`: a real function
 that writes bytes to the plan path the cache hands it, so the cache's own logic (locking, temp

@@ -1,4 +1,4 @@
-"""engines/surgery.py on the CPU: the VdetDecodeNms node after the raw head.
+"""vdet.engines.surgery on the CPU: the VdetDecodeNms node after the raw head.
 
 Checks the rewritten graph the way TensorRT's ONNX parser will read it (op type, plugin_version
 and plugin_namespace strings, field attributes with ONNX INT/FLOAT types, outputs) and that the

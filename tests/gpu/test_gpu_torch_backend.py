@@ -284,7 +284,7 @@ def test_nvdec_frames_through_the_runner(backend: TorchBackend) -> None:
 
 
 def test_runner_with_the_cuda_kernels(backend: TorchBackend) -> None:
-    """The plugins/ kernels (letterbox, decode + NMS) in the same graph, against the torch ops.
+    """The vdet/kernels/ kernels (letterbox, decode + NMS) in the same graph, against the torch ops.
 
     The kernels are tested on their own in test_gpu_kernels.py; here they only have to fit the
     runner: captured once per shape, and detections twins of the reference ops' ones.

@@ -1,4 +1,4 @@
-"""TensorRT itself: engines built by engines/build.py, run by the tensorrt backend.
+"""TensorRT itself: engines built by vdet.engines.build, run by the tensorrt backend.
 
 (This folder is not called tests/tensorrt/: with tests/ on sys.path, as this project's
 conftest puts it, that folder would be importable as a namespace package `tensorrt` and
