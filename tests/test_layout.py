@@ -61,6 +61,14 @@ def test_every_python_folder_is_a_package_the_wheel_ships() -> None:
         assert _module_name(folder / "__init__.py") in found, folder
 
 
+def test_python_and_kernels_live_only_in_the_package() -> None:
+    """A module or kernel left in service/, engines/ or plugins/ (say, by a merge from before the
+    package moved to service/vdet/) would be neither installed nor imported: move it in."""
+    stray = [*(REPO / "service").glob("*.py"), *(REPO / "engines").rglob("*.py")]
+    stray += [*(REPO / "plugins").glob("*.py"), *(REPO / "plugins" / "kernels").glob("*")]
+    assert not stray, [str(p.relative_to(REPO)) for p in stray]
+
+
 @pytest.mark.parametrize("module", [m for m in MODULES if room(m) in FRAME_PATH])
 def test_no_stage_imports_a_later_one(module: str) -> None:
     later = set(FRAME_PATH[FRAME_PATH.index(room(module)) + 1 :])
