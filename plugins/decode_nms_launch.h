@@ -1,4 +1,4 @@
-/* Host-side launch of the decode + NMS kernels (plugins/kernels/decode_nms.cu) from C/C++.
+/* Host-side launch of the decode + NMS kernels (service/vdet/kernels/decode_nms.cu) from C/C++.
  *
  * The TensorRT plugin (vdet_plugin.cpp) calls this; it is the C++ twin of
  * vdet.plugins.ops.GpuOps._decode_nms and decode_nms_layout, which launch the very same kernels

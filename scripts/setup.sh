@@ -13,9 +13,7 @@ if [[ "${1:-}" == "--dev" ]]; then
   # Ultralytics needs torchvision, and PyPI's torchvision only imports beside the matching
   # PyPI torch build: pin the pair (a CPU machine runs it on the CPU).
   python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
-  # strict editable mode links the package into a tree that mypy can follow (package-dir
-  # maps vdet onto service/); re-run this script after adding a module.
-  python -m pip install -q -e ".[dev,train,quant,tensorrt,tensorrt-rtx,eval]" --config-settings editable_mode=strict
+  python -m pip install -q -e ".[dev,train,quant,tensorrt,tensorrt-rtx,eval]"
   # The torch backend's converter, so its CPU tests run here too (the rest of the gpu extra,
   # PyNvVideoCodec and CUDA bindings, only works on a machine with an NVIDIA driver).
   python -m pip install -q "onnx2torch==1.5.15"

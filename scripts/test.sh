@@ -30,8 +30,8 @@ else
 fi
 scripts/setup.sh --dev
 . .venv/bin/activate
-ruff check service engines plugins tests deploy
-ruff format --check service engines plugins tests deploy
+ruff check service plugins tests deploy
+ruff format --check service plugins tests deploy
 mypy -p vdet
 if [[ $stack != 0 ]]; then
   build_status=0

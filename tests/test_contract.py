@@ -209,14 +209,14 @@ def test_header_generator_writes_and_checks(tmp_path: Path) -> None:
 
 def test_c_sources_take_the_numbers_from_the_header() -> None:
     """No C/CUDA source keeps its own copy of a contract number (they include the header)."""
-    plugins = REPO / "plugins"
-    plugin = (plugins / "vdet_plugin.cpp").read_text(encoding="utf-8")
+    plugin = (REPO / "plugins" / "vdet_plugin.cpp").read_text(encoding="utf-8")
     assert '#include "kernels/vdet_contract.h"' in plugin
     for name in ("SCORE_THRESHOLD", "IOU_THRESHOLD", "TOP_K", "MAX_DET", "CLASS_AGNOSTIC"):
         assert f"= VDET_DEFAULT_{name};" in plugin
-    kernels = (plugins / "kernels" / "vdet_kernels.h").read_text(encoding="utf-8")
+    kernel_dir = REPO / "service" / "vdet" / "kernels"
+    kernels = (kernel_dir / "vdet_kernels.h").read_text(encoding="utf-8")
     assert '#include "vdet_contract.h"' in kernels
-    preprocess = (plugins / "kernels" / "preprocess.cuh").read_text(encoding="utf-8")
+    preprocess = (kernel_dir / "preprocess.cuh").read_text(encoding="utf-8")
     for literal in ("114", "128.0f", "255.0f"):
         assert literal not in preprocess
 
@@ -237,10 +237,10 @@ def _vdet_closure(root: str) -> set[str]:
     return seen - {root}
 
 
-# Every module of vdet.plugins (plugins/*.py; plugins/tests/ is not part of the package).
+# Every module of vdet.plugins (service/vdet/plugins/*.py).
 KERNEL_LAYER = sorted(
     "vdet.plugins" if path.stem == "__init__" else f"vdet.plugins.{path.stem}"
-    for path in (REPO / "plugins").glob("*.py")
+    for path in (REPO / "service" / "vdet" / "plugins").glob("*.py")
 )
 
 

@@ -36,7 +36,7 @@ from vdet.placement import PlacementError  # noqa: E402
 from vdet.streams import StreamManager  # noqa: E402
 from vdet.types import DetectionResult  # noqa: E402
 
-DEMO = Path(__file__).resolve().parents[1] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets" / "demo.onnx"
 
 
 @pytest.fixture(scope="module")

@@ -35,8 +35,8 @@ from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions  # noqa: E40
 from vdet.pipeline.postprocess import PostprocessParams  # noqa: E402
 from vdet.types import Detections  # noqa: E402
 
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 THRESHOLDS = (0.1, 0.25, 0.4, 0.5)
 LOW = PostprocessParams(conf_threshold=min(THRESHOLDS))
 

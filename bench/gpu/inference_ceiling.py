@@ -32,7 +32,7 @@ from vdet.pipeline.gpu_runner import BatchedGraphRunner, RunnerOptions  # noqa: 
 from vdet.pipeline.postprocess import PostprocessParams  # noqa: E402
 from vdet.types import ColourMatrix, ColourRange  # noqa: E402
 
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
 PARAMS = PostprocessParams()
 
 

@@ -42,7 +42,7 @@ from vdet.plugins import launch
 from vdet.plugins.ops import GpuOps, decode_nms_workspace_bytes, yuv_coefficients
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 
 
 def stats(samples_ms: list[float]) -> dict[str, float]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 
 
 def _cpu() -> float:

@@ -60,8 +60,8 @@ from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import ColourMatrix, ColourRange
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 PARAMS = PostprocessParams()
 INPUT_HW = (640, 640)
 FRAME_WH = (1920, 1080)

@@ -24,15 +24,12 @@ started=$SECONDS
   fi
   if ! python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \
       --target "$SITE" .; then
-    # pip could not build here: lay the package out by hand (pyproject's package-dir mapping).
-    echo "pip install of vdet failed; linking the source tree instead"
-    mkdir -p "$SITE/vdet"
-    for f in service/*; do ln -sfn "$PWD/$f" "$SITE/vdet/$(basename "$f")"; done
-    ln -sfn "$PWD/engines" "$SITE/vdet/engines"
-    ln -sfn "$PWD/plugins" "$SITE/vdet/plugins"
+    # pip could not build here: import vdet from the checkout (service/ holds the package).
+    echo "pip install of vdet failed; importing it from service/ instead"
+    source_path=:$PWD/service
   fi
 } >"$OUT/install.log" 2>&1
-export PYTHONPATH=$SITE
+export PYTHONPATH=$SITE${source_path:-}
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   python3 -c "import sys, torch, cuda.bindings, cv2, numpy, pytest; print(sys.version); \
@@ -40,7 +37,7 @@ print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, 'c
 'numpy', numpy.__version__, 'pytest', pytest.__version__)"
   python3 -c "import av; print('av', av.__version__)"
   python3 -c "import vdet.plugins.ops as o; print('vdet kernels at', o.__file__)"
-  ls "$SITE/vdet/plugins/kernels"
+  python3 -c "from vdet.plugins.launch import kernel_sources as k; print(*sorted(k()))"
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

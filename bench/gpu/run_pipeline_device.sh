@@ -24,14 +24,12 @@ WHEELS=${VDET_WHEELS:-.whl}
   fi
   if ! python3 -m pip install -q --no-deps --no-build-isolation --no-compile --upgrade \
       --target "$SITE" .; then
-    echo "pip install of vdet failed; linking the source tree instead"
-    mkdir -p "$SITE/vdet"
-    for f in service/*; do ln -sfn "$PWD/$f" "$SITE/vdet/$(basename "$f")"; done
-    ln -sfn "$PWD/engines" "$SITE/vdet/engines"
-    ln -sfn "$PWD/plugins" "$SITE/vdet/plugins"
+    # pip could not build here: import vdet from the checkout (service/ holds the package).
+    echo "pip install of vdet failed; importing it from service/ instead"
+    source_path=:$PWD/service
   fi
 } >"$OUT/install_pipeline.log" 2>&1
-export PYTHONPATH=$SITE
+export PYTHONPATH=$SITE${source_path:-}
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import sys, torch, onnxruntime, cv2; print(sys.version); \

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 LATENCY_SAMPLES_KEPT = 2000
 _LAUNCH_STAGGER_S = 0.5  # between the processes of a run split over several
 

@@ -40,7 +40,7 @@ from vdet.ingest.nvdec import NvdecDecoder, decode_file
 from vdet.pipeline.postprocess import PostprocessParams
 
 ROOT = Path(__file__).resolve().parents[2]
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 
 
 def _measure(call: Any, n: int) -> dict[str, float]:

@@ -20,19 +20,18 @@ a hand-computed head), then every case below through `--raw`, compared image by 
 every value was bit-identical). The first harness also times enqueue on --time-case.
 
 Exit status: 0 when everything passed, 1 on any mismatch or harness failure, 2 on a usage error.
-Needs numpy and vdet's source tree (imported from the repository when vdet is not installed).
+Needs numpy and vdet: installed, or this checkout's with `PYTHONPATH=service` (its folder
+service/vdet/ is the package).
 The same comparison as tests/engines/test_engines_plugin_emulated.py, on more and larger cases.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
 import time
-import types
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -49,28 +48,13 @@ Reference = Callable[[FloatArray, Any], tuple[Any, Any]]
 
 
 def _import_reference() -> tuple[type, Reference]:
-    """PostprocessParams and decode_and_nms_image, from an installed vdet or the source tree."""
+    """PostprocessParams and decode_and_nms_image (NumPy only: no OpenCV, no GPU packages)."""
     try:
         from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
-    except ImportError:
-        if "vdet" in sys.modules:
-            raise
-        # The source tree's layout (pyproject's package-dir): vdet is service/.
-        spec = importlib.util.spec_from_file_location(
-            "vdet",
-            ROOT / "service" / "__init__.py",
-            submodule_search_locations=[str(ROOT / "service")],
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["vdet"] = module
-        spec.loader.exec_module(module)
-        if importlib.util.find_spec("cv2") is None:
-            # vdet.pipeline.preprocess imports OpenCV at module level; postprocess never calls
-            # it. An empty module lets the import through; any use of it would raise.
-            print("note: OpenCV is not installed; importing postprocess without it", flush=True)
-            sys.modules["cv2"] = types.ModuleType("cv2")
-        from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
+    except ImportError as error:
+        raise SystemExit(
+            f"cannot import vdet ({error}): install it, or run with PYTHONPATH={ROOT / 'service'}"
+        ) from error
     return PostprocessParams, decode_and_nms_image
 
 

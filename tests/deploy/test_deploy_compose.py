@@ -125,7 +125,7 @@ def test_deployed_vdet_config_is_valid_and_watches_the_demo_camera(
 def test_camera_loops_the_bundled_clip_on_the_path_vdet_reads(effective: dict[str, Any]) -> None:
     camera = effective["services"]["camera"]
     assert camera["image"].startswith("bluenviron/mediamtx:") and "ffmpeg" in camera["image"]
-    assert f"{REPO}/service/assets/sample.mp4:/media/sample.mp4:ro" in camera["volumes"]
+    assert f"{REPO}/service/vdet/assets/sample.mp4:/media/sample.mp4:ro" in camera["volumes"]
     mediamtx = yaml.safe_load((REPO / "deploy" / "camera" / "mediamtx.yml").read_text())
     command = mediamtx["paths"]["demo"]["runOnInit"]
     assert "-stream_loop -1" in command and "-i /media/sample.mp4" in command

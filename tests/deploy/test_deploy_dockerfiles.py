@@ -148,7 +148,8 @@ def test_build_context_holds_every_file_the_dockerfile_copies(variant: str) -> N
             assert (REPO / source).exists(), source
             assert dockerignore_keeps(patterns, source.rstrip("/")), f"{source} is ignored"
     assert not dockerignore_keeps(patterns, ".venv/bin/python")
-    assert not dockerignore_keeps(patterns, "service/__pycache__/cli.cpython-311.pyc")
+    assert not dockerignore_keeps(patterns, "service/vdet/__pycache__/cli.cpython-311.pyc")
+    assert not dockerignore_keeps(patterns, "service/vdet.egg-info/PKG-INFO")
 
 
 @pytest.mark.slow
@@ -195,5 +196,9 @@ def test_cpu_build_stage_makes_a_wheel_with_the_model_and_clip_inside(tmp_path: 
         "vdet/cli.py",
         "vdet/placement.py",
         "vdet/api/app.py",
+        "vdet/engines/build.py",
+        "vdet/plugins/launch.py",
+        "vdet/kernels/decode_nms.cu",
+        "vdet/kernels/vdet_contract.h",
     ):
         assert needed in names, needed

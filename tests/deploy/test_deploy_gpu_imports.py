@@ -64,7 +64,7 @@ def missing_imports(run: str) -> dict[str, set[str]]:
     extras, packages = pip_install_targets(run)
     provided = provided_distributions(vdet_requirements(extras) | packages)
     imported = third_party_imports(GPU_PATH)
-    # engines/library.py imports the engine library by the name it holds, not a literal.
+    # vdet.engines.library imports the engine library by the name it holds, not a literal.
     imported.setdefault(TENSORRT_RTX.module, set()).add("vdet.engines.library")
     missing = {}
     for name, importers in imported.items():
@@ -91,7 +91,7 @@ def test_the_gpu_libraries_are_imported_at_build_time_too() -> None:
     assert "from cuda.bindings import driver, nvrtc, runtime" in check
     imported = third_party_imports(GPU_PATH)
     for name in ("torch", "onnx2torch", "PyNvVideoCodec", "cuda", "tensorrt_rtx_bindings"):
-        if name != "tensorrt_rtx_bindings":  # loaded by name through engines/library.py
+        if name != "tensorrt_rtx_bindings":  # loaded by name through vdet.engines.library
             assert name in imported, f"the GPU path no longer imports {name}?"
 
 

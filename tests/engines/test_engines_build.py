@@ -1,4 +1,4 @@
-"""engines/build.py, plugins/loader.py and `vdet engine` on a machine without TensorRT.
+"""vdet.engines.build, vdet.plugins.loader and `vdet engine` on a machine without TensorRT.
 
 What is tested here is vdet's own logic around TensorRT: which precision/typing a build uses on
 10.x and 11.x, the optimization profile, the engine key of a request (computed from a given
@@ -47,7 +47,7 @@ from vdet.plugins.loader import (
     load_for_plan,
 )
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 HAVE_TENSORRT = tensorrt_installed()
 A10 = ("NVIDIA A10", "8.6")
 
@@ -55,7 +55,7 @@ A10 = ("NVIDIA A10", "8.6")
 @pytest.fixture
 def demo() -> Path:
     if not DEMO.is_file():
-        pytest.skip("service/assets/demo.onnx is not present")
+        pytest.skip("service/vdet/assets/demo.onnx is not present")
     return DEMO
 
 

@@ -1,4 +1,4 @@
-"""engines/cache.py on the CPU: engine keys, manifests, refusal and rebuild, background hand-off.
+"""vdet.engines.cache on the CPU: engine keys, manifests, refusal and rebuild, background hand-off.
 
 No TensorRT here. Where a test needs "a build", it uses `write_stand_in_plan`: a real function
 that writes bytes to the plan path the cache hands it, so the cache's own logic (locking, temp
@@ -41,7 +41,7 @@ from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
 from vdet.pipeline.model import file_sha256
 from vdet.types import FloatArray
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
 
 # ---- keys and profiles ----------------------------------------------------------------------
@@ -320,7 +320,7 @@ class GatedBackend(InferenceBackend):
 @pytest.fixture
 def demo() -> Path:
     if not DEMO.is_file():
-        pytest.skip("service/assets/demo.onnx is not present")
+        pytest.skip("service/vdet/assets/demo.onnx is not present")
     return DEMO
 
 

@@ -37,6 +37,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "plugins"
+# The plugin includes the kernel sources as "kernels/...": they are package data of vdet.
+PACKAGE = ROOT / "service" / "vdet"
 # The same variable plugins/CMakeLists.txt reads: the prefix whose include/ has TensorRT's headers.
 TENSORRT_ROOT_ENV = "TensorRT_ROOT"
 
@@ -62,8 +64,8 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trt_include, cuda_include = _tensorrt_include(), _cuda_include()
     if cxx is None or trt_include is None or cuda_include is None:
         pytest.skip("needs g++, TensorRT headers ($TensorRT_ROOT/include) and CUDA headers")
-    if not (PLUGINS / "kernels" / "decode_nms.cu").is_file():
-        pytest.skip("plugins/kernels/ (the decode + NMS kernels) is not present")
+    if not (PACKAGE / "kernels" / "decode_nms.cu").is_file():
+        pytest.skip("service/vdet/kernels/ (the decode + NMS kernels) is not present")
     try:
         from gpu.gpu_emulator import build_emulator  # tests/gpu, the kernels' CPU emulator
     except ImportError:
@@ -73,7 +75,8 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     binary = work / "vdet_plugin_harness_emulated"
     command = [
         cxx, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-DVDET_LAUNCH_EMULATION",
-        "-isystem", str(trt_include), "-isystem", str(cuda_include), f"-I{PLUGINS}",
+        "-isystem", str(trt_include), "-isystem", str(cuda_include),
+        f"-I{PLUGINS}", f"-I{PACKAGE}",
         str(PLUGINS / "tests" / "plugin_harness.cpp"), str(PLUGINS / "vdet_plugin.cpp"),
         str(PLUGINS / "decode_nms_launch.cpp"), str(emulator), f"-Wl,-rpath,{emulator.parent}",
         "-o", str(binary),
@@ -198,8 +201,9 @@ def launcher(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     library = work / "liblauncher.so"
     command = [
         cxx, "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
-        "-DVDET_LAUNCH_EMULATION", f"-I{PLUGINS}", str(PLUGINS / "decode_nms_launch.cpp"),
-        str(emulator), f"-Wl,-rpath,{emulator.parent}", "-o", str(library),
+        "-DVDET_LAUNCH_EMULATION", f"-I{PLUGINS}", f"-I{PACKAGE}",
+        str(PLUGINS / "decode_nms_launch.cpp"), str(emulator), f"-Wl,-rpath,{emulator.parent}",
+        "-o", str(library),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

@@ -48,8 +48,8 @@ trt = TENSORRT_RTX.load()
 VERSION = str(trt.__version__)
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 A10 = GpuIdentity("NVIDIA A10", "8.6")
 H200 = GpuIdentity("NVIDIA H200", "9.0")
 

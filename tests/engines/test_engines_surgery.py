@@ -1,4 +1,4 @@
-"""engines/surgery.py on the CPU: the VdetDecodeNms node after the raw head.
+"""vdet.engines.surgery on the CPU: the VdetDecodeNms node after the raw head.
 
 Checks the rewritten graph the way TensorRT's ONNX parser will read it (op type, plugin_version
 and plugin_namespace strings, field attributes with ONNX INT/FLOAT types, outputs) and that the
@@ -37,7 +37,7 @@ from vdet.engines.surgery import (
 )
 from vdet.pipeline.postprocess import PostprocessParams
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
 pytest.importorskip("onnx_graphsurgeon")
 
@@ -81,7 +81,7 @@ def _half_head_model(path: Path, nc: int = 2) -> Path:
 @pytest.fixture(scope="module")
 def demo_nms(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not DEMO.is_file():
-        pytest.skip("service/assets/demo.onnx is not present")
+        pytest.skip("service/vdet/assets/demo.onnx is not present")
     out = tmp_path_factory.mktemp("surgery") / "demo.nms.onnx"
     add_decode_nms_file(DEMO, out, DecodeNmsAttributes())
     return out

@@ -1,6 +1,6 @@
 """A `vdet.plugins.launch.Backend` that runs the CUDA kernels on the CPU, for tests.
 
-`build_emulator` compiles plugins/kernels/*.cu with g++ against tests/gpu/emulator/emu.h (a
+`build_emulator` compiles service/vdet/kernels/*.cu with g++ against tests/gpu/emulator/emu.h (a
 fiber-per-thread emulation of blocks, barriers and warp intrinsics) into a shared library;
 `EmuBackend` launches through it with the same arguments the CUDA backend passes to
 cuLaunchKernel. "Device" memory is host memory: tensors are NumPy arrays. Scratch allocations

@@ -19,8 +19,8 @@ from gpu_emulator import EmuBackend, build_emulator, compiler
 from vdet.plugins.launch import CudaUnavailableError
 from vdet.plugins.ops import GpuOps
 
-SAMPLE_CLIP = Path(__file__).parents[2] / "service" / "assets" / "sample.mp4"
-DEMO_MODEL = Path(__file__).parents[2] / "service" / "assets" / "demo.onnx"
+SAMPLE_CLIP = Path(__file__).parents[2] / "service" / "vdet" / "assets" / "sample.mp4"
+DEMO_MODEL = Path(__file__).parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
 
 @dataclass

@@ -12,7 +12,7 @@ H.264 and HEVC decoding is bit exact, so NVDEC must reproduce every hash.
 Clips: `bframes.mp4` (H.264 with 2 B-frames: decode order != display order), `switch.h264`
 (raw Annex B: 24 frames at 320x240, then a new SPS and 24 frames at 176x144; `packets` gives
 each access unit's size), `hevc.mp4` (HEVC, no B-frames), and the service's own
-service/assets/sample.mp4 (1080p H.264, IPPP, 300 frames; only its reference is written).
+service/vdet/assets/sample.mp4 (1080p H.264, IPPP, 300 frames; only its reference is written).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import av
 import numpy as np
 
 DATA = Path(__file__).resolve().parent / "data"
-SAMPLE = Path(__file__).resolve().parents[2] / "service" / "assets" / "sample.mp4"
+SAMPLE = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "sample.mp4"
 
 
 def _image(i: int, width: int, height: int) -> np.ndarray:

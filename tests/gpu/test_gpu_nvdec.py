@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "gpu" / "data"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 REFERENCE = json.loads((DATA / "reference.json").read_text())
 
 

@@ -48,8 +48,8 @@ from vdet.types import DetectionResult  # noqa: E402
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 RECALL_FLOOR = 0.85  # a broken mapping scores near 0 (module docstring)
 
 

@@ -56,7 +56,7 @@ from vdet.types import ColourMatrix, ColourRange, Detections  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 PARAMS = PostprocessParams()
 SIZES = [(1280, 720), (640, 480)]
 
@@ -286,7 +286,7 @@ def test_nvdec_frames_through_the_runner(backend: TorchBackend) -> None:
 
 
 def test_runner_with_the_cuda_kernels(backend: TorchBackend) -> None:
-    """The plugins/ kernels (letterbox, decode + NMS) in the same graph, against the torch ops.
+    """The vdet/kernels/ kernels (letterbox, decode + NMS) in the same graph, against the torch ops.
 
     The kernels are tested on their own in test_gpu_kernels.py; here they only have to fit the
     runner: captured once per shape, and detections twins of the reference ops' ones.

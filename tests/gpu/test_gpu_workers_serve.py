@@ -42,8 +42,8 @@ from vdet.bench_serve.gpu_memory import read_gpu_memory  # noqa: E402
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 STREAMS = ("g0", "g1", "g2", "g3")
 
 

@@ -40,7 +40,7 @@ from vdet.types import ColourMatrix, ColourRange, VideoFrame
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "gpu" / "data"
-SAMPLE = ROOT / "service" / "assets" / "sample.mp4"
+SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 REFERENCE = json.loads((DATA / "reference.json").read_text())
 
 

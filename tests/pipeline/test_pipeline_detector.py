@@ -105,7 +105,7 @@ def test_raw_head_matches_torch(yolov8n_export: YoloExporter) -> None:
     np.testing.assert_allclose(raw, reference, rtol=1e-3, atol=1e-3)
 
 
-ASSETS = Path(__file__).resolve().parents[2] / "service" / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets"
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ def test_demo_model_matches_ultralytics_predict(input_shape: InputShape) -> None
     with rectangular inputs (Ultralytics' default for dynamic ONNX models) and square ones."""
     model_path, clip_path = ASSETS / "demo.onnx", ASSETS / "sample.mp4"
     if not (model_path.is_file() and clip_path.is_file()):
-        pytest.skip("service/assets/demo.onnx and sample.mp4 are not present")
+        pytest.skip("service/vdet/assets/demo.onnx and sample.mp4 are not present")
     ultralytics = pytest.importorskip("ultralytics")
     av = pytest.importorskip("av")
     with av.open(str(clip_path)) as container:

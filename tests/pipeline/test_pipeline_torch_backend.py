@@ -23,7 +23,7 @@ from vdet.pipeline.backends import create_backend, known_backends
 from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
 from vdet.pipeline.backends.torch import TorchBackend, load_onnx_network
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
 
 @pytest.fixture(scope="module")

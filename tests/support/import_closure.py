@@ -21,12 +21,8 @@ from pathlib import Path
 
 from support.tools import REPO
 
-# vdet's package-dir mapping (pyproject.toml [tool.setuptools]).
-PACKAGE_DIRS = {
-    "vdet.engines": REPO / "engines",
-    "vdet.plugins": REPO / "plugins",
-    "vdet": REPO / "service",
-}
+# The folder that holds the import package vdet (src layout: a module's path is its name).
+SOURCE_ROOT = REPO / "service"
 
 # Import names whose distributions cannot be installed where the tests run (they need an NVIDIA
 # driver), so their metadata is not there to ask.
@@ -39,14 +35,12 @@ def normalize(name: str) -> str:
 
 def module_file(module: str) -> Path | None:
     """The source file of a vdet module, or None when `module` is not one."""
-    for prefix, folder in PACKAGE_DIRS.items():
-        if module == prefix or module.startswith(prefix + "."):
-            rest = module[len(prefix) :].lstrip(".").split(".") if module != prefix else []
-            base = folder.joinpath(*rest) if rest else folder
-            for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-                if candidate.is_file():
-                    return candidate
-            return None
+    if module != "vdet" and not module.startswith("vdet."):
+        return None
+    base = SOURCE_ROOT.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
     return None
 
 

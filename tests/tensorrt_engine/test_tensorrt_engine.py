@@ -1,4 +1,4 @@
-"""TensorRT itself: engines built by engines/build.py, run by the tensorrt backend.
+"""TensorRT itself: engines built by vdet.engines.build, run by the tensorrt backend.
 
 (This folder is not called tests/tensorrt/: with tests/ on sys.path, as this project's
 conftest puts it, that folder would be importable as a namespace package `tensorrt` and
@@ -48,7 +48,7 @@ from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from vdet.pipeline.backends.tensorrt import TensorRTBackend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "service" / "assets" / "demo.onnx"
+DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
 TENSORRT_ROOT_ENV = "TensorRT_ROOT"  # as plugins/CMakeLists.txt reads it
 
 

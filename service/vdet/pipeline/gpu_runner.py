@@ -13,8 +13,8 @@ vdet_inference_eager_fallbacks_total) and the first failure is logged.
 `BatchedGraphRunner` is the throughput variant: up to K ready frames of any sources are
 preprocessed into one static batch and a single batch-K graph runs network + NMS + copy.
 
-The ops come from outside (`PreprocessFn`, `DecodeNmsFn` from gpu_ops or the CUDA kernels in
-plugins/), and so does the network: this module must not load models, decode video or know
+The ops come from outside (`PreprocessFn`, `DecodeNmsFn` from gpu_ops or the CUDA kernels of
+vdet.plugins), and so does the network: this module must not load models, decode video or know
 which thread calls it (each runner serialises its own calls).
 """
 

@@ -18,7 +18,7 @@ Anything else that needs one of these numbers imports it from here; a literal co
 second source that can drift. docs/conventions.md states the rules in prose for kernel authors.
 
 C and CUDA cannot import Python, so their copy is generated: `vdet.plugins.contract_header`
-writes plugins/kernels/vdet_contract.h from this module, the kernels and the TensorRT plugin
+writes vdet/kernels/vdet_contract.h from this module, the kernels and the TensorRT plugin
 include it, and a test fails when the committed header differs from what the generator writes
 now. A generated header was chosen over a test that parses hand-written C++ literals because the
 C side then holds no number of its own to keep in step: changing a value here and re-running the

@@ -276,7 +276,7 @@ GPU_SCRIPTS = {"kernels": "kernels.py", "gpu-pipeline": "pipeline.py", "streams"
 
 def gpu_script(scenario: str) -> Path:
     """The GPU benchmark script of a scenario, from the source checkout vdet runs from."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # service/vdet/bench.py -> the checkout
     script = root / "bench" / "gpu" / GPU_SCRIPTS[scenario]
     if not script.is_file():
         raise FileNotFoundError(

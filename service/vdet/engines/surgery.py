@@ -13,7 +13,8 @@ TensorRT's ONNX parser imports a node whose op it does not know through the plug
 the op type is the plugin name, and the string attributes `plugin_version` and
 `plugin_namespace` select the creator (onnx-tensorrt's FallbackPluginImporter). Every other
 attribute whose name the creator lists becomes a PluginField (ONNX INT -> kINT32, FLOAT ->
-kFLOAT32). The plugin (plugins/tensorrt/, C++) must agree with the names and types here.
+kFLOAT32). The plugin (C++, plugins/ of the repository) must agree with the names and types
+here.
 
 The decode and NMS rules are docs/conventions.md's. What the plugin cannot do: a class filter
 (it is per stream; apply it to the plugin's output) and per-stream thresholds other than the

@@ -6,11 +6,11 @@ launch needs, and reference implementations of both ops written with plain torch
 RGB coefficients, the pad value and the letterbox geometry they use are vdet.contract's. The
 references run on any device (CPU included, which is how they are tested against the CPU
 pipeline) and are capturable in a CUDA graph: fixed shapes, no host synchronisation, no host ->
-device copies once `prepare_decode_nms` has run outside capture. The CUDA kernels in plugins/
+device copies once `prepare_decode_nms` has run outside capture. The CUDA kernels (vdet.plugins)
 implement the same callables; the runner takes whichever it is given. This module must not know
 about streams of sources, caches of graphs or models.
 
-Preprocess contract (NV12 in, as the kernels in plugins/kernels/preprocess.cuh specify it):
+Preprocess contract (NV12 in, as the kernels in vdet/kernels/preprocess.cuh specify it):
 each source pixel is converted with its nearest chroma sample (the 2 x 2 block's U, V) by
 ``y = (Y - y_offset) * y_scale; u = U - 128; v = V - 128; R = y + r_v * v;
 G = (y - g_u * u) - g_v * v; B = y + b_u * u``, each product and sum rounded to float32, then

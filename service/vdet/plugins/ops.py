@@ -1,4 +1,4 @@
-"""GPU letterbox preprocess and decode + NMS: the kernels of plugins/kernels/ as typed calls.
+"""GPU letterbox preprocess and decode + NMS: the kernels of vdet/kernels/ as typed calls.
 
 This module owns the host half of each kernel: validating the caller's tensors, the per-frame
 letterbox geometry (`compute_letterbox` on the host, passed to the device as integers, per

@@ -46,7 +46,7 @@ from vdet.evaluation import EvalReport, evaluate
 from vdet.pipeline.detector import Detector
 from vdet.pipeline.model import load_model_info
 
-DEMO_MODEL = Path(__file__).resolve().parent.parent / "service" / "assets" / "demo.onnx"
+DEMO_MODEL = Path(__file__).resolve().parents[1] / "assets" / "demo.onnx"
 
 
 @dataclass(frozen=True)

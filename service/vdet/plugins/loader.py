@@ -3,11 +3,11 @@
 This module owns where the library is looked for, the message that says how to build it when it
 is missing, and registering it with TensorRT once per process (before an ONNX with the plugin
 node is parsed, or an engine built from one is deserialized). It must not build the library:
-that is CMake's job (plugins/CMakeLists.txt, docs/tensorrt.md).
+that is CMake's job, from a source checkout (plugins/CMakeLists.txt, docs/tensorrt.md; the
+installed package carries the kernels the plugin compiles, not its C++).
 
-Search order: an explicit path (a file, or a folder holding the library); $PLUGIN_DIR (set by
-the GPU image, deploy/Dockerfile.gpu); the CMake build folders of a source checkout
-(build/plugins/, plugins/build/); this package's folder.
+Search order: an explicit path (a file, or a folder holding the library); $PLUGIN_DIR; the CMake
+build folders of a source checkout (build/plugins/, plugins/build/); this package's folder.
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ PLUGIN_NAMESPACE = "vdet"
 PLUGIN_DIR_ENV = "PLUGIN_DIR"
 
 PLUGINS_DIR = Path(__file__).resolve().parent
-_REPO_ROOT = PLUGINS_DIR.parent
+# In a source checkout this file is service/vdet/plugins/loader.py: the repository root, whose
+# plugins/ folder holds the library's C++ and CMake build.
+_REPO_ROOT = PLUGINS_DIR.parents[2]
+PLUGIN_SOURCE_DIR = _REPO_ROOT / "plugins"
 
 _lock = threading.Lock()
 _loaded: dict[Path, Any] = {}  # resolved library path -> TensorRT's library handle
@@ -46,16 +49,18 @@ def candidate_paths(explicit: str | os.PathLike[str] | None = None) -> list[Path
         candidates.append(Path(env_dir) / LIBRARY_NAME)
     candidates += [
         _REPO_ROOT / "build" / "plugins" / LIBRARY_NAME,
-        PLUGINS_DIR / "build" / LIBRARY_NAME,
+        PLUGIN_SOURCE_DIR / "build" / LIBRARY_NAME,
         PLUGINS_DIR / LIBRARY_NAME,
     ]
     return candidates
 
 
 def build_command() -> str:
-    """The commands that build the library from this checkout (or installed package)."""
+    """The commands that build the library from this checkout (or from a vdet source checkout)."""
+    checkout = (PLUGIN_SOURCE_DIR / "CMakeLists.txt").is_file()
+    source = PLUGIN_SOURCE_DIR if checkout else "<vdet source checkout>/plugins"
     return (
-        f"cmake -S {PLUGINS_DIR} -B build/plugins -DTensorRT_ROOT=<TensorRT prefix, /usr in "
+        f"cmake -S {source} -B build/plugins -DTensorRT_ROOT=<TensorRT prefix, /usr in "
         "NGC containers> && cmake --build build/plugins"
     )
 

@@ -96,7 +96,8 @@ def probe_clip(path: Path) -> ClipInfo:
 
 
 def source_checkout() -> Path:
-    return Path(__file__).resolve().parents[2]
+    """The repository root when vdet runs from a checkout (service/vdet/bench_serve/runner.py)."""
+    return Path(__file__).resolve().parents[3]
 
 
 def vdet_commit() -> str | None:

@@ -1,4 +1,4 @@
-"""Compile, load and launch the CUDA kernels of plugins/kernels/ through cuda-python.
+"""Compile, load and launch the CUDA kernels of vdet/kernels/ through cuda-python.
 
 This module owns the mechanics between Python and the GPU: reading the kernel sources, NVRTC
 compilation for the current GPU (cubins cached on disk, keyed by the sources, options, target
@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-KERNEL_DIR = Path(__file__).with_name("kernels")
+# Package data of vdet (vdet/kernels/), beside this sub-package.
+KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 
 # Translation units (one CUDA module each) and the headers they may include.
 MODULE_SOURCES: Mapping[str, str] = {
