@@ -11,7 +11,7 @@ import pytest
 from vdet.bench_ultralytics import match_count
 from vdet.cli import main
 
-ASSETS = Path(__file__).resolve().parents[1] / "service" / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets"
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_baseline_refuses_other_backends(capsys: pytest.CaptureFixture[str]) -> 
 def test_vdet_and_ultralytics_alternate_and_agree(tmp_path: Path) -> None:
     pytest.importorskip("ultralytics")
     if not (ASSETS / "demo.onnx").is_file():
-        pytest.skip("service/assets/demo.onnx is not present")
+        pytest.skip("service/vdet/assets/demo.onnx is not present")
     out = tmp_path / "vs.json"
     args = ["bench", "pipeline", "--baseline", "ultralytics", "--frames", "6", "--warmup", "2"]
     assert main([*args, "--output", str(out)]) == 0

@@ -27,7 +27,7 @@ from vdet.pipeline.gpu_runner import CudaGraphRunner, Network, RunnerOptions, as
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import ColourMatrix, ColourRange
 
-DEMO = Path(__file__).resolve().parents[1] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets" / "demo.onnx"
 MODEL_HW = (64, 64)
 STRIDE = 16
 PARAMS = PostprocessParams(conf_threshold=0.3, iou_threshold=0.5, max_det=10)

@@ -118,7 +118,7 @@ rect)
   # 480x640 with the existing kernel and runner tests, the frame -> detections p50 square vs
   # rect (target: YOLOv8s <= 1.0 ms at rect), then unpaced 64 streams rect vs square vs the
   # decode-only ceiling (target: rect >= 90% of it), each run 8 s.
-  timeout 200 python3 -m pytest -m gpu tests/gpu -k "rect or kernels or torch_backend" -q -rs \
+  timeout 200 python3 -m pytest -m gpu tests/gpu -k "rect or kernels or torch_backend or service" -q -rs \
     -p no:cacheprovider --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - started)) s)"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12

@@ -275,6 +275,7 @@ def _mps_clients(log_dir: Path) -> int:
 def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     from vdet.config import GpuSettings, StreamSpec
     from vdet.hub import ResultsHub
+    from vdet.ingest.urls import bundled_assets_dir
     from vdet.metrics import Metrics
     from vdet.pipeline.detector import Detector
     from vdet.streams import StreamManager
@@ -312,7 +313,9 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     samples: list[dict[str, float]] = []
     try:
         for stream_id in ids:
-            manager.add(StreamSpec(id=stream_id, url=str(SAMPLE), loop=True, realtime=paced))
+            # The installed package's clip: the one file the default source policy allows.
+            clip = bundled_assets_dir() / "sample.mp4"
+            manager.add(StreamSpec(id=stream_id, url=str(clip), loop=True, realtime=paced))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if all(manager.get(i).frames_processed > 0 for i in ids):

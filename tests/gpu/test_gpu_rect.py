@@ -49,7 +49,7 @@ from vdet.types import ColourMatrix, ColourRange  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
-DEMO = Path(__file__).resolve().parents[2] / "service" / "assets" / "demo.onnx"
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 MODEL_HW = (640, 640)
 DEVICE = torch.device("cuda", 0)
 

@@ -40,6 +40,7 @@ from vdet.config import GpuSettings, StreamSpec  # noqa: E402
 from vdet.gpu_workers import GpuPool, build_gpu_pool  # noqa: E402
 from vdet.hub import ResultsHub  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
+from vdet.ingest.urls import bundled_assets_dir  # noqa: E402
 from vdet.metrics import Metrics  # noqa: E402
 from vdet.pipeline.detector import Detector  # noqa: E402
 from vdet.streams import StreamManager  # noqa: E402
@@ -49,7 +50,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
-SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
+# The installed package's own clip: the one file source the default source policy allows.
+SAMPLE = bundled_assets_dir() / "sample.mp4"
 RECALL_FLOOR = 0.85  # a broken mapping scores near 0 (module docstring)
 
 
