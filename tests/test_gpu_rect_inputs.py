@@ -21,7 +21,7 @@ import torch
 from support.toy_network import toy_network
 
 from vdet.config import GpuSettings
-from vdet.gpu_workers import GpuWorker, InputShapes
+from vdet.gpu_workers import COMMON_SOURCE_WH, GpuWorker, InputShapes
 from vdet.ingest.nvdec import GpuVideoFrame
 from vdet.pipeline.gpu_runner import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows
 from vdet.pipeline.postprocess import PostprocessParams
@@ -188,7 +188,8 @@ def test_batched_streams_of_mixed_resolutions_batch_per_shape() -> None:
     runner at its shape."""
     factory = _Factory()
     worker = _worker(factory, batch=3, batch_wait_ms=50)
-    assert worker.batched_shapes == []  # with rect, batchers come with their first frame
+    # With rect, the 16:9 camera's shape is ready up front; others come with their first frame.
+    assert worker.batched_shapes == [worker.input_shapes.of(COMMON_SOURCE_WH)]
     sizes = {f"wide{i}": (96, 48) for i in range(3)} | {f"tv{i}": (64, 48) for i in range(3)}
     per_source = 4
     got: dict[tuple[str, int], np.ndarray] = {}

@@ -122,6 +122,10 @@ def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
     return np.ascontiguousarray(bgr.cpu().numpy())
 
 
+# The frame size most cameras send; its input shape is ready before the first frame.
+COMMON_SOURCE_WH = (1920, 1080)
+
+
 @dataclass(frozen=True)
 class InputShapes:
     """Which network input (H, W) a frame of a given size runs at on the GPU path.
@@ -373,8 +377,10 @@ class GpuWorker:
         self._batchers: dict[tuple[int, int], _Batcher] = {}
         self.runner_rebuilds = 0  # stream runners replaced for a new input shape
         self._closed = False
-        if settings.batch > 1 and not self.input_shapes.rect:
-            self._batcher_for(input_hw)  # the only shape: built now, not on the first frame
+        if settings.batch > 1:
+            # Built now, not on a first frame (that would stall it for seconds): the only
+            # shape, or with rect inputs the 16:9 one (1080p and 720p cameras); others on demand.
+            self._batcher_for(self.input_shapes.of(COMMON_SOURCE_WH))
 
     def _batcher_for(self, input_hw: tuple[int, int]) -> _Batcher:
         batcher = self._batchers.get(input_hw)  # lock-free read, as in `_runner`
