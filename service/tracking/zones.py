@@ -19,8 +19,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from vdet.tracking.geometry import Points, Polygon, segments_intersect, side_of_line
+from vdet.tracking import compiled
+from vdet.tracking.compiled import INSIDE, NOT_COUNTED, OUTSIDE
+from vdet.tracking.geometry import Points, segments_intersect
 from vdet.tracking.specs import ZoneSpec
 from vdet.types import (
     NO_TRACK,
@@ -86,14 +89,6 @@ def check_in_frame(specs: Iterable[ZoneSpec], size_wh: tuple[int, int]) -> None:
                 )
 
 
-def anchors(boxes: np.ndarray, anchor: str) -> Points:
-    """The anchor point of each xyxy box."""
-    x = (boxes[:, 0] + boxes[:, 2]) * 0.5
-    y = boxes[:, 3] if anchor == "bottom_center" else (boxes[:, 1] + boxes[:, 3]) * 0.5
-    out: Points = np.stack([x, y], axis=1).astype(np.float64)
-    return out
-
-
 @dataclass
 class _ZoneState:
     # Polygons, by track id of the tracks inside: when each entered, was last seen inside,
@@ -103,15 +98,58 @@ class _ZoneState:
     class_of: dict[int, int] = field(default_factory=dict)
     sides: dict[int, tuple[int, float, float]] = field(default_factory=dict)  # lines
     classes_seen: set[int] = field(default_factory=set)
-    polygon: tuple[tuple[int, int], Polygon] | None = None  # in pixels, for this frame size
+
+
+@dataclass(frozen=True)
+class _PackedZones:
+    """The zones of one frame size as the arrays `compiled.zone_tests` reads."""
+
+    size_wh: tuple[int, int]
+    kinds: npt.NDArray[np.int8]  # 0 polygon, 1 line
+    anchors: npt.NDArray[np.int8]  # 0 center, 1 bottom center
+    vertices: npt.NDArray[np.float64]  # (zones, most vertices, 2) pixels
+    vertex_counts: npt.NDArray[np.int64]
+    class_filter: npt.NDArray[np.bool_]  # (zones, largest class id + 1)
+    filtered: npt.NDArray[np.bool_]  # (zones,) whether the zone has a class filter
+    line_ends: tuple[tuple[Points, Points] | None, ...]  # a line's two ends, for crossings
+
+    @classmethod
+    def of(cls, zones: tuple[Zone, ...], size_wh: tuple[int, int]) -> _PackedZones:
+        pixels = [z.pixels(size_wh) for z in zones]
+        vertices = np.zeros((len(zones), max(len(p) for p in pixels), 2), np.float64)
+        for row, pts in zip(vertices, pixels, strict=True):
+            row[: len(pts)] = pts
+        width = 1 + max((max(z.classes) for z in zones if z.classes), default=0)
+        class_filter = np.zeros((len(zones), width), np.bool_)
+        for wanted, zone in zip(class_filter, zones, strict=True):
+            wanted[list(zone.classes or ())] = True
+        return cls(
+            size_wh=size_wh,
+            kinds=np.asarray([z.kind == "line" for z in zones], np.int8),
+            anchors=np.asarray([z.anchor == "bottom_center" for z in zones], np.int8),
+            vertices=vertices,
+            vertex_counts=np.asarray([len(p) for p in pixels], np.int64),
+            class_filter=class_filter,
+            filtered=np.asarray([z.classes is not None for z in zones], np.bool_),
+            line_ends=tuple(
+                (p[0], p[1]) if z.kind == "line" else None
+                for z, p in zip(zones, pixels, strict=True)
+            ),
+        )
 
 
 class ZoneMonitor:
-    """Per-zone state of one stream's tracks. Call `update` once per frame, in order."""
+    """Per-zone state of one stream's tracks. Call `update` once per frame, in order.
+
+    Where each track stands with each zone is one compiled pass over tracks x zones
+    (vdet.tracking.compiled); what follows from it (events, dwell, counts) is plain Python
+    over the tracks of each zone, and events are built only when they happen.
+    """
 
     def __init__(self) -> None:
         self._zones: tuple[Zone, ...] = ()
         self._state: dict[str, _ZoneState] = {}
+        self._packed: _PackedZones | None = None
 
     @property
     def zones(self) -> tuple[Zone, ...]:
@@ -128,6 +166,7 @@ class ZoneMonitor:
             for z in zones
         }
         self._zones = zones
+        self._packed = None
 
     def update(
         self,
@@ -142,43 +181,51 @@ class ZoneMonitor:
         """
         if not self._zones:
             return (), ()
+        packed = self._packed
+        if packed is None or packed.size_wh != size_wh:
+            packed = self._packed = _PackedZones.of(self._zones, size_wh)
         ids = detections.tracker_id
-        tracked = np.zeros(len(detections), np.bool_) if ids is None else ids != NO_TRACK
-        boxes = detections.xyxy[tracked]
-        track_ids = [] if ids is None else ids[tracked].tolist()
-        classes = detections.class_ids[tracked]
-        anchor_points = {a: anchors(boxes, a) for a in {z.anchor for z in self._zones}}
+        if ids is None:
+            ids = np.full(len(detections), NO_TRACK, np.int32)
+        tests, points = compiled.zone_tests(
+            detections.xyxy,
+            detections.class_ids,
+            ids,
+            packed.kinds,
+            packed.anchors,
+            packed.vertices,
+            packed.vertex_counts,
+            packed.class_filter,
+            packed.filtered,
+        )
+        track_ids = ids.tolist()
+        classes = detections.class_ids.tolist()
+        anchor_points: list[list[list[float]]] | None = None
         events: list[ZoneEvent] = []
         occupancy: list[ZoneOccupancy] = []
         ended = set(ended_ids)
-        every_row = np.arange(len(track_ids))
-        for zone in self._zones:
+        for zone, row, ends in zip(self._zones, tests.tolist(), packed.line_ends, strict=True):
             state = self._state[zone.id]
-            if zone.classes is None:
-                rows, points = every_row, anchor_points[zone.anchor]
-            else:
-                rows = np.flatnonzero(np.isin(classes, list(zone.classes)))
-                points = anchor_points[zone.anchor][rows]
-            if zone.kind == "line":
-                self._lines(zone, state, size_wh, points, rows, track_ids, classes, events)
+            if ends is not None:
+                if anchor_points is None:
+                    anchor_points = points.tolist()
+                here = anchor_points[zone.anchor == "bottom_center"]
+                self._lines(zone, state, ends, row, here, track_ids, classes, events)
                 for track_id in ended:
                     state.sides.pop(track_id, None)
                 continue
-            if state.polygon is None or state.polygon[0] != size_wh:
-                state.polygon = size_wh, Polygon(zone.pixels(size_wh))
-            inside = state.polygon[1].contains(points)
-            ids_here = [track_ids[r] for r in rows.tolist()]
-            inside_list = inside.tolist()
-            in_ids = [t for t, i in zip(ids_here, inside_list, strict=True) if i]
-            in_classes = classes[rows[inside]].tolist()
-            for track_id, class_id in zip(in_ids, in_classes, strict=True):
-                if track_id not in state.entered_s:
-                    state.entered_s[track_id] = time_s
+            inside = [
+                (t, c) for t, v, c in zip(track_ids, row, classes, strict=True) if v == INSIDE
+            ]
+            entered = state.entered_s
+            for track_id, class_id in inside:
+                if track_id not in entered:
+                    entered[track_id] = time_s
                     events.append(ZoneEvent("zone_enter", zone.id, track_id, class_id))
-            state.last_seen_s.update(dict.fromkeys(in_ids, time_s))
-            state.class_of.update(zip(in_ids, in_classes, strict=True))
-            left = {t for t, i in zip(ids_here, inside_list, strict=True) if not i}
-            for track_id in sorted((left | ended) & state.entered_s.keys()):
+            state.last_seen_s.update(dict.fromkeys([t for t, _ in inside], time_s))
+            state.class_of.update(inside)
+            left = {t for t, v in zip(track_ids, row, strict=True) if v == OUTSIDE}
+            for track_id in sorted((left | ended) & entered.keys()):
                 events.append(self._exit(zone, state, track_id))
             counts = dict.fromkeys(state.classes_seen, 0) | Counter(state.class_of.values())
             state.classes_seen.update(counts)
@@ -196,31 +243,24 @@ class ZoneMonitor:
     def _lines(
         zone: Zone,
         state: _ZoneState,
-        size_wh: tuple[int, int],
-        points: Points,
-        rows: np.ndarray,
+        ends: tuple[Points, Points],
+        sides: list[int],
+        points: list[list[float]],
         track_ids: list[int],
-        classes: np.ndarray,
+        classes: list[int],
         events: list[ZoneEvent],
     ) -> None:
-        ends = zone.pixels(size_wh)
-        a, b = ends[0], ends[1]
-        sides = side_of_line(points, a, b).tolist()
-        ids = [track_ids[r] for r in rows.tolist()]
-        rows_classes = classes[rows].tolist()
-        # On the line (side 0): on neither side yet, the last side seen stands.
-        seen = [
-            (t, s, p, c)
-            for t, s, p, c in zip(ids, sides, points.tolist(), rows_classes, strict=True)
-            if s
-        ]
-        get = state.sides.get
-        for track_id, side, (x, y), class_id in seen:
-            previous = get(track_id)
+        a, b = ends
+        last = state.sides
+        for track_id, side, (x, y), class_id in zip(track_ids, sides, points, classes, strict=True):
+            # On the line (side 0): on neither side yet, the last side seen stands.
+            if side == 0 or side == NOT_COUNTED:
+                continue
+            previous = last.get(track_id)
+            last[track_id] = (side, x, y)
             if previous is None or previous[0] == side:
                 continue
             start, end = np.asarray([previous[1:]]), np.asarray([[x, y]])
             if segments_intersect(start, end, a, b)[0]:
                 direction: CrossDirection = "in" if previous[0] < 0 else "out"
                 events.append(ZoneEvent("line_cross", zone.id, track_id, class_id, direction))
-        state.sides.update((t, (s, p[0], p[1])) for t, s, p, _ in seen)

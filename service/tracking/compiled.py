@@ -1,0 +1,283 @@
+"""The per-frame inner loops of tracking, compiled with Numba: association, the track filter's
+update, and the zone and line tests.
+
+At 30 objects a frame's tracking is a few thousand multiply-adds; written as NumPy calls it
+costs about a hundred calls of 1-2 us each, mostly call overhead. Here each stage is one
+compiled call over the same struct-of-arrays track table (`ByteTracker`'s), so a frame costs
+a few microseconds of arithmetic and a handful of calls. The functions are compiled once per
+machine and cached beside this module (or in the user's cache when that is read-only): the
+first `StreamTracking` of a process starts `warm_up` on a thread of its own, so that a
+stream's first frame does not wait for the compiler (seconds) unless it comes first.
+
+Every function is pure arithmetic on arrays the caller owns: the tracker's rules (what
+matches, what starts or ends a track) and the zones' rules are the ones the callers' docstrings
+state; they live here only as loops. Nothing here knows about streams, events or threads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+# The track table's int columns (ByteTracker owns their meaning).
+CLS, ID, HITS, LOST = 0, 1, 2, 3
+NO_TRACK = -1
+# Zone tests: one row per zone, one column per tracked object.
+OUTSIDE, INSIDE, NOT_COUNTED = 0, 1, 2  # polygons; lines give -1, 0, +1 (side) or NOT_COUNTED
+_EPS = 1e-9
+
+
+def _compile(function: Callable[..., Any]) -> Any:
+    """`function` compiled on its first call, the machine code cached for later processes."""
+    try:
+        return njit(cache=True, nogil=True, error_model="numpy")(function)
+    except RuntimeError:  # no writable cache directory (a read-only install): every process
+        return njit(nogil=True, error_model="numpy")(function)  # compiles on first use
+
+
+def _associate(
+    f: Any,
+    ti: Any,
+    t: int,
+    xyxy: Any,
+    scores: Any,
+    classes: Any,
+    class_aware: bool,
+    track_threshold: Any,
+    match_iou: Any,
+    low_match_iou: Any,
+) -> tuple[Any, Any, bool]:
+    """Predict the first `t` tracks one frame ahead, their IoU with each detection (0 across
+    classes when `class_aware`), and the matches when they are unambiguous.
+
+    Returns (iou (n, t) float32, track_det (t,) detection of each track or -1, unique). When
+    every detection has at most one acceptable track and every track at most one acceptable
+    detection (strong: IoU >= match_iou with any track; weak: IoU >= low_match_iou with a
+    track seen on the previous frame), ByteTrack's two optimal assignments take exactly those
+    pairs, so they are the answer. Otherwise `unique` is False and track_det is not set: the
+    caller runs the assignments on `iou`.
+    """
+    n = xyxy.shape[0]
+    for k in range(t):
+        for c in range(4):
+            f[k, c] += f[k, 4 + c]
+    iou = np.zeros((n, t), np.float32)
+    track_det = np.full(t, -1, np.intp)
+    det_track = np.full(n, -1, np.intp)
+    unique = True
+    for d in range(n):
+        ax1, ay1, ax2, ay2 = xyxy[d, 0], xyxy[d, 1], xyxy[d, 2], xyxy[d, 3]
+        area_a = (ax2 - ax1) * (ay2 - ay1)
+        strong = scores[d] >= track_threshold
+        least = match_iou if strong else low_match_iou
+        for k in range(t):
+            if class_aware and classes[d] != ti[k, CLS]:
+                continue
+            iw = min(ax2, f[k, 2]) - max(ax1, f[k, 0])
+            ih = min(ay2, f[k, 3]) - max(ay1, f[k, 1])
+            if iw <= 0 or ih <= 0:
+                continue
+            inter = iw * ih
+            union = area_a + ((f[k, 2] - f[k, 0]) * (f[k, 3] - f[k, 1]) - inter)
+            value = np.float32(inter / max(union, np.float32(1e-9)))
+            iou[d, k] = value
+            if value >= least and (strong or ti[k, LOST] == 0):
+                if det_track[d] >= 0 or track_det[k] >= 0:
+                    unique = False
+                det_track[d] = k
+                track_det[k] = d
+    return iou, track_det, unique
+
+
+def _apply(
+    f: Any,
+    ti: Any,
+    t: int,
+    track_det: Any,
+    xyxy: Any,
+    scores: Any,
+    classes: Any,
+    alpha: Any,
+    beta: Any,
+    min_hits: int,
+    lost_track_buffer: int,
+    start_threshold: Any,
+    next_id: int,
+) -> tuple[Any, Any, Any, int, int]:
+    """Apply a frame's matches to the table's first `t` rows, end and compact the expired
+    tracks, append a track per unclaimed detection scoring >= start_threshold (the table has
+    room for `t + n` rows), and number confirmed tracks from `next_id`.
+
+    Returns (tracker_id (n,), started classes, ended ids, rows now live, next id).
+    """
+    n = xyxy.shape[0]
+    tracker_id = np.full(n, NO_TRACK, np.int32)
+    claimed = np.zeros(n, np.bool_)
+    started = np.empty(t + n, np.int32)
+    ended = np.empty(t, np.int32)
+    n_started = 0
+    n_ended = 0
+    live = 0
+    for k in range(t):
+        d = track_det[k]
+        unconfirmed = ti[k, ID] == NO_TRACK
+        if d >= 0:
+            for c in range(4):
+                residual = xyxy[d, c] - f[k, c]
+                f[k, c] += alpha * residual
+                f[k, 4 + c] += beta * residual
+            ti[k, CLS] = classes[d]
+            ti[k, HITS] += 1
+            ti[k, LOST] = 0
+            claimed[d] = True
+            if unconfirmed and ti[k, HITS] >= min_hits:
+                ti[k, ID] = next_id
+                next_id += 1
+                started[n_started] = ti[k, CLS]
+                n_started += 1
+            tracker_id[d] = ti[k, ID]
+        else:
+            ti[k, LOST] += 1
+            if ti[k, LOST] > 1:  # lost: slow down, drift less
+                for c in range(4, 8):
+                    f[k, c] *= np.float32(0.9)
+        expired = ti[k, LOST] > lost_track_buffer or (unconfirmed and d < 0)
+        if expired:
+            if ti[k, ID] != NO_TRACK:
+                ended[n_ended] = ti[k, ID]
+                n_ended += 1
+            continue
+        if live != k:
+            f[live] = f[k]
+            ti[live] = ti[k]
+        live += 1
+    for d in range(n):
+        if claimed[d] or scores[d] < start_threshold:
+            continue
+        f[live, :4] = xyxy[d]
+        f[live, 4:] = 0
+        ti[live, CLS] = classes[d]
+        ti[live, ID] = NO_TRACK
+        ti[live, HITS] = 1
+        ti[live, LOST] = 0
+        if min_hits <= 1:
+            ti[live, ID] = next_id
+            next_id += 1
+            started[n_started] = classes[d]
+            n_started += 1
+        tracker_id[d] = ti[live, ID]
+        live += 1
+    return tracker_id, started[:n_started], ended[:n_ended], live, next_id
+
+
+def _zone_tests(
+    xyxy: Any,
+    classes: Any,
+    track_ids: Any,
+    kinds: Any,
+    anchors: Any,
+    vertices: Any,
+    vertex_counts: Any,
+    class_filter: Any,
+    filtered: Any,
+) -> tuple[Any, Any]:
+    """Where each box's anchor stands with each zone.
+
+    Zone z: kinds[z] 0 polygon, 1 line; anchors[z] 0 center, 1 bottom center; its first
+    vertex_counts[z] rows of vertices[z] (pixels); when filtered[z], only classes c with
+    class_filter[z, c] count. Returns (tests (zones, n) int8: INSIDE/OUTSIDE for polygons (on
+    the border is inside), the side of the line for lines (+1 right of first -> second point
+    on a y-down image, -1 left, 0 on it), NOT_COUNTED for classes the zone ignores; anchor
+    points (2, n, 2): center, bottom center). Boxes on no track (track_ids NO_TRACK) are
+    NOT_COUNTED by any zone.
+    """
+    n = xyxy.shape[0]
+    points = np.empty((2, n, 2), np.float64)
+    for i in range(n):
+        # in the boxes' float32, as the anchors have always been computed
+        x = np.float64((xyxy[i, 0] + xyxy[i, 2]) * np.float32(0.5))
+        points[0, i, 0] = x
+        points[0, i, 1] = np.float64((xyxy[i, 1] + xyxy[i, 3]) * np.float32(0.5))
+        points[1, i, 0] = x
+        points[1, i, 1] = np.float64(xyxy[i, 3])
+    zones = kinds.shape[0]
+    tests = np.empty((zones, n), np.int8)
+    for z in range(zones):
+        v = vertex_counts[z]
+        for i in range(n):
+            c = classes[i]
+            if track_ids[i] == NO_TRACK:
+                tests[z, i] = NOT_COUNTED
+                continue
+            if filtered[z] and (c < 0 or c >= class_filter.shape[1] or not class_filter[z, c]):
+                tests[z, i] = NOT_COUNTED
+                continue
+            px, py = points[anchors[z], i, 0], points[anchors[z], i, 1]
+            if kinds[z] == 1:
+                ax, ay = vertices[z, 0, 0], vertices[z, 0, 1]
+                bx, by = vertices[z, 1, 0], vertices[z, 1, 1]
+                cross = (bx - ax) * (py - ay) - (by - ay) * (px - ax)
+                tests[z, i] = 0 if abs(cross) <= _EPS else (1 if cross > 0 else -1)
+                continue
+            crossings = 0
+            on_edge = False
+            for e in range(v):
+                ax, ay = vertices[z, e, 0], vertices[z, e, 1]
+                nxt = e + 1 if e + 1 < v else 0
+                bx, by = vertices[z, nxt, 0], vertices[z, nxt, 1]
+                dy = by - ay
+                if (ay > py) != (by > py) and px < ax + (py - ay) * ((bx - ax) / dy):
+                    crossings += 1
+                cross = (bx - ax) * (py - ay) - dy * (px - ax)
+                tolerance = _EPS * max(1.0, abs(bx - ax) + abs(dy))
+                if (
+                    abs(cross) <= tolerance
+                    and min(ax, bx) - _EPS <= px <= max(ax, bx) + _EPS
+                    and min(ay, by) - _EPS <= py <= max(ay, by) + _EPS
+                ):
+                    on_edge = True
+            tests[z, i] = INSIDE if on_edge or crossings % 2 == 1 else OUTSIDE
+    return tests, points
+
+
+associate: Callable[..., tuple[Any, Any, bool]] = _compile(_associate)
+apply: Callable[..., tuple[Any, Any, Any, int, int]] = _compile(_apply)
+zone_tests: Callable[..., tuple[Any, Any]] = _compile(_zone_tests)
+
+
+def warm_up() -> None:
+    """Compile every function here (or load it from the cache) for the types the tracker and
+    the zone monitor pass, on a one-box frame."""
+    f, ti = np.zeros((2, 8), np.float32), np.zeros((2, 4), np.int32)
+    xyxy = np.asarray([[0, 0, 10, 10]], np.float32)
+    scores, classes = np.ones(1, np.float32), np.zeros(1, np.int32)
+    half = np.float32(0.5)
+    _, track_det, _ = associate(f, ti, 0, xyxy, scores, classes, True, half, half, half)
+    apply(f, ti, 0, track_det, xyxy, scores, classes, half, half, 1, 1, half, 1)
+    zone_tests(
+        xyxy,
+        classes,
+        np.ones(1, np.int32),
+        np.zeros(1, np.int8),
+        np.zeros(1, np.int8),
+        np.asarray([[[0, 0], [5, 0], [5, 5]]], np.float64),
+        np.full(1, 3, np.int64),
+        np.zeros((1, 1), np.bool_),
+        np.zeros(1, np.bool_),
+    )
+
+
+_warm_up_started = threading.Event()
+
+
+def warm_up_in_background() -> None:
+    """Start `warm_up` on a daemon thread, once per process; later calls do nothing. A call
+    made meanwhile waits for it (Numba compiles a function once, under its own lock)."""
+    if _warm_up_started.is_set():
+        return
+    _warm_up_started.set()
+    threading.Thread(target=warm_up, name="vdet-tracking-compile", daemon=True).start()
