@@ -244,9 +244,187 @@ def _zone_tests(
     return tests, points
 
 
+def _find(ids: Any, size: int, track_id: int) -> int:
+    for k in range(size):
+        if ids[k] == track_id:
+            return k
+    return -1
+
+
+def _polygon_step(
+    tests: Any,
+    zone: int,
+    track_ids: Any,
+    classes: Any,
+    ended: Any,
+    time_s: float,
+    members: Any,
+    member_class: Any,
+    entered_s: Any,
+    last_seen_s: Any,
+    size: Any,
+) -> tuple[Any, Any, Any, Any, int, bool]:
+    """One frame of one polygon's members (the tracks inside, by id, in the first size[0] rows
+    of members / member_class / entered_s / last_seen_s, which have room for every box).
+
+    A box INSIDE (tests[zone]) whose track is not a member enters (an event) and becomes one;
+    a member's last sighting and class follow its boxes inside; a member seen OUTSIDE, or in
+    `ended`, exits (events in track id order, after the enters) and is removed.
+    Returns (track, class, entered_s, last_seen_s) per event, how many are enters, and whether
+    the members or their classes changed.
+    """
+    n = track_ids.shape[0]
+    count = size[0]
+    out_track = np.empty(n + count + ended.shape[0], np.int64)
+    out_class = np.empty_like(out_track)
+    out_entered = np.empty(out_track.shape[0], np.float64)
+    out_last = np.empty_like(out_entered)
+    events = 0
+    changed = False
+    leaving = np.zeros(count + n, np.bool_)
+    for i in range(n):
+        test = tests[zone, i]
+        if test == NOT_COUNTED:
+            continue
+        k = _find(members, count, track_ids[i])
+        if test == INSIDE:
+            if k < 0:
+                k = count
+                count += 1
+                members[k] = track_ids[i]
+                entered_s[k] = time_s
+                out_track[events] = track_ids[i]
+                out_class[events] = classes[i]
+                out_entered[events] = time_s
+                out_last[events] = time_s
+                events += 1
+                changed = True
+            elif member_class[k] != classes[i]:
+                changed = True
+            member_class[k] = classes[i]
+            last_seen_s[k] = time_s
+        elif k >= 0:
+            leaving[k] = True
+    for e in range(ended.shape[0]):
+        k = _find(members, count, ended[e])
+        if k >= 0:
+            leaving[k] = True
+    enters = events
+    exits = np.flatnonzero(leaving[:count])
+    if exits.shape[0]:
+        changed = True
+        for k in exits[np.argsort(members[exits], kind="mergesort")]:
+            out_track[events] = members[k]
+            out_class[events] = member_class[k]
+            out_entered[events] = entered_s[k]
+            out_last[events] = last_seen_s[k]
+            events += 1
+        live = 0
+        for k in range(count):
+            if leaving[k]:
+                continue
+            members[live] = members[k]
+            member_class[live] = member_class[k]
+            entered_s[live] = entered_s[k]
+            last_seen_s[live] = last_seen_s[k]
+            live += 1
+        count = live
+    size[0] = count
+    return (
+        out_track[:events],
+        out_class[:events],
+        out_entered[:events],
+        out_last[:events],
+        enters,
+        changed,
+    )
+
+
+def _cross(ox: float, oy: float, ax: float, ay: float, bx: float, by: float) -> float:
+    return (ax - ox) * (by - oy) - (ay - oy) * (bx - ox)
+
+
+def _segments_meet(
+    px: float, py: float, qx: float, qy: float, ax: float, ay: float, bx: float, by: float
+) -> bool:
+    """vdet.tracking.geometry.segments_intersect for one pair of segments."""
+    d1, d2 = _cross(ax, ay, bx, by, px, py), _cross(ax, ay, bx, by, qx, qy)
+    if abs(d1) <= _EPS and abs(d2) <= _EPS:  # collinear: do their extents overlap
+        return (
+            min(px, qx) <= max(ax, bx) + _EPS
+            and max(px, qx) >= min(ax, bx) - _EPS
+            and min(py, qy) <= max(ay, by) + _EPS
+            and max(py, qy) >= min(ay, by) - _EPS
+        )
+    d3, d4 = _cross(px, py, qx, qy, ax, ay), _cross(px, py, qx, qy, bx, by)
+    return d1 * d2 <= 0 and d3 * d4 <= 0
+
+
+def _line_step(
+    tests: Any,
+    zone: int,
+    track_ids: Any,
+    classes: Any,
+    points: Any,
+    ends: Any,
+    ended: Any,
+    members: Any,
+    member_side: Any,
+    member_xy: Any,
+    size: Any,
+) -> tuple[Any, Any, Any]:
+    """One frame of one line: the last side (+1/-1) and anchor point each track was seen at
+    strictly off the line (first size[0] rows of members / member_side / member_xy, with room
+    for every box). A box on the other side than its track's last one, whose anchor's path
+    from there meets the segment `ends` (2, 2), crosses it. Tracks in `ended` are forgotten.
+    Returns (track, class, side it came from) per crossing, in box order.
+    """
+    n = track_ids.shape[0]
+    count = size[0]
+    out_track = np.empty(n, np.int64)
+    out_class = np.empty(n, np.int64)
+    out_from = np.empty(n, np.int64)
+    events = 0
+    ax, ay, bx, by = ends[0, 0], ends[0, 1], ends[1, 0], ends[1, 1]
+    for i in range(n):
+        side = tests[zone, i]
+        if side == 0 or side == NOT_COUNTED:  # on the line: the last side seen stands
+            continue
+        x, y = points[i, 0], points[i, 1]
+        k = _find(members, count, track_ids[i])
+        if k < 0:
+            k = count
+            count += 1
+            members[k] = track_ids[i]
+        elif member_side[k] != side and _segments_meet(
+            member_xy[k, 0], member_xy[k, 1], x, y, ax, ay, bx, by
+        ):
+            out_track[events] = track_ids[i]
+            out_class[events] = classes[i]
+            out_from[events] = member_side[k]
+            events += 1
+        member_side[k] = side
+        member_xy[k, 0] = x
+        member_xy[k, 1] = y
+    for e in range(ended.shape[0]):
+        k = _find(members, count, ended[e])
+        if k >= 0:  # the last row takes its place
+            count -= 1
+            members[k] = members[count]
+            member_side[k] = member_side[count]
+            member_xy[k] = member_xy[count]
+    size[0] = count
+    return out_track[:events], out_class[:events], out_from[:events]
+
+
 associate: Callable[..., tuple[Any, Any, bool]] = _compile(_associate)
 apply: Callable[..., tuple[Any, Any, Any, int, int]] = _compile(_apply)
 zone_tests: Callable[..., tuple[Any, Any]] = _compile(_zone_tests)
+_find = _compile(_find)
+_cross = _compile(_cross)
+_segments_meet = _compile(_segments_meet)
+polygon_step: Callable[..., tuple[Any, Any, Any, Any, int, bool]] = _compile(_polygon_step)
+line_step: Callable[..., tuple[Any, Any, Any]] = _compile(_line_step)
 
 
 def warm_up() -> None:
@@ -258,16 +436,35 @@ def warm_up() -> None:
     half = np.float32(0.5)
     _, track_det, _ = associate(f, ti, 0, xyxy, scores, classes, True, half, half, half)
     apply(f, ti, 0, track_det, xyxy, scores, classes, half, half, 1, 1, half, 1)
-    zone_tests(
+    ids = np.ones(1, np.int32)
+    tests, points = zone_tests(
         xyxy,
         classes,
-        np.ones(1, np.int32),
+        ids,
         np.zeros(1, np.int8),
         np.zeros(1, np.int8),
         np.asarray([[[0, 0], [5, 0], [5, 5]]], np.float64),
         np.full(1, 3, np.int64),
         np.zeros((1, 1), np.bool_),
         np.zeros(1, np.bool_),
+    )
+    ended, size = np.ones(1, np.int64), np.zeros(1, np.int64)
+    rows, times = np.zeros(2, np.int64), np.zeros(2, np.float64)
+    polygon_step(tests, 0, ids, classes, ended, 0.0, rows, rows.copy(), times, times.copy(), size)
+    size[0] = 0
+    ends = np.asarray([[0, 0], [5, 5]], np.float64)
+    line_step(
+        tests,
+        0,
+        ids,
+        classes,
+        points[0],
+        ends,
+        ended,
+        rows,
+        np.zeros(2, np.int8),
+        np.zeros((2, 2)),
+        size,
     )
 
 

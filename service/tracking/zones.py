@@ -14,7 +14,6 @@ calls, in frame order.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -22,16 +21,16 @@ import numpy as np
 import numpy.typing as npt
 
 from vdet.tracking import compiled
-from vdet.tracking.compiled import INSIDE, NOT_COUNTED, OUTSIDE
-from vdet.tracking.geometry import Points, segments_intersect
+from vdet.tracking.geometry import Points
 from vdet.tracking.specs import ZoneSpec
 from vdet.types import (
     NO_TRACK,
-    CrossDirection,
     Detections,
     ZoneEvent,
     ZoneOccupancy,
 )
+
+_NO_IDS = np.zeros(0, np.int64)
 
 ClassResolver = Callable[[Sequence[str | int] | None], frozenset[int] | None]
 
@@ -89,15 +88,43 @@ def check_in_frame(specs: Iterable[ZoneSpec], size_wh: tuple[int, int]) -> None:
                 )
 
 
+def _ids(rows: int) -> npt.NDArray[np.int64]:
+    return np.zeros(rows, np.int64)
+
+
+def _times(rows: int) -> npt.NDArray[np.float64]:
+    return np.zeros(rows, np.float64)
+
+
 @dataclass
 class _ZoneState:
-    # Polygons, by track id of the tracks inside: when each entered, was last seen inside,
-    # and its class. Three flat dicts so that a frame's updates are dict.update calls.
-    entered_s: dict[int, float] = field(default_factory=dict)
-    last_seen_s: dict[int, float] = field(default_factory=dict)
-    class_of: dict[int, int] = field(default_factory=dict)
-    sides: dict[int, tuple[int, float, float]] = field(default_factory=dict)  # lines
-    classes_seen: set[int] = field(default_factory=set)
+    """One zone's tracks, as the arrays `compiled.polygon_step` / `line_step` update in place:
+    their first `size[0]` rows are the tracks inside a polygon (id, class, when it entered,
+    last seen inside) or last seen off a line (id, side, anchor point)."""
+
+    members: npt.NDArray[np.int64] = field(default_factory=lambda: _ids(16))
+    member_class: npt.NDArray[np.int64] = field(default_factory=lambda: _ids(16))
+    entered_s: npt.NDArray[np.float64] = field(default_factory=lambda: _times(16))
+    last_seen_s: npt.NDArray[np.float64] = field(default_factory=lambda: _times(16))
+    member_side: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros(16, np.int8))
+    member_xy: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((16, 2)))
+    size: npt.NDArray[np.int64] = field(default_factory=lambda: _ids(1))
+    classes_seen: set[int] = field(default_factory=set)  # polygons: every class ever inside,
+    occupancy: tuple[ZoneOccupancy, ...] = ()  # and the counts as last reported
+
+    def make_room(self, boxes: int) -> None:
+        """Room for `boxes` more members (each box of a frame may add one)."""
+        rows = int(self.size[0]) + boxes
+        if rows <= len(self.members):
+            return
+        rows = max(rows, 2 * len(self.members))
+        grow = rows - len(self.members)
+        self.members = np.concatenate([self.members, _ids(grow)])
+        self.member_class = np.concatenate([self.member_class, _ids(grow)])
+        self.entered_s = np.concatenate([self.entered_s, _times(grow)])
+        self.last_seen_s = np.concatenate([self.last_seen_s, _times(grow)])
+        self.member_side = np.concatenate([self.member_side, np.zeros(grow, np.int8)])
+        self.member_xy = np.concatenate([self.member_xy, np.zeros((grow, 2))])
 
 
 @dataclass(frozen=True)
@@ -111,7 +138,7 @@ class _PackedZones:
     vertex_counts: npt.NDArray[np.int64]
     class_filter: npt.NDArray[np.bool_]  # (zones, largest class id + 1)
     filtered: npt.NDArray[np.bool_]  # (zones,) whether the zone has a class filter
-    line_ends: tuple[tuple[Points, Points] | None, ...]  # a line's two ends, for crossings
+    line_ends: tuple[Points | None, ...]  # a line's two ends (2, 2), pixels
 
     @classmethod
     def of(cls, zones: tuple[Zone, ...], size_wh: tuple[int, int]) -> _PackedZones:
@@ -132,8 +159,7 @@ class _PackedZones:
             class_filter=class_filter,
             filtered=np.asarray([z.classes is not None for z in zones], np.bool_),
             line_ends=tuple(
-                (p[0], p[1]) if z.kind == "line" else None
-                for z, p in zip(zones, pixels, strict=True)
+                p if z.kind == "line" else None for z, p in zip(zones, pixels, strict=True)
             ),
         )
 
@@ -187,9 +213,10 @@ class ZoneMonitor:
         ids = detections.tracker_id
         if ids is None:
             ids = np.full(len(detections), NO_TRACK, np.int32)
+        classes = detections.class_ids
         tests, points = compiled.zone_tests(
             detections.xyxy,
-            detections.class_ids,
+            classes,
             ids,
             packed.kinds,
             packed.anchors,
@@ -198,69 +225,73 @@ class ZoneMonitor:
             packed.class_filter,
             packed.filtered,
         )
-        track_ids = ids.tolist()
-        classes = detections.class_ids.tolist()
-        anchor_points: list[list[list[float]]] | None = None
+        ended = np.asarray(ended_ids, np.int64) if ended_ids else _NO_IDS
         events: list[ZoneEvent] = []
         occupancy: list[ZoneOccupancy] = []
-        ended = set(ended_ids)
-        for zone, row, ends in zip(self._zones, tests.tolist(), packed.line_ends, strict=True):
+        for z, (zone, ends) in enumerate(zip(self._zones, packed.line_ends, strict=True)):
             state = self._state[zone.id]
+            state.make_room(len(ids))
             if ends is not None:
-                if anchor_points is None:
-                    anchor_points = points.tolist()
-                here = anchor_points[zone.anchor == "bottom_center"]
-                self._lines(zone, state, ends, row, here, track_ids, classes, events)
-                for track_id in ended:
-                    state.sides.pop(track_id, None)
+                tracks, track_classes, came_from = compiled.line_step(
+                    tests,
+                    z,
+                    ids,
+                    classes,
+                    points[packed.anchors[z]],
+                    ends,
+                    ended,
+                    state.members,
+                    state.member_side,
+                    state.member_xy,
+                    state.size,
+                )
+                if len(tracks):
+                    events.extend(
+                        ZoneEvent("line_cross", zone.id, t, c, "in" if f < 0 else "out")
+                        for t, c, f in zip(
+                            tracks.tolist(), track_classes.tolist(), came_from.tolist(), strict=True
+                        )
+                    )
                 continue
-            inside = [
-                (t, c) for t, v, c in zip(track_ids, row, classes, strict=True) if v == INSIDE
-            ]
-            entered = state.entered_s
-            for track_id, class_id in inside:
-                if track_id not in entered:
-                    entered[track_id] = time_s
-                    events.append(ZoneEvent("zone_enter", zone.id, track_id, class_id))
-            state.last_seen_s.update(dict.fromkeys([t for t, _ in inside], time_s))
-            state.class_of.update(inside)
-            left = {t for t, v in zip(track_ids, row, strict=True) if v == OUTSIDE}
-            for track_id in sorted((left | ended) & entered.keys()):
-                events.append(self._exit(zone, state, track_id))
-            counts = dict.fromkeys(state.classes_seen, 0) | Counter(state.class_of.values())
-            state.classes_seen.update(counts)
-            occupancy.extend(ZoneOccupancy(zone.id, c, n) for c, n in sorted(counts.items()))
+            tracks, track_classes, entered_s, last_seen_s, enters, changed = compiled.polygon_step(
+                tests,
+                z,
+                ids,
+                classes,
+                ended,
+                time_s,
+                state.members,
+                state.member_class,
+                state.entered_s,
+                state.last_seen_s,
+                state.size,
+            )
+            if len(tracks):
+                rows = zip(
+                    tracks.tolist(),
+                    track_classes.tolist(),
+                    entered_s.tolist(),
+                    last_seen_s.tolist(),
+                    strict=True,
+                )
+                for k, (track_id, class_id, entered, last_seen) in enumerate(rows):
+                    if k < enters:
+                        events.append(ZoneEvent("zone_enter", zone.id, track_id, class_id))
+                    else:
+                        dwell = round(max(0.0, last_seen - entered), 6)
+                        exit_ = ZoneEvent("zone_exit", zone.id, track_id, class_id, dwell_s=dwell)
+                        events.append(exit_)
+            if changed:
+                self._count(zone, state)
+            occupancy.extend(state.occupancy)
         return tuple(events), tuple(occupancy)
 
     @staticmethod
-    def _exit(zone: Zone, state: _ZoneState, track_id: int) -> ZoneEvent:
-        entered = state.entered_s.pop(track_id)
-        dwell = round(max(0.0, state.last_seen_s.pop(track_id) - entered), 6)
-        class_id = state.class_of.pop(track_id)
-        return ZoneEvent("zone_exit", zone.id, track_id, class_id, dwell_s=dwell)
-
-    @staticmethod
-    def _lines(
-        zone: Zone,
-        state: _ZoneState,
-        ends: tuple[Points, Points],
-        sides: list[int],
-        points: list[list[float]],
-        track_ids: list[int],
-        classes: list[int],
-        events: list[ZoneEvent],
-    ) -> None:
-        a, b = ends
-        last = state.sides
-        for track_id, side, (x, y), class_id in zip(track_ids, sides, points, classes, strict=True):
-            # On the line (side 0): on neither side yet, the last side seen stands.
-            if side == 0 or side == NOT_COUNTED:
-                continue
-            previous = last.get(track_id)
-            last[track_id] = (side, x, y)
-            if previous is None or previous[0] == side:
-                continue
-            start, end = np.asarray([previous[1:]]), np.asarray([[x, y]])
-            if segments_intersect(start, end, a, b)[0]:
-                direction: CrossDirection = "in" if previous[0] < 0 else "out"
-                events.append(ZoneEvent("line_cross", zone.id, track_id, class_id, direction))
+    def _count(zone: Zone, state: _ZoneState) -> None:
+        """Tracks in the zone per class, zeros for the classes seen there before."""
+        inside = state.member_class[: int(state.size[0])].tolist()
+        state.classes_seen.update(inside)
+        counts = dict.fromkeys(state.classes_seen, 0)
+        for class_id in inside:
+            counts[class_id] += 1
+        state.occupancy = tuple(ZoneOccupancy(zone.id, c, n) for c, n in sorted(counts.items()))
