@@ -120,7 +120,11 @@ class ByteTracker:
 
     def update(self, detections: Detections) -> TrackUpdate:
         p = self.params
-        xyxy, scores, classes = detections.xyxy, detections.scores, detections.class_ids
+        # The compiled functions are built for these types (`compiled.warm_up`); another
+        # dtype or layout would compile a second version on the stream's thread.
+        xyxy = np.ascontiguousarray(detections.xyxy, np.float32)
+        scores = np.ascontiguousarray(detections.scores, np.float32)
+        classes = np.ascontiguousarray(detections.class_ids, np.int32)
         t, n = self._live, len(scores)
         if len(self._f) < t + n:  # room for every detection to start a track
             rows = max(2 * len(self._f), t + n)

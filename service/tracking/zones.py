@@ -211,11 +211,12 @@ class ZoneMonitor:
         if packed is None or packed.size_wh != size_wh:
             packed = self._packed = _PackedZones.of(self._zones, size_wh)
         ids = detections.tracker_id
-        if ids is None:
-            ids = np.full(len(detections), NO_TRACK, np.int32)
-        classes = detections.class_ids
+        ids = np.full(len(detections), NO_TRACK, np.int32) if ids is None else ids
+        # the types `compiled.warm_up` builds for (see ByteTracker.update)
+        ids = np.ascontiguousarray(ids, np.int32)
+        classes = np.ascontiguousarray(detections.class_ids, np.int32)
         tests, points = compiled.zone_tests(
-            detections.xyxy,
+            np.ascontiguousarray(detections.xyxy, np.float32),
             classes,
             ids,
             packed.kinds,
