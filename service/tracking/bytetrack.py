@@ -40,7 +40,6 @@ from vdet.types import Detections, FloatArray, IntArray
 # served are the detector's, the filter only has to predict through short gaps.
 _ALPHA = np.float32(0.85)
 _BETA = np.float32(0.3)
-_BIG_COST = 1e6
 
 
 @dataclass(frozen=True)
@@ -86,15 +85,7 @@ def box_iou(a: FloatArray, b: FloatArray) -> FloatArray:
     return iou
 
 
-def _match(iou: FloatArray, min_iou: float) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Rows and columns of the assignment maximising total IoU, pairs under min_iou dropped."""
-    if iou.size == 0:
-        empty = np.zeros(0, np.intp)
-        return empty, empty
-    cost = np.where(iou >= min_iou, 1.0 - iou, _BIG_COST)
-    rows, cols = linear_sum_assignment(cost)
-    ok = cost[rows, cols] < _BIG_COST
-    return rows[ok], cols[ok]
+_NONE = np.zeros(0, np.intp)
 
 
 class ByteTracker:
@@ -163,20 +154,27 @@ class ByteTracker:
 
     def _assign(self, iou: FloatArray, scores: FloatArray) -> npt.NDArray[np.intp]:
         """ByteTrack's two optimal assignments, for frames where some detection could continue
-        more than one track or the other way round: the detection each track gets, or -1."""
+        more than one track or the other way round: the detection each track gets, or -1.
+        The cost matrices are posed and read by compiled code; SciPy solves them."""
         p = self.params
-        track_det = np.full(iou.shape[1], -1, np.intp)
-        strong = scores >= p.track_threshold
-        # 1. strong detections against every track, seen or lost
-        high = np.flatnonzero(strong)
-        rows, cols = _match(iou[high], p.match_iou)
-        track_det[cols] = high[rows]
-        # 2. weak detections against tracks seen on the previous frame, still unmatched
-        low = np.flatnonzero(~strong)
-        if len(low):
-            seen = self._i[: len(track_det), compiled.LOST] == 0
-            candidates = np.flatnonzero((track_det < 0) & seen)
-            if len(candidates):
-                rows, cols = _match(iou[np.ix_(low, candidates)], p.low_match_iou)
-                track_det[candidates[cols]] = low[rows]
+        track_threshold = np.float32(p.track_threshold)
+        cost, high = compiled.first_stage_costs(
+            iou, scores, track_threshold, np.float32(p.match_iou)
+        )
+        rows, cols = linear_sum_assignment(cost) if cost.size else (_NONE, _NONE)
+        track_det: npt.NDArray[np.intp]
+        track_det, cost, low, candidates = compiled.second_stage_costs(
+            iou,
+            cost,
+            rows,
+            cols,
+            high,
+            scores,
+            self._i,
+            track_threshold,
+            np.float32(p.low_match_iou),
+        )
+        if cost.size:
+            rows, cols = linear_sum_assignment(cost)
+            compiled.take_second_stage(track_det, cost, rows, cols, low, candidates)
         return track_det

@@ -29,6 +29,7 @@ NO_TRACK = -1
 # Zone tests: one row per zone, one column per tracked object.
 OUTSIDE, INSIDE, NOT_COUNTED = 0, 1, 2  # polygons; lines give -1, 0, +1 (side) or NOT_COUNTED
 _EPS = 1e-9
+BIG_COST = np.float32(1e6)  # an assignment's cost for a pair that must not match
 
 
 def _compile(function: Callable[..., Any]) -> Any:
@@ -172,6 +173,63 @@ def _apply(
         tracker_id[d] = ti[live, ID]
         live += 1
     return tracker_id, started[:n_started], ended[:n_ended], live, next_id
+
+
+def _first_stage_costs(
+    iou: Any, scores: Any, track_threshold: Any, match_iou: Any
+) -> tuple[Any, Any]:
+    """ByteTrack's first assignment problem: strong detections (rows `high`) against every
+    track, cost 1 - IoU, or BIG_COST where IoU < match_iou (never a match)."""
+    high = np.flatnonzero(scores >= track_threshold)
+    cost = np.empty((high.shape[0], iou.shape[1]), np.float32)
+    for r in range(high.shape[0]):
+        for k in range(iou.shape[1]):
+            value = iou[high[r], k]
+            cost[r, k] = np.float32(1.0) - value if value >= match_iou else BIG_COST
+    return cost, high
+
+
+def _second_stage_costs(
+    iou: Any,
+    cost: Any,
+    rows: Any,
+    cols: Any,
+    high: Any,
+    scores: Any,
+    ti: Any,
+    track_threshold: Any,
+    low_match_iou: Any,
+) -> tuple[Any, Any, Any, Any]:
+    """Take the first assignment's matches (`rows`, `cols` of `cost`), then pose the second:
+    weak detections (rows `low`) against the tracks still unmatched that were seen on the
+    previous frame (columns `candidates`), BIG_COST under low_match_iou.
+    Returns (track_det so far, cost, low, candidates)."""
+    track_det = np.full(iou.shape[1], -1, np.intp)
+    for j in range(rows.shape[0]):
+        if cost[rows[j], cols[j]] < BIG_COST:
+            track_det[cols[j]] = high[rows[j]]
+    low = np.flatnonzero(scores < track_threshold)
+    candidates = np.empty(iou.shape[1], np.intp)
+    count = 0
+    for k in range(iou.shape[1]):
+        if track_det[k] < 0 and ti[k, LOST] == 0:
+            candidates[count] = k
+            count += 1
+    candidates = candidates[:count]
+    second = np.empty((low.shape[0], count), np.float32)
+    for r in range(low.shape[0]):
+        for c in range(count):
+            value = iou[low[r], candidates[c]]
+            second[r, c] = np.float32(1.0) - value if value >= low_match_iou else BIG_COST
+    return track_det, second, low, candidates
+
+
+def _take_second_stage(
+    track_det: Any, cost: Any, rows: Any, cols: Any, low: Any, candidates: Any
+) -> None:
+    for j in range(rows.shape[0]):
+        if cost[rows[j], cols[j]] < BIG_COST:
+            track_det[candidates[cols[j]]] = low[rows[j]]
 
 
 def _zone_tests(
@@ -420,6 +478,9 @@ def _line_step(
 associate: Callable[..., tuple[Any, Any, bool]] = _compile(_associate)
 apply: Callable[..., tuple[Any, Any, Any, int, int]] = _compile(_apply)
 zone_tests: Callable[..., tuple[Any, Any]] = _compile(_zone_tests)
+first_stage_costs: Callable[..., tuple[Any, Any]] = _compile(_first_stage_costs)
+second_stage_costs: Callable[..., tuple[Any, Any, Any, Any]] = _compile(_second_stage_costs)
+take_second_stage: Callable[..., None] = _compile(_take_second_stage)
 _find = _compile(_find)
 _cross = _compile(_cross)
 _segments_meet = _compile(_segments_meet)
@@ -434,7 +495,13 @@ def warm_up() -> None:
     xyxy = np.asarray([[0, 0, 10, 10]], np.float32)
     scores, classes = np.ones(1, np.float32), np.zeros(1, np.int32)
     half = np.float32(0.5)
-    _, track_det, _ = associate(f, ti, 0, xyxy, scores, classes, True, half, half, half)
+    iou, track_det, _ = associate(f, ti, 0, xyxy, scores, classes, True, half, half, half)
+    cost, high = first_stage_costs(iou, scores, half, half)
+    none = np.zeros(0, np.intp)
+    _, cost, low, candidates = second_stage_costs(
+        iou, cost, none, none, high, scores, ti, half, half
+    )
+    take_second_stage(track_det, cost, none, none, low, candidates)
     apply(f, ti, 0, track_det, xyxy, scores, classes, half, half, 1, 1, half, 1)
     ids = np.ones(1, np.int32)
     tests, points = zone_tests(
