@@ -1,5 +1,6 @@
-"""The per-frame inner loops of tracking, compiled with Numba: association, the track filter's
-update, and the zone and line tests.
+"""The per-frame inner loops of tracking, compiled with Numba: association (and the assignment
+problems of ambiguous frames, which SciPy solves), the track filter's update, the zone and
+line tests, and each zone's members.
 
 At 30 objects a frame's tracking is a few thousand multiply-adds; written as NumPy calls it
 costs about a hundred calls of 1-2 us each, mostly call overhead. Here each stage is one
@@ -11,7 +12,8 @@ stream's first frame does not wait for the compiler (seconds) unless it comes fi
 
 Every function is pure arithmetic on arrays the caller owns: the tracker's rules (what
 matches, what starts or ends a track) and the zones' rules are the ones the callers' docstrings
-state; they live here only as loops. Nothing here knows about streams, events or threads.
+state; they live here only as loops. Nothing here knows about streams or threads, and no
+event object is built here: events come back as rows of plain numbers.
 """
 
 from __future__ import annotations
