@@ -5,7 +5,8 @@ The clip is served in real time at 2 frames per second (its first frames, re-enc
 frame has 500 ms to be detected and tracked before the next arrives, so even on a loaded
 machine the stream processes consecutive frames (after the first, which also waits for the
 model's first run) and the ids asserted on do not depend on which frames a slow moment
-dropped (at the clip's own 30 fps a loaded machine drops most of them).
+dropped (at the clip's own 30 fps a loaded machine drops most of them). The tracking loops
+are compiled before the stream starts (tests/conftest.py), for the same reason.
 """
 
 from __future__ import annotations
