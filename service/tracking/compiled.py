@@ -5,10 +5,9 @@ line tests, and each zone's members.
 At 30 objects a frame's tracking is a few thousand multiply-adds; written as NumPy calls it
 costs about a hundred calls of 1-2 us each, mostly call overhead. Here each stage is one
 compiled call over the same struct-of-arrays track table (`ByteTracker`'s), so a frame costs
-a few microseconds of arithmetic and a handful of calls. The functions are compiled once per
-machine and cached beside this module (or in the user's cache when that is read-only): the
-first `StreamTracking` of a process starts `warm_up` on a thread of its own, so that a
-stream's first frame does not wait for the compiler (seconds) unless it comes first.
+a few microseconds of arithmetic and a handful of calls. The functions are compiled on first
+use and cached beside this module (or in the user's cache when that is read-only): the first
+frame a process tracks waits for that once (`warm_up` does it beforehand).
 
 Every function is pure arithmetic on arrays the caller owns: the tracker's rules (what
 matches, what starts or ends a track) and the zones' rules are the ones the callers' docstrings
@@ -18,7 +17,6 @@ event object is built here: events come back as rows of plain numbers.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -535,15 +533,3 @@ def warm_up() -> None:
         np.zeros((2, 2)),
         size,
     )
-
-
-_warm_up_started = threading.Event()
-
-
-def warm_up_in_background() -> None:
-    """Start `warm_up` on a daemon thread, once per process; later calls do nothing. A call
-    made meanwhile waits for it (Numba compiles a function once, under its own lock)."""
-    if _warm_up_started.is_set():
-        return
-    _warm_up_started.set()
-    threading.Thread(target=warm_up, name="vdet-tracking-compile", daemon=True).start()

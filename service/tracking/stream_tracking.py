@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vdet.tracking import compiled
 from vdet.tracking.bytetrack import ByteTracker, TrackerParams
 from vdet.tracking.zones import Zone, ZoneMonitor
 from vdet.types import Detections, TrackingSummary, ZoneEvent
@@ -29,7 +28,6 @@ class StreamTracking:
     """Tracks and zone state of one stream; used by one thread at a time, in frame order."""
 
     def __init__(self) -> None:
-        compiled.warm_up_in_background()
         self._tracker: ByteTracker | None = None
         self._monitor = ZoneMonitor()
 
