@@ -108,3 +108,23 @@ def write_damaged_packets_copy(
             out.mux(packet)
             index += 1
     return damaged
+
+
+def write_slowed_copy(source: Path, target: Path, *, frames: int, fps: int) -> Path:
+    """The first `frames` frames of `source`, re-encoded (x264, near-lossless) to play at
+    `fps`: a real-time stream of the same pictures at a pace the test chooses."""
+    with av.open(str(source)) as reader, av.open(str(target), "w") as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"bf": "0", "g": str(fps), "preset": "ultrafast", "crf": "12"}
+        for i, picture in enumerate(reader.decode(video=0)):
+            if i == frames:
+                break
+            if i == 0:
+                stream.width, stream.height = picture.width, picture.height
+            image = picture.to_ndarray(format="bgr24")
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="bgr24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return target

@@ -153,3 +153,13 @@ def test_started_classes_report_each_new_track_once() -> None:
     two = dets([box(100, 100), box(300, 300)], classes=[2, 5])
     assert tracker.update(two).started_classes == (2, 5)
     assert tracker.update(two).started_classes == ()
+
+
+def test_boxes_of_another_dtype_or_layout_track_the_same() -> None:
+    """The compiled loops are built for C-ordered float32 boxes; others are converted."""
+    frames = [dets([box(100 + 8 * t, 100), box(500 - 6 * t, 300)]) for t in range(5)]
+    plain, other = ByteTracker(), ByteTracker()
+    for frame in frames:
+        wide = np.asfortranarray(frame.xyxy.astype(np.float64))
+        odd = Detections(wide, frame.scores.astype(np.float64), frame.class_ids.astype(np.int64))
+        assert other.update(odd).tracker_id.tolist() == plain.update(frame).tracker_id.tolist()

@@ -4,7 +4,9 @@ Scenes are synthetic trajectories (objects moving at constant velocity with box 
 detections and one-frame false positives), so every tracker sees the same detections and
 nothing else is measured. Timed per frame, single thread:
 - vdet's ByteTrack (vdet.tracking.bytetrack) alone, at each object count;
-- a stream's whole tracking step (`StreamTracking.update`: tracker, a zone and a line);
+- a stream's whole tracking step (`StreamTracking.update`: tracker, two polygons, a line);
+- the same two with the NumPy implementations they replaced (vdet.tracking.reference), the
+  baseline measured in the same run;
 - Roboflow's `trackers` ByteTrack, the well-kept implementation the issue named, when it is
   installed (it needs opencv-python, which clashes with the opencv-python-headless vdet
   ships, so vdet does not depend on it);
@@ -17,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +27,11 @@ import numpy as np
 
 from vdet.bench import environment, summarize_ms
 from vdet.tracking.bytetrack import ByteTracker
+from vdet.tracking.reference import ReferenceByteTracker, ReferenceZoneMonitor
 from vdet.tracking.specs import TrackingSpec, ZoneSpec
-from vdet.tracking.stream_tracking import StreamTracking
-from vdet.tracking.zones import resolve_zones
-from vdet.types import Detections
+from vdet.tracking.stream_tracking import StreamTracking, TrackedFrame
+from vdet.tracking.zones import Zone, resolve_zones
+from vdet.types import Detections, TrackingSummary
 
 FRAME_WH = (1920, 1080)
 
@@ -110,17 +114,50 @@ def _roboflow_step() -> Callable[[Detections], object] | None:
     return step
 
 
+# What a stream's tracking step is measured with: two polygons (one counting some classes by
+# the boxes' bottom centre) and a counting line.
+BENCH_ZONES = (
+    ZoneSpec(id="pen", kind="polygon", points=[(0.1, 0.1), (0.5, 0.1), (0.5, 0.9), (0.1, 0.9)]),
+    ZoneSpec(
+        id="dock",
+        kind="polygon",
+        points=[(0.55, 0.5), (0.95, 0.5), (0.95, 0.95), (0.75, 0.7), (0.55, 0.95)],
+        classes=[0, 1, 2],
+        anchor="bottom_center",
+    ),
+    ZoneSpec(id="gate", kind="line", points=[(0.7, 0.0), (0.7, 1.0)]),
+)
+
+
+def _resolved_zones() -> tuple[Zone, ...]:
+    return resolve_zones(
+        BENCH_ZONES, lambda refs: None if refs is None else frozenset(map(int, refs))
+    )
+
+
 def _stream_step() -> Callable[[Detections], object]:
-    zones = [
-        ZoneSpec(id="pen", kind="polygon", points=[(0.1, 0.1), (0.5, 0.1), (0.5, 0.9), (0.1, 0.9)]),
-        ZoneSpec(id="gate", kind="line", points=[(0.7, 0.0), (0.7, 1.0)]),
-    ]
-    resolved = resolve_zones(zones, lambda refs: None)
+    resolved = _resolved_zones()
     tracking, params = StreamTracking(), TrackingSpec().params()
     clock = iter(range(1 << 30))
 
     def step(dets: Detections) -> object:
         return tracking.update(dets, FRAME_WH, next(clock) / 30, params, resolved)
+
+    return step
+
+
+def _reference_stream_step() -> Callable[[Detections], object]:
+    """`StreamTracking.update`'s steps with the NumPy tracker and zone monitor."""
+    tracker, monitor = ReferenceByteTracker(TrackingSpec().params()), ReferenceZoneMonitor()
+    monitor.set_zones(_resolved_zones())
+    clock = iter(range(1 << 30))
+
+    def step(dets: Detections) -> object:
+        update = tracker.update(dets)
+        tracked = replace(dets, tracker_id=update.tracker_id)
+        events, occupancy = monitor.update(tracked, FRAME_WH, next(clock) / 30, update.ended_ids)
+        summary = TrackingSummary(tracks_started=update.started_classes, occupancy=occupancy)
+        return TrackedFrame(tracked, events, summary)
 
     return step
 
@@ -144,6 +181,8 @@ def run_tracking_bench(
             "objects": n,
             "vdet_bytetrack_ms": _time(ByteTracker().update, scene, warmup),
             "vdet_stream_tracking_ms": _time(_stream_step(), scene, warmup),
+            "numpy_reference_bytetrack_ms": _time(ReferenceByteTracker().update, scene, warmup),
+            "numpy_reference_stream_tracking_ms": _time(_reference_stream_step(), scene, warmup),
         }
         roboflow = _roboflow_step()
         if roboflow is not None:
@@ -162,6 +201,15 @@ def run_tracking_bench(
         ours: Any = at_30["vdet_stream_tracking_ms"]
         ratios["stream_tracking_over_detection_p50"] = round(
             ours["p50"] / detect_ms["total"]["p50"], 6
+        )
+        baseline: Any = at_30["numpy_reference_stream_tracking_ms"]
+        ratios["numpy_reference_over_vdet_stream_tracking_p50"] = round(
+            baseline["p50"] / ours["p50"], 2
+        )
+        baseline_tracker: Any = at_30["numpy_reference_bytetrack_ms"]
+        vdet_tracker: Any = at_30["vdet_bytetrack_ms"]
+        ratios["numpy_reference_over_vdet_bytetrack_p50"] = round(
+            baseline_tracker["p50"] / vdet_tracker["p50"], 2
         )
         if "roboflow_trackers_bytetrack_ms" in at_30:
             theirs: Any = at_30["roboflow_trackers_bytetrack_ms"]
@@ -185,5 +233,6 @@ def run_tracking_bench(
             "latency_ms": detect_ms,
         },
         "ratios": ratios,
-        "target": "stream tracking <= 0.1 ms per frame with 30 objects (p50)",
+        "target": "stream tracking (tracker, two polygons, a line) <= 0.1 ms per frame with "
+        "30 objects (p50)",
     }

@@ -10,9 +10,15 @@ it has been matched on `min_hits` frames.
 
 Motion is a constant-velocity alpha-beta filter on each box edge (the steady-state Kalman
 filter of that model): the same prediction ByteTrack's Kalman filter makes for boxes moving
-steadily, for a few array operations per frame instead of per-track 8x8 matrix algebra, which
-is what keeps 30 tracks under 100 us (bench/results, `vdet bench tracking`). The optimal
-assignment is SciPy's `linear_sum_assignment`.
+steadily, for a few multiply-adds per track instead of per-track 8x8 matrix algebra.
+
+Cost: the tracks are one struct-of-arrays table, and a frame is two compiled passes over it
+(vdet.tracking.compiled): predict + IoU + the matches when they are unambiguous, then the
+filter update, ends and starts. Most frames are unambiguous (each detection overlaps at most
+one track enough to match and the other way round); there both of ByteTrack's optimal
+assignments are exactly those pairs. Where a detection could continue two tracks (objects
+crossing), SciPy's `linear_sum_assignment` runs both stages as before, so the result is the
+optimal assignment on every frame, never a greedy approximation.
 
 This module owns the track table and the ids of one stream. It knows nothing about zones,
 streams or threads: the caller serialises calls.
@@ -26,14 +32,14 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
-from vdet.types import NO_TRACK, Detections, FloatArray, IntArray
+from vdet.tracking import compiled
+from vdet.types import Detections, FloatArray, IntArray
 
 # Gains of the alpha-beta filter: how far a matched track's box moves toward the detection
 # (alpha) and how much of the residual goes into its velocity (beta). High alpha: the boxes
 # served are the detector's, the filter only has to predict through short gaps.
 _ALPHA = np.float32(0.85)
 _BETA = np.float32(0.3)
-_BIG_COST = 1e6
 
 
 @dataclass(frozen=True)
@@ -79,108 +85,96 @@ def box_iou(a: FloatArray, b: FloatArray) -> FloatArray:
     return iou
 
 
-def _match(iou: FloatArray, min_iou: float) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Rows and columns of the assignment maximising total IoU, pairs under min_iou dropped."""
-    if iou.size == 0:
-        empty = np.zeros(0, np.intp)
-        return empty, empty
-    cost = np.where(iou >= min_iou, 1.0 - iou, _BIG_COST)
-    rows, cols = linear_sum_assignment(cost)
-    ok = cost[rows, cols] < _BIG_COST
-    return rows[ok], cols[ok]
+_NONE = np.zeros(0, np.intp)
 
 
 class ByteTracker:
     """Tracks of one stream. Feed every frame's detections to `update`, in order."""
 
-    # Columns of the two track tables: one float and one int array, so that predicting,
-    # adding and dropping tracks is one NumPy call per table, not one per field.
-    _BOX, _VEL = slice(0, 4), slice(4, 8)  # the filter's box (xyxy) and per-frame velocity
-    _CLS, _ID, _HITS, _LOST = 0, 1, 2, 3  # class, id (NO_TRACK until confirmed), frames
-    # matched, frames since last matched (0: seen on the previous frame)
+    # The track table: one float and one int array, a row per track (struct of arrays, no
+    # per-track objects), with spare rows so that a frame's new tracks are appended in place.
+    # Float columns: the filter's box (xyxy) and per-frame velocity; int columns: class, id
+    # (NO_TRACK until confirmed), frames matched, frames since last matched (0: seen on the
+    # previous frame); see vdet.tracking.compiled.
+    _INITIAL_ROWS = 64
 
     def __init__(self, params: TrackerParams | None = None) -> None:
         self.params = params or TrackerParams()
         self._next_id = 1
-        self._f = np.zeros((0, 8), np.float32)
-        self._i = np.zeros((0, 4), np.int32)
+        self._live = 0
+        self._f = np.zeros((self._INITIAL_ROWS, 8), np.float32)
+        self._i = np.zeros((self._INITIAL_ROWS, 4), np.int32)
 
     def __len__(self) -> int:
         """Live tracks, lost ones and not yet confirmed ones included."""
-        return len(self._i)
+        return self._live
 
     def update(self, detections: Detections) -> TrackUpdate:
         p = self.params
-        n, t = len(detections), len(self._i)
-        tracker_id = np.full(n, NO_TRACK, np.int32)
-        scores, classes = detections.scores, detections.class_ids
-        det_box = detections.xyxy
-        f, i = self._f, self._i
-        f[:, self._BOX] += f[:, self._VEL]  # predict every track one frame ahead
-        strong = scores >= p.track_threshold
-        track_det = np.full(t, -1, np.intp)  # the detection each track got
-        claimed = np.zeros(n, np.bool_)
+        # The compiled functions are built for these types (`compiled.warm_up`); another
+        # dtype or layout would compile a second version on the stream's thread.
+        xyxy = np.ascontiguousarray(detections.xyxy, np.float32)
+        scores = np.ascontiguousarray(detections.scores, np.float32)
+        classes = np.ascontiguousarray(detections.class_ids, np.int32)
+        t, n = self._live, len(scores)
+        if len(self._f) < t + n:  # room for every detection to start a track
+            rows = max(2 * len(self._f), t + n)
+            self._f = np.concatenate([self._f, np.zeros((rows - len(self._f), 8), np.float32)])
+            self._i = np.concatenate([self._i, np.zeros((rows - len(self._i), 4), np.int32)])
+        iou, track_det, unique = compiled.associate(
+            self._f,
+            self._i,
+            t,
+            xyxy,
+            scores,
+            classes,
+            p.class_aware,
+            np.float32(p.track_threshold),
+            np.float32(p.match_iou),
+            np.float32(p.low_match_iou),
+        )
+        if not unique:
+            track_det = self._assign(iou, scores)
+        tracker_id, started, ended, self._live, self._next_id = compiled.apply(
+            self._f,
+            self._i,
+            t,
+            track_det,
+            xyxy,
+            scores,
+            classes,
+            _ALPHA,
+            _BETA,
+            p.min_hits,
+            p.lost_track_buffer,
+            np.float32(max(p.new_track_threshold, p.track_threshold)),
+            self._next_id,
+        )
+        return TrackUpdate(tracker_id, tuple(started.tolist()), tuple(ended.tolist()))
 
-        if t and n:
-            # 1. strong detections against every track, seen or lost
-            iou = box_iou(det_box, f[:, self._BOX])  # both stages take their part of it
-            if p.class_aware:
-                iou *= classes[:, None] == i[:, self._CLS]
-            high = np.flatnonzero(strong)
-            rows, cols = _match(iou[high], p.match_iou)
-            track_det[cols] = high[rows]
-            claimed[high[rows]] = True
-            # 2. weak detections against tracks seen on the previous frame, still unmatched
-            low = np.flatnonzero(~strong)
-            if len(low):
-                candidates = np.flatnonzero((track_det < 0) & (i[:, self._LOST] == 0))
-                if len(candidates):
-                    rows, cols = _match(iou[np.ix_(low, candidates)], p.low_match_iou)
-                    track_det[candidates[cols]] = low[rows]
-
-        ended: tuple[int, ...] = ()
-        started: tuple[int, ...] = ()
-        if t:
-            matched = track_det >= 0
-            dets = track_det[matched]
-            residual = det_box[dets] - f[matched, self._BOX]
-            f[matched] += np.concatenate([_ALPHA * residual, _BETA * residual], axis=1)
-            i[matched, self._CLS] = classes[dets]
-            i[:, self._HITS] += matched
-            i[:, self._LOST] = np.where(matched, 0, i[:, self._LOST] + 1)
-            f[i[:, self._LOST] > 1, self._VEL] *= np.float32(0.9)  # lost: slow down, drift less
-            # confirm tracks that reached min_hits; unconfirmed ones die when they miss a frame
-            unconfirmed = i[:, self._ID] == NO_TRACK
-            started = self._assign_ids(unconfirmed & matched & (i[:, self._HITS] >= p.min_hits))
-            tracker_id[dets] = i[matched, self._ID]
-            expired = (i[:, self._LOST] > p.lost_track_buffer) | (unconfirmed & ~matched)
-            if expired.any():
-                ids = i[expired, self._ID]
-                ended = tuple(ids[ids != NO_TRACK].tolist())
-                self._f, self._i = f[~expired], i[~expired]
-
-        # 3. new tracks from strong detections nobody claimed
-        fresh = np.flatnonzero(~claimed & (scores >= max(p.new_track_threshold, p.track_threshold)))
-        if len(fresh):
-            k = len(fresh)
-            new_f = np.zeros((k, 8), np.float32)
-            new_f[:, self._BOX] = det_box[fresh]
-            new_i = np.zeros((k, 4), np.int32)
-            new_i[:, self._CLS] = classes[fresh]
-            new_i[:, self._ID] = NO_TRACK
-            new_i[:, self._HITS] = 1
-            self._f = np.concatenate([self._f, new_f])
-            self._i = np.concatenate([self._i, new_i])
-            new = np.zeros(len(self._i), np.bool_)
-            new[-k:] = p.min_hits <= 1
-            started += self._assign_ids(new)
-            tracker_id[fresh] = self._i[-k:, self._ID]
-        return TrackUpdate(tracker_id, started, ended)
-
-    def _assign_ids(self, rows: npt.NDArray[np.bool_]) -> tuple[int, ...]:
-        count = int(np.count_nonzero(rows))
-        if not count:
-            return ()
-        self._i[rows, self._ID] = np.arange(self._next_id, self._next_id + count, dtype=np.int32)
-        self._next_id += count
-        return tuple(self._i[rows, self._CLS].tolist())
+    def _assign(self, iou: FloatArray, scores: FloatArray) -> npt.NDArray[np.intp]:
+        """ByteTrack's two optimal assignments, for frames where some detection could continue
+        more than one track or the other way round: the detection each track gets, or -1.
+        The cost matrices are posed and read by compiled code; SciPy solves them."""
+        p = self.params
+        track_threshold = np.float32(p.track_threshold)
+        cost, high = compiled.first_stage_costs(
+            iou, scores, track_threshold, np.float32(p.match_iou)
+        )
+        rows, cols = linear_sum_assignment(cost) if cost.size else (_NONE, _NONE)
+        track_det: npt.NDArray[np.intp]
+        track_det, cost, low, candidates = compiled.second_stage_costs(
+            iou,
+            cost,
+            rows,
+            cols,
+            high,
+            scores,
+            self._i,
+            track_threshold,
+            np.float32(p.low_match_iou),
+        )
+        if cost.size:
+            rows, cols = linear_sum_assignment(cost)
+            compiled.take_second_stage(track_det, cost, rows, cols, low, candidates)
+        return track_det

@@ -14,21 +14,23 @@ calls, in frame order.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
-from vdet.tracking.geometry import Points, Polygon, segments_intersect, side_of_line
+from vdet.tracking import compiled
+from vdet.tracking.geometry import Points
 from vdet.tracking.specs import ZoneSpec
 from vdet.types import (
     NO_TRACK,
-    CrossDirection,
     Detections,
     ZoneEvent,
     ZoneOccupancy,
 )
+
+_NO_IDS = np.zeros(0, np.int64)
 
 ClassResolver = Callable[[Sequence[str | int] | None], frozenset[int] | None]
 
@@ -86,32 +88,94 @@ def check_in_frame(specs: Iterable[ZoneSpec], size_wh: tuple[int, int]) -> None:
                 )
 
 
-def anchors(boxes: np.ndarray, anchor: str) -> Points:
-    """The anchor point of each xyxy box."""
-    x = (boxes[:, 0] + boxes[:, 2]) * 0.5
-    y = boxes[:, 3] if anchor == "bottom_center" else (boxes[:, 1] + boxes[:, 3]) * 0.5
-    out: Points = np.stack([x, y], axis=1).astype(np.float64)
-    return out
+def _ids(rows: int) -> npt.NDArray[np.int64]:
+    return np.zeros(rows, np.int64)
+
+
+def _times(rows: int) -> npt.NDArray[np.float64]:
+    return np.zeros(rows, np.float64)
 
 
 @dataclass
 class _ZoneState:
-    # Polygons, by track id of the tracks inside: when each entered, was last seen inside,
-    # and its class. Three flat dicts so that a frame's updates are dict.update calls.
-    entered_s: dict[int, float] = field(default_factory=dict)
-    last_seen_s: dict[int, float] = field(default_factory=dict)
-    class_of: dict[int, int] = field(default_factory=dict)
-    sides: dict[int, tuple[int, float, float]] = field(default_factory=dict)  # lines
-    classes_seen: set[int] = field(default_factory=set)
-    polygon: tuple[tuple[int, int], Polygon] | None = None  # in pixels, for this frame size
+    """One zone's tracks, as the arrays `compiled.polygon_step` / `line_step` update in place:
+    their first `size[0]` rows are the tracks inside a polygon (id, class, when it entered,
+    last seen inside) or last seen off a line (id, side, anchor point)."""
+
+    members: npt.NDArray[np.int64] = field(default_factory=lambda: _ids(16))
+    member_class: npt.NDArray[np.int64] = field(default_factory=lambda: _ids(16))
+    entered_s: npt.NDArray[np.float64] = field(default_factory=lambda: _times(16))
+    last_seen_s: npt.NDArray[np.float64] = field(default_factory=lambda: _times(16))
+    member_side: npt.NDArray[np.int8] = field(default_factory=lambda: np.zeros(16, np.int8))
+    member_xy: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((16, 2)))
+    size: npt.NDArray[np.int64] = field(default_factory=lambda: _ids(1))
+    classes_seen: set[int] = field(default_factory=set)  # polygons: every class ever inside,
+    occupancy: tuple[ZoneOccupancy, ...] = ()  # and the counts as last reported
+
+    def make_room(self, boxes: int) -> None:
+        """Room for `boxes` more members (each box of a frame may add one)."""
+        rows = int(self.size[0]) + boxes
+        if rows <= len(self.members):
+            return
+        rows = max(rows, 2 * len(self.members))
+        grow = rows - len(self.members)
+        self.members = np.concatenate([self.members, _ids(grow)])
+        self.member_class = np.concatenate([self.member_class, _ids(grow)])
+        self.entered_s = np.concatenate([self.entered_s, _times(grow)])
+        self.last_seen_s = np.concatenate([self.last_seen_s, _times(grow)])
+        self.member_side = np.concatenate([self.member_side, np.zeros(grow, np.int8)])
+        self.member_xy = np.concatenate([self.member_xy, np.zeros((grow, 2))])
+
+
+@dataclass(frozen=True)
+class _PackedZones:
+    """The zones of one frame size as the arrays `compiled.zone_tests` reads."""
+
+    size_wh: tuple[int, int]
+    kinds: npt.NDArray[np.int8]  # 0 polygon, 1 line
+    anchors: npt.NDArray[np.int8]  # 0 center, 1 bottom center
+    vertices: npt.NDArray[np.float64]  # (zones, most vertices, 2) pixels
+    vertex_counts: npt.NDArray[np.int64]
+    class_filter: npt.NDArray[np.bool_]  # (zones, largest class id + 1)
+    filtered: npt.NDArray[np.bool_]  # (zones,) whether the zone has a class filter
+    line_ends: tuple[Points | None, ...]  # a line's two ends (2, 2), pixels
+
+    @classmethod
+    def of(cls, zones: tuple[Zone, ...], size_wh: tuple[int, int]) -> _PackedZones:
+        pixels = [z.pixels(size_wh) for z in zones]
+        vertices = np.zeros((len(zones), max(len(p) for p in pixels), 2), np.float64)
+        for row, pts in zip(vertices, pixels, strict=True):
+            row[: len(pts)] = pts
+        width = 1 + max((max(z.classes) for z in zones if z.classes), default=0)
+        class_filter = np.zeros((len(zones), width), np.bool_)
+        for wanted, zone in zip(class_filter, zones, strict=True):
+            wanted[list(zone.classes or ())] = True
+        return cls(
+            size_wh=size_wh,
+            kinds=np.asarray([z.kind == "line" for z in zones], np.int8),
+            anchors=np.asarray([z.anchor == "bottom_center" for z in zones], np.int8),
+            vertices=vertices,
+            vertex_counts=np.asarray([len(p) for p in pixels], np.int64),
+            class_filter=class_filter,
+            filtered=np.asarray([z.classes is not None for z in zones], np.bool_),
+            line_ends=tuple(
+                p if z.kind == "line" else None for z, p in zip(zones, pixels, strict=True)
+            ),
+        )
 
 
 class ZoneMonitor:
-    """Per-zone state of one stream's tracks. Call `update` once per frame, in order."""
+    """Per-zone state of one stream's tracks. Call `update` once per frame, in order.
+
+    Where each track stands with each zone is one compiled pass over tracks x zones
+    (vdet.tracking.compiled); what follows from it (events, dwell, counts) is plain Python
+    over the tracks of each zone, and events are built only when they happen.
+    """
 
     def __init__(self) -> None:
         self._zones: tuple[Zone, ...] = ()
         self._state: dict[str, _ZoneState] = {}
+        self._packed: _PackedZones | None = None
 
     @property
     def zones(self) -> tuple[Zone, ...]:
@@ -128,6 +192,7 @@ class ZoneMonitor:
             for z in zones
         }
         self._zones = zones
+        self._packed = None
 
     def update(
         self,
@@ -142,85 +207,92 @@ class ZoneMonitor:
         """
         if not self._zones:
             return (), ()
+        packed = self._packed
+        if packed is None or packed.size_wh != size_wh:
+            packed = self._packed = _PackedZones.of(self._zones, size_wh)
         ids = detections.tracker_id
-        tracked = np.zeros(len(detections), np.bool_) if ids is None else ids != NO_TRACK
-        boxes = detections.xyxy[tracked]
-        track_ids = [] if ids is None else ids[tracked].tolist()
-        classes = detections.class_ids[tracked]
-        anchor_points = {a: anchors(boxes, a) for a in {z.anchor for z in self._zones}}
+        ids = np.full(len(detections), NO_TRACK, np.int32) if ids is None else ids
+        # the types `compiled.warm_up` builds for (see ByteTracker.update)
+        ids = np.ascontiguousarray(ids, np.int32)
+        classes = np.ascontiguousarray(detections.class_ids, np.int32)
+        tests, points = compiled.zone_tests(
+            np.ascontiguousarray(detections.xyxy, np.float32),
+            classes,
+            ids,
+            packed.kinds,
+            packed.anchors,
+            packed.vertices,
+            packed.vertex_counts,
+            packed.class_filter,
+            packed.filtered,
+        )
+        ended = np.asarray(ended_ids, np.int64) if ended_ids else _NO_IDS
         events: list[ZoneEvent] = []
         occupancy: list[ZoneOccupancy] = []
-        ended = set(ended_ids)
-        every_row = np.arange(len(track_ids))
-        for zone in self._zones:
+        for z, (zone, ends) in enumerate(zip(self._zones, packed.line_ends, strict=True)):
             state = self._state[zone.id]
-            if zone.classes is None:
-                rows, points = every_row, anchor_points[zone.anchor]
-            else:
-                rows = np.flatnonzero(np.isin(classes, list(zone.classes)))
-                points = anchor_points[zone.anchor][rows]
-            if zone.kind == "line":
-                self._lines(zone, state, size_wh, points, rows, track_ids, classes, events)
-                for track_id in ended:
-                    state.sides.pop(track_id, None)
+            state.make_room(len(ids))
+            if ends is not None:
+                tracks, track_classes, came_from = compiled.line_step(
+                    tests,
+                    z,
+                    ids,
+                    classes,
+                    points[packed.anchors[z]],
+                    ends,
+                    ended,
+                    state.members,
+                    state.member_side,
+                    state.member_xy,
+                    state.size,
+                )
+                if len(tracks):
+                    events.extend(
+                        ZoneEvent("line_cross", zone.id, t, c, "in" if f < 0 else "out")
+                        for t, c, f in zip(
+                            tracks.tolist(), track_classes.tolist(), came_from.tolist(), strict=True
+                        )
+                    )
                 continue
-            if state.polygon is None or state.polygon[0] != size_wh:
-                state.polygon = size_wh, Polygon(zone.pixels(size_wh))
-            inside = state.polygon[1].contains(points)
-            ids_here = [track_ids[r] for r in rows.tolist()]
-            inside_list = inside.tolist()
-            in_ids = [t for t, i in zip(ids_here, inside_list, strict=True) if i]
-            in_classes = classes[rows[inside]].tolist()
-            for track_id, class_id in zip(in_ids, in_classes, strict=True):
-                if track_id not in state.entered_s:
-                    state.entered_s[track_id] = time_s
-                    events.append(ZoneEvent("zone_enter", zone.id, track_id, class_id))
-            state.last_seen_s.update(dict.fromkeys(in_ids, time_s))
-            state.class_of.update(zip(in_ids, in_classes, strict=True))
-            left = {t for t, i in zip(ids_here, inside_list, strict=True) if not i}
-            for track_id in sorted((left | ended) & state.entered_s.keys()):
-                events.append(self._exit(zone, state, track_id))
-            counts = dict.fromkeys(state.classes_seen, 0) | Counter(state.class_of.values())
-            state.classes_seen.update(counts)
-            occupancy.extend(ZoneOccupancy(zone.id, c, n) for c, n in sorted(counts.items()))
+            tracks, track_classes, entered_s, last_seen_s, enters, changed = compiled.polygon_step(
+                tests,
+                z,
+                ids,
+                classes,
+                ended,
+                time_s,
+                state.members,
+                state.member_class,
+                state.entered_s,
+                state.last_seen_s,
+                state.size,
+            )
+            if len(tracks):
+                rows = zip(
+                    tracks.tolist(),
+                    track_classes.tolist(),
+                    entered_s.tolist(),
+                    last_seen_s.tolist(),
+                    strict=True,
+                )
+                for k, (track_id, class_id, entered, last_seen) in enumerate(rows):
+                    if k < enters:
+                        events.append(ZoneEvent("zone_enter", zone.id, track_id, class_id))
+                    else:
+                        dwell = round(max(0.0, last_seen - entered), 6)
+                        exit_ = ZoneEvent("zone_exit", zone.id, track_id, class_id, dwell_s=dwell)
+                        events.append(exit_)
+            if changed:
+                self._count(zone, state)
+            occupancy.extend(state.occupancy)
         return tuple(events), tuple(occupancy)
 
     @staticmethod
-    def _exit(zone: Zone, state: _ZoneState, track_id: int) -> ZoneEvent:
-        entered = state.entered_s.pop(track_id)
-        dwell = round(max(0.0, state.last_seen_s.pop(track_id) - entered), 6)
-        class_id = state.class_of.pop(track_id)
-        return ZoneEvent("zone_exit", zone.id, track_id, class_id, dwell_s=dwell)
-
-    @staticmethod
-    def _lines(
-        zone: Zone,
-        state: _ZoneState,
-        size_wh: tuple[int, int],
-        points: Points,
-        rows: np.ndarray,
-        track_ids: list[int],
-        classes: np.ndarray,
-        events: list[ZoneEvent],
-    ) -> None:
-        ends = zone.pixels(size_wh)
-        a, b = ends[0], ends[1]
-        sides = side_of_line(points, a, b).tolist()
-        ids = [track_ids[r] for r in rows.tolist()]
-        rows_classes = classes[rows].tolist()
-        # On the line (side 0): on neither side yet, the last side seen stands.
-        seen = [
-            (t, s, p, c)
-            for t, s, p, c in zip(ids, sides, points.tolist(), rows_classes, strict=True)
-            if s
-        ]
-        get = state.sides.get
-        for track_id, side, (x, y), class_id in seen:
-            previous = get(track_id)
-            if previous is None or previous[0] == side:
-                continue
-            start, end = np.asarray([previous[1:]]), np.asarray([[x, y]])
-            if segments_intersect(start, end, a, b)[0]:
-                direction: CrossDirection = "in" if previous[0] < 0 else "out"
-                events.append(ZoneEvent("line_cross", zone.id, track_id, class_id, direction))
-        state.sides.update((t, (s, p[0], p[1])) for t, s, p, _ in seen)
+    def _count(zone: Zone, state: _ZoneState) -> None:
+        """Tracks in the zone per class, zeros for the classes seen there before."""
+        inside = state.member_class[: int(state.size[0])].tolist()
+        state.classes_seen.update(inside)
+        counts = dict.fromkeys(state.classes_seen, 0)
+        for class_id in inside:
+            counts[class_id] += 1
+        state.occupancy = tuple(ZoneOccupancy(zone.id, c, n) for c, n in sorted(counts.items()))
