@@ -25,6 +25,7 @@ from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.streams import ResultSink, StreamManager, StreamView
+from vdet.tracking.compiled import warm_up as warm_up_tracking
 from vdet.types import Detections, ImageArray, SourceStatus, StageTimings
 
 if TYPE_CHECKING:
@@ -196,6 +197,10 @@ class LocalStreams:
         max_streams: int | None = None,
     ) -> LocalStreams:
         detector = detector_factory(settings)
+        # Tracking is on by default and its per-frame code is compiled (Numba): compiled or
+        # loaded from its cache here, before any stream, not in the first tracked frame of one
+        # (a cold compile takes seconds, which that stream would drop frames for).
+        warm_up_tracking()
         gpu: GpuPool | None = None
         try:
             gpu = _gpu_pool(settings, detector.backend, metrics)
