@@ -419,7 +419,7 @@ def test_streams_keep_their_backend_until_the_engine_is_ready(demo: Path, tmp_pa
     assert seen[-1] is new
     switch = seen.index(new)
     assert all(b is fallback for b in seen[:switch]) and all(b is new for b in seen[switch:])
-    assert fallback._session is None  # closed once its last call returned
+    assert fallback._pool is None  # closed once its last call returned
     swappable.close()
 
 
