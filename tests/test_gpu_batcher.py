@@ -15,7 +15,7 @@ import pytest
 import torch
 from support.toy_network import toy_network as _network
 
-from vdet.gpu_workers import _Batcher
+from vdet.gpu_batcher import Batcher
 from vdet.ingest.nvdec import GpuVideoFrame
 from vdet.pipeline.gpu_ops import Nv12Geometry, nv12_letterbox_reference
 from vdet.pipeline.gpu_runner import (
@@ -82,7 +82,7 @@ def _expected(frame: GpuVideoFrame, params: PostprocessParams) -> np.ndarray:
 
 
 def test_frames_from_many_threads_are_batched_and_each_gets_its_own_detections() -> None:
-    batcher = _Batcher(_batched(), wait_s=0.05, name="test-batcher")
+    batcher = Batcher(_batched(), wait_s=0.05, name="test-batcher")
     sources, per_source = 6, 5
     got: dict[tuple[int, int], np.ndarray] = {}
     errors: list[BaseException] = []
@@ -119,7 +119,7 @@ def test_a_frame_that_fails_to_stage_fails_alone() -> None:
             raise RuntimeError("bad frame")
         nv12_letterbox_reference(nv12, geometry, out, None)
 
-    batcher = _Batcher(_batched(preprocess), wait_s=0.2, name="test-batcher")
+    batcher = Batcher(_batched(preprocess), wait_s=0.2, name="test-batcher")
     outcomes: dict[int, object] = {}
     start = threading.Barrier(3)
 
@@ -142,7 +142,7 @@ def test_a_frame_that_fails_to_stage_fails_alone() -> None:
 
 
 def test_a_closed_batcher_refuses_frames() -> None:
-    batcher = _Batcher(_batched(), wait_s=0.01, name="test-batcher")
+    batcher = Batcher(_batched(), wait_s=0.01, name="test-batcher")
     assert len(as_numpy_rows(batcher.submit(_frame(0, 0), LOOSE))) >= 0
     batcher.close()
     with pytest.raises(RuntimeError, match="closed"):

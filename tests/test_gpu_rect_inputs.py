@@ -21,8 +21,9 @@ import torch
 from support.toy_network import toy_network
 
 from vdet.config import GpuSettings
-from vdet.gpu_workers import COMMON_SOURCE_WH, GpuWorker, InputShapes
+from vdet.gpu_workers import GpuWorker
 from vdet.ingest.nvdec import GpuVideoFrame
+from vdet.input_shapes import COMMON_SOURCE_WH, InputShapes
 from vdet.pipeline.gpu_runner import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.types import ColourMatrix, ColourRange

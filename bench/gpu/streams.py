@@ -286,7 +286,8 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     detector = Detector.open(DEMO, "onnxruntime" if cpu_backend else "torch")
     pool = None
     if not cpu_backend:
-        from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
+        from vdet.gpu_workers import build_gpu_pool
+        from vdet.interpreter import tune_interpreter_for_streams
 
         tune_interpreter_for_streams()  # as vdet serve does with GPU workers
         settings = GpuSettings(
@@ -413,10 +414,10 @@ def _reader_totals(readers: list[Any]) -> dict[str, float]:
 
 
 def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
-    from vdet.gpu_workers import tune_interpreter_for_streams
     from vdet.host_wait import set_host_wait
     from vdet.ingest.nvdec import GpuVideoFrame
     from vdet.ingest.nvdec_reader import NvdecSourceReader
+    from vdet.interpreter import tune_interpreter_for_streams
 
     tune_interpreter_for_streams()
     set_host_wait(0, _host_wait(spec))

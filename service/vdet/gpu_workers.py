@@ -6,17 +6,17 @@ the CPU reader and then goes through the CPU `Detector`), and each NV12 frame be
 detections through a CUDA graph (vdet.pipeline.gpu_runner): per stream, a `CudaGraphRunner`
 on the stream's own CUDA stream (batch 1, lowest latency), or, with `gpu.batch` K > 1, one
 `BatchedGraphRunner` running up to K ready frames of any of the GPU's streams as one graph
-(each stream's thread stages its own frame; a batcher thread launches the batch). `GpuPool`
+(vdet.gpu_batcher: each stream's thread stages its own frame; a batcher thread launches
+the batch). `GpuPool`
 holds the workers and places each new stream with vdet.placement (pinned, sticky, least
 loaded), so a frame's whole life stays on one GPU.
 
-Input shapes (`InputShapes`, setting `input_shape`): with `rect`, a frame runs at the smallest
-stride-multiple input that holds it (384x640 for 16:9 at a 640 model, 480x640 for 4:3), where
-the network takes such inputs; with `square` (or a network that does not), at the model's
-input size. A graph is captured for one input shape, so a stream's runner is built for the
-shape its resolution needs and rebuilt when a resolution change needs another one; batching
-keeps one batcher (and batched runner) per input shape, made when a frame first needs it, so
-a batch holds frames of one shape and cameras of mixed resolutions still batch.
+Input shapes (vdet.input_shapes, setting `input_shape`): a graph is captured for one input
+shape, so a stream's runner is built for the shape its resolution needs and rebuilt when a
+resolution change needs another one; batching keeps one batcher (and batched runner) per input
+shape, the 16:9 one built with the worker and others when a frame first needs them, so a batch
+holds frames of one shape and cameras of mixed resolutions still batch. Interpreter tuning for
+many streams: vdet.interpreter.
 
 Isolation: each worker has its own CUDA streams, runners and network replica; an exception on
 one GPU fails that frame only (the stream manager records it on the stream), and a GPU whose
@@ -30,11 +30,8 @@ pixels). This module never decides whether to use the GPU (the app does) and spe
 from __future__ import annotations
 
 import logging
-import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -42,10 +39,11 @@ import torch
 
 from vdet.capture_guard import CUDA_WORK
 from vdet.config import GpuSettings
-from vdet.contract import STRIDE, rect_input_hw
+from vdet.gpu_batcher import Batcher
 from vdet.ingest.nvdec import GpuVideoFrame
 from vdet.ingest.nvdec_reader import select_reader
 from vdet.ingest.reader import SourceReader
+from vdet.input_shapes import COMMON_SOURCE_WH, InputShapes, has_rect_inputs
 from vdet.pipeline.backends.base import InferenceBackend
 from vdet.pipeline.gpu_ops import (
     DecodeNmsFn,
@@ -56,12 +54,9 @@ from vdet.pipeline.gpu_ops import (
 )
 from vdet.pipeline.gpu_runner import (
     BatchedGraphRunner,
-    BatchOutput,
     CudaGraphRunner,
-    LaunchedBatch,
     Network,
     RunnerOptions,
-    RunResult,
 )
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.placement import PlacementError, SourceDemand, assign
@@ -71,21 +66,6 @@ log = logging.getLogger(__name__)
 
 # network_factory(batch, (H, W)) -> a network for (batch, 3, H, W) inputs on the worker's device.
 NetworkFactory = Callable[[int, tuple[int, int]], Network]
-# A batched request not answered within this long means the batcher is wedged.
-_BATCH_REPLY_TIMEOUT_S = 30.0
-
-
-# Python's default GIL switch interval (5 ms) lets one busy thread keep dozens of ingest and
-# pipeline threads, each needing the GIL for microseconds per packet or frame, waiting.
-_SWITCH_INTERVAL_S = 0.0005
-
-
-def tune_interpreter_for_streams() -> None:
-    """Shorten the GIL switch interval for a process serving many GPU streams (module-wide:
-    called once by the app when it starts GPU workers, and by the streams benchmark)."""
-    if sys.getswitchinterval() > _SWITCH_INTERVAL_S:
-        log.info("GIL switch interval -> %.4f s (many streams)", _SWITCH_INTERVAL_S)
-        sys.setswitchinterval(_SWITCH_INTERVAL_S)
 
 
 def choose_ops(
@@ -120,197 +100,6 @@ def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
         rgb = nv12_to_rgb_u8(frame.nv12, geometry)  # (3, h, w) float32 0..255
         bgr = rgb.flip(0).permute(1, 2, 0).to(torch.uint8).contiguous()
     return np.ascontiguousarray(bgr.cpu().numpy())
-
-
-# The frame size most cameras send; its input shape is ready before the first frame.
-COMMON_SOURCE_WH = (1920, 1080)
-
-
-@dataclass(frozen=True)
-class InputShapes:
-    """Which network input (H, W) a frame of a given size runs at on the GPU path.
-
-    `model_hw` is the model's input size and `stride` its largest stride. With `rect`, a frame
-    gets `rect_input_hw` of its size (the smallest stride multiple that holds it at the scale
-    the model's input gives it), raised to at least `min_hw` where the networks take nothing
-    smaller (a TensorRT profile's minimum; the letterbox then pads more, at the same scale);
-    without it, every frame runs at `model_hw`.
-    """
-
-    model_hw: tuple[int, int]
-    stride: int = STRIDE
-    rect: bool = False
-    min_hw: tuple[int, int] | None = None
-
-    def __post_init__(self) -> None:
-        H, W = self.model_hw
-        if H < 1 or W < 1:
-            raise ValueError(f"model input {self.model_hw} must be positive")
-        if self.rect and (self.stride < 1 or H % self.stride or W % self.stride):
-            raise ValueError(
-                f"rect inputs need a model input {self.model_hw} that is a multiple of the "
-                f"stride {self.stride}"
-            )
-        if self.min_hw is not None and not all(
-            0 < low <= side for low, side in zip(self.min_hw, self.model_hw, strict=True)
-        ):
-            raise ValueError(f"min_hw {self.min_hw} must lie within the model input")
-
-    def of(self, source_wh: tuple[int, int]) -> tuple[int, int]:
-        """The input (H, W) a frame of `source_wh` is letterboxed into."""
-        if not self.rect:
-            return self.model_hw
-        H, W = rect_input_hw(source_wh, self.model_hw, self.stride)
-        if self.min_hw is not None:
-            H, W = max(H, self.min_hw[0]), max(W, self.min_hw[1])
-        return H, W
-
-    def describe(self) -> str:
-        return "rect inputs" if self.rect else "square inputs"
-
-
-def _has_rect_inputs(model_hw: tuple[int, int], stride: int) -> bool:
-    """Whether a model of `model_hw` has rectangular inputs at all (sides multiples of the
-    stride; the rest run square)."""
-    return stride >= 1 and all(side >= stride and side % stride == 0 for side in model_hw)
-
-
-@dataclass
-class _Request:
-    """One frame's place in a batch, and where that batch's output goes."""
-
-    index: int
-    done: threading.Event = field(default_factory=threading.Event)
-    output: BatchOutput | None = None
-    error: BaseException | None = None
-
-
-class _Batcher:
-    """Gathers up to `runner.batch` frames with the same params (waiting at most `wait_s` after
-    the first) and runs them as one batch; callers block in `submit` until theirs is done.
-
-    Per-frame host work stays in each frame's own thread, which `submit` runs in: it takes the
-    next index of the open batch, stages (preprocesses) its frame there and, once the batch is
-    done, reads its own detections. The batcher thread only seals the batch, launches its
-    graph and waits for it, and the next batch stages meanwhile (the stream runs it after
-    this one). One thread doing every frame's launches and row reading in series left the GPU
-    mostly idle at batch 8, slower than batch 1 (call 4 of
-    bench/results/report/2026-12-02-streams-mps-h200.md).
-    """
-
-    def __init__(self, runner: BatchedGraphRunner, wait_s: float, name: str) -> None:
-        self.runner = runner
-        self.wait_s = wait_s
-        self.batches = 0
-        self.frames = 0
-        self._cond = threading.Condition()
-        self._open: list[_Request] = []  # the batch being gathered, in index order
-        self._params: PostprocessParams | None = None
-        self._opened_at = 0.0
-        self._staged = 0  # of the open batch's frames, how many are staged (or failed to be)
-        self._sealed = False  # the open batch takes no more frames: it is being launched
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, frame: GpuVideoFrame, params: PostprocessParams) -> RunResult:
-        started = time.perf_counter()
-        geometry = Nv12Geometry.of(
-            frame.size_wh, self.runner.input_hw, frame.matrix, frame.colour_range
-        )
-        with self._cond:
-            while not self._closed and (
-                self._sealed
-                or len(self._open) >= self.runner.batch
-                or (self._open and self._params != params)
-            ):
-                self._cond.wait()
-            if self._closed:
-                raise RuntimeError("the GPU worker is closed")
-            request = _Request(len(self._open))
-            if not self._open:
-                self._params, self._opened_at = params, time.monotonic()
-            self._open.append(request)
-            self._cond.notify_all()
-        try:
-            self.runner.stage(request.index, frame.nv12, geometry, frame.ready)
-        except Exception as exc:  # this frame fails; the batch runs without its pixels
-            request.error = exc
-        finally:
-            with self._cond:
-                self._staged += 1
-                self._cond.notify_all()
-        if not request.done.wait(_BATCH_REPLY_TIMEOUT_S):
-            raise TimeoutError(f"no batched result within {_BATCH_REPLY_TIMEOUT_S:g} s")
-        if request.error is not None:
-            raise request.error
-        output = request.output
-        assert output is not None
-        detections = output.detections(request.index, geometry)
-        return RunResult(
-            detections, time.perf_counter() - started, output.replayed, output.launch_seconds
-        )
-
-    def close(self) -> None:
-        """Run what is already gathered, refuse new frames, stop the thread."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        self._thread.join(5.0)
-        with self._cond:  # a wedged batcher: whoever still waits gets an answer
-            stranded, self._open = self._open, []
-        for request in stranded:
-            request.error = RuntimeError("the GPU worker is closed")
-            request.done.set()
-
-    def _next_batch(self) -> tuple[list[_Request], PostprocessParams] | None:
-        """Wait for a batch to fill or time out, seal it, and take it once all of it is staged;
-        None once closed with nothing gathered."""
-        with self._cond:
-            while not self._open and not self._closed:
-                self._cond.wait()
-            if not self._open:
-                return None
-            deadline = self._opened_at + self.wait_s
-            while len(self._open) < self.runner.batch and not self._closed:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                self._cond.wait(remaining)
-            self._sealed = True
-            while self._staged < len(self._open):
-                self._cond.wait()
-            requests, params = self._open, self._params
-            self._open, self._params, self._staged = [], None, 0
-        assert params is not None
-        return requests, params
-
-    def _launch(self, requests: list[_Request], params: PostprocessParams) -> LaunchedBatch:
-        """Launch a sealed batch, then let the next one stage (the stream orders it after this
-        one's graph), whether or not the launch worked."""
-        try:
-            return self.runner.launch(len(requests), params)
-        finally:
-            with self._cond:
-                self._sealed = False
-                self._cond.notify_all()
-
-    def _run(self) -> None:
-        while (taken := self._next_batch()) is not None:
-            requests, params = taken
-            output: BatchOutput | None = None
-            error: Exception | None = None
-            try:
-                output = self.runner.finish(self._launch(requests, params))
-            except Exception as exc:  # every frame of the batch gets the error; we go on
-                error = exc
-            if error is None:
-                self.batches += 1
-                self.frames += len(requests)
-            for request in requests:
-                if request.error is None:
-                    request.output, request.error = output, error
-                request.done.set()
 
 
 class GpuWorker:
@@ -374,7 +163,7 @@ class GpuWorker:
         # One runner per stream, for the input shape of its latest frame.
         self._runners: dict[str, CudaGraphRunner] = {}
         # With gpu.batch > 1: one batcher per input shape, made when a frame first needs it.
-        self._batchers: dict[tuple[int, int], _Batcher] = {}
+        self._batchers: dict[tuple[int, int], Batcher] = {}
         self.runner_rebuilds = 0  # stream runners replaced for a new input shape
         self._closed = False
         if settings.batch > 1:
@@ -382,7 +171,7 @@ class GpuWorker:
             # shape, or with rect inputs the 16:9 one (1080p and 720p cameras); others on demand.
             self._batcher_for(self.input_shapes.of(COMMON_SOURCE_WH))
 
-    def _batcher_for(self, input_hw: tuple[int, int]) -> _Batcher:
+    def _batcher_for(self, input_hw: tuple[int, int]) -> Batcher:
         batcher = self._batchers.get(input_hw)  # lock-free read, as in `_runner`
         if batcher is not None and not self._closed:
             return batcher
@@ -402,7 +191,7 @@ class GpuWorker:
                     # a graph per batch-size bucket, at this shape
                     network_for_batch=lambda size: self._network_factory(size, input_hw),
                 )
-                batcher = _Batcher(
+                batcher = Batcher(
                     runner,
                     self.settings.batch_wait_ms / 1000.0,
                     f"vdet-batcher-gpu{self.label}-{W}x{H}",
@@ -645,7 +434,7 @@ def build_gpu_pool(
             backend.info.stride,
             rect=input_shape == "rect"
             and source.rect_networks
-            and _has_rect_inputs(backend.info.input_hw, backend.info.stride),
+            and has_rect_inputs(backend.info.input_hw, backend.info.stride),
             min_hw=source.network_min_hw,
         )
         workers.append(
@@ -666,10 +455,8 @@ def build_gpu_pool(
 __all__ = [
     "GpuPool",
     "GpuWorker",
-    "InputShapes",
     "NetworkFactory",
     "build_gpu_pool",
     "choose_ops",
     "frame_to_bgr",
-    "tune_interpreter_for_streams",
 ]

@@ -316,7 +316,8 @@ def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | N
     """
     if not backend.gpu_data_path:
         return None
-    from vdet.gpu_workers import build_gpu_pool, tune_interpreter_for_streams
+    from vdet.gpu_workers import build_gpu_pool
+    from vdet.interpreter import tune_interpreter_for_streams
 
     tune_interpreter_for_streams()
     return build_gpu_pool(

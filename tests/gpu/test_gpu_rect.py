@@ -38,8 +38,9 @@ from test_gpu_torch_backend import (  # noqa: E402
 )
 
 from vdet.config import GpuSettings  # noqa: E402
-from vdet.gpu_workers import GpuWorker, InputShapes, choose_ops  # noqa: E402
+from vdet.gpu_workers import GpuWorker, choose_ops  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
+from vdet.input_shapes import InputShapes  # noqa: E402
 from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
 from vdet.pipeline.detector import Detector  # noqa: E402
