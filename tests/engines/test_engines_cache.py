@@ -447,7 +447,7 @@ def test_an_engine_finished_after_close_is_closed(demo: Path, tmp_path: Path) ->
     gate.set()
     assert builder.wait(30) and builder.state == "failed"
     assert isinstance(builder.result, OnnxRuntimeBackend)
-    assert builder.result._session is None  # not leaked
+    assert builder.result._pool is None  # not leaked
 
 
 # ---- configuration ------------------------------------------------------------------------------
