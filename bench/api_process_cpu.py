@@ -32,7 +32,6 @@ import gc
 import importlib.util
 import json
 import pickle
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 
 from vdet.api.schemas import ResultEventEncoder, encode_result_tail
+from vdet.bench import environment
 from vdet.hub import ResultsHub
 from vdet.types import DetectionResult, Detections, StageTimings
 from vdet.workers.channel import Published
@@ -278,8 +278,7 @@ def main() -> None:
     }
     ratios["unpickle_us"] = unpickle_us["this"] / unpickle_us["baseline"]
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": sys.version},
+        "environment": environment(),
         "baseline_ref": args.baseline,
         "kept_results": kept,
         "sources": SOURCES,
