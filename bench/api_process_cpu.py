@@ -32,7 +32,6 @@ import gc
 import importlib.util
 import json
 import pickle
-import platform
 import statistics
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 
 from vdet.api.schemas import ResultEventEncoder, encode_result_tail
+from vdet.bench import environment
 from vdet.hub import ResultsHub
 from vdet.types import DetectionResult, Detections, StageTimings
 from vdet.workers.channel import Published
@@ -60,12 +60,19 @@ NAMES = tuple(f"class{i}" for i in range(80))
 def baseline_hub_module(ref: str) -> ModuleType:
     """`vdet.hub` as it was at git `ref`, loaded beside this checkout's."""
     repo = Path(__file__).resolve().parent.parent
-    source = subprocess.run(
-        ["git", "-C", str(repo), "show", f"{ref}:service/hub.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    # The module's file since the src layout, and before it.
+    for where in ("service/vdet/hub.py", "service/hub.py"):
+        shown = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{ref}:{where}"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        if shown.returncode == 0:
+            source = shown.stdout
+            break
+    else:
+        raise SystemExit(f"no vdet hub module at git ref {ref!r}: {shown.stderr.strip()}")
     path = Path(tempfile.mkdtemp()) / "baseline_hub.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("baseline_hub", path)
@@ -278,8 +285,7 @@ def main() -> None:
     }
     ratios["unpickle_us"] = unpickle_us["this"] / unpickle_us["baseline"]
     report = {
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": {"cpu": platform.processor() or platform.machine(), "python": sys.version},
+        "environment": environment(),
         "baseline_ref": args.baseline,
         "kept_results": kept,
         "sources": SOURCES,

@@ -31,12 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import yaml
 
 from vdet.bench import environment
 from vdet.cli import asset_path
 
 QUERY = {"fps": "15", "boxes": "false", "max_width": "960"}
+# Debian's Chromium as the web page's tests run it: Playwright itself passes --headless,
+# --no-sandbox, --no-first-run and keeps background networking, component updates and sync
+# off; these two it does not (no GPU process, no QUIC attempts a sandboxed host refuses).
+CHROMIUM_ARGS = ["--disable-gpu", "--disable-quic"]
 
 
 def _free_port() -> int:
@@ -121,9 +126,6 @@ def _phase(base: str, pid: int, seconds: float, viewer: bool) -> dict[str, Any]:
 def _browser_phase(base: str, seconds: float, profile: Path) -> dict[str, Any]:
     from playwright.sync_api import sync_playwright
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from support.browser import CHROMIUM_ARGS
-
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
             str(profile),
@@ -160,7 +162,7 @@ def _cpu_costs(frames: int, width: int, quality: int) -> dict[str, Any]:
     with av.open(str(asset_path("sample.mp4"))) as container:
         t = time.process_time()
         for frame in container.decode(video=0):
-            images.append(frame.to_ndarray(format="bgr24"))
+            images.append(frame.to_ndarray(format="bgr24").astype(np.uint8, copy=False))
             now = time.process_time()
             decode_ms.append(1000 * (now - t))
             t = now

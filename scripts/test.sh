@@ -30,9 +30,12 @@ else
 fi
 scripts/setup.sh --dev
 . .venv/bin/activate
-ruff check service plugins tests deploy
-ruff format --check service plugins tests deploy
+ruff check service plugins tests deploy bench
+ruff format --check service plugins tests deploy bench
 mypy -p vdet
+# bench/ holds plain scripts, not a package: mypy names each by its file and finds a script's
+# neighbour beside it (bench/gpu/wait_probe.py imports accuracy.py); vdet comes from the cache.
+mypy bench
 if [[ $stack != 0 ]]; then
   build_status=0
   wait "$stack_build" || build_status=$?

@@ -295,6 +295,36 @@ def test_existing_results_get_headline_tables(name: str, kind: str, expected: st
     assert markdown is not None and expected in markdown
 
 
+def test_gpu_pipeline_machine_from_its_environment_or_the_older_top_level() -> None:
+    """bench/gpu/pipeline.py writes vdet.bench.environment() and its percentile method; files
+    from before it have the GPU, torch and Python at the top level."""
+    latency = {"p50_ms": 1.5, "p90_ms": 2.0, "p99_ms": 3.0, "mean_ms": 1.6, "n": 300}
+    model = {"model": "demo.onnx", "graph": {"latency": latency, "host_launch": latency}}
+    env = {
+        "date": "2026-12-03T17:00:00+00:00",
+        "gpu": "NVIDIA H200",
+        "driver": "580.159.04, 1980 MHz, 143771 MiB",
+        "python": "3.11.2",
+        "packages": {"torch": "2.14.1"},
+    }
+    new = {"environment": env, "percentile_method": "nearest", "models": [model]}
+    old = {"gpu": "NVIDIA H100", "torch": "2.11.0", "python": "3.11.1", "models": [model]}
+    rendered = [render_markdown(data, "gpu-pipeline") or "" for data in (new, old)]
+    for expected in (
+        "- Date: 2026-12-03T17:00:00+00:00",
+        "- GPU: NVIDIA H200",
+        "- Driver: 580.159.04, 1980 MHz, 143771 MiB",
+        "- torch: 2.14.1",
+        "- Python: 3.11.2",
+        "- Percentile method: nearest",
+        "| graph | 1.50 |",
+    ):
+        assert expected in rendered[0]
+    for expected in ("- GPU: NVIDIA H100", "- torch: 2.11.0", "- Python: 3.11.1"):
+        assert expected in rendered[1]
+    assert "Percentile method" not in rendered[1]
+
+
 def test_every_committed_result_file_reports(tmp_path: Path) -> None:
     inputs = sorted(RESULTS.glob("*.json"))
     assert inputs

@@ -23,18 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from vdet.bench import environment
+from vdet.dataset import clip_truth as truth
+from vdet.ingest.nvdec import decode_file
+from vdet.pipeline.backends.torch import TorchBackend
+from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops
+from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions
+from vdet.pipeline.postprocess import PostprocessParams
+from vdet.types import Detections
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support import truth  # noqa: E402
-
-from vdet.ingest.nvdec import decode_file  # noqa: E402
-from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
-from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops  # noqa: E402
-from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions  # noqa: E402
-from vdet.pipeline.postprocess import PostprocessParams  # noqa: E402
-from vdet.types import Detections  # noqa: E402
-
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
 SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 THRESHOLDS = (0.1, 0.25, 0.4, 0.5)
@@ -141,8 +139,7 @@ def main() -> int:
     report: dict[str, Any] = {
         "clip": SAMPLE.name,
         "frames": len(frames),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
+        "environment": environment(),
     }
     gpu32, backend32 = _gpu_run(frames, fp16=False)
     gpu16, backend16 = _gpu_run(frames, fp16=True)

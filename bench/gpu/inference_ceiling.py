@@ -23,15 +23,14 @@ from typing import Any
 
 import torch
 
+from vdet.bench import environment
+from vdet.pipeline.backends.torch import TorchBackend
+from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops
+from vdet.pipeline.gpu_runner import BatchedGraphRunner, RunnerOptions
+from vdet.pipeline.postprocess import PostprocessParams
+from vdet.types import ColourMatrix, ColourRange
+
 ROOT = Path(__file__).resolve().parents[2]
-
-from vdet.bench import environment  # noqa: E402
-from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
-from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops  # noqa: E402
-from vdet.pipeline.gpu_runner import BatchedGraphRunner, RunnerOptions  # noqa: E402
-from vdet.pipeline.postprocess import PostprocessParams  # noqa: E402
-from vdet.types import ColourMatrix, ColourRange  # noqa: E402
-
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
 PARAMS = PostprocessParams()
 

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -36,8 +33,11 @@ import torch
 import torchvision
 from torch.nn import functional
 
+from vdet.bench import environment
+from vdet.bench_stats import PercentileMethod, percentiles
+from vdet.contract import compute_letterbox
 from vdet.pipeline.postprocess import PostprocessParams
-from vdet.pipeline.preprocess import compute_letterbox, letterbox
+from vdet.pipeline.preprocess import letterbox
 from vdet.plugins import launch
 from vdet.plugins.ops import GpuOps, decode_nms_workspace_bytes, yuv_coefficients
 
@@ -45,14 +45,20 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 
 
+# Linear interpolation (vdet.bench_stats), recorded in the JSON. Result files without the key
+# (2026-12-02) took p10/p90 as the sample at index n // 10 and 9n // 10 of the sorted list; the
+# medians are the same either way.
+PERCENTILE_METHOD: PercentileMethod = "linear"
+
+
 def stats(samples_ms: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_ms)
-    n = len(ordered)
+    """median/p10/p90 in microseconds of times in milliseconds, and the count."""
+    found = percentiles(samples_ms, (50, 10, 90), PERCENTILE_METHOD)
     return {
-        "median_us": round(1000 * statistics.median(ordered), 2),
-        "p10_us": round(1000 * ordered[n // 10], 2),
-        "p90_us": round(1000 * ordered[(9 * n) // 10], 2),
-        "iterations": n,
+        "median_us": round(1000 * found["p50"], 2),
+        "p10_us": round(1000 * found["p10"], 2),
+        "p90_us": round(1000 * found["p90"], 2),
+        "iterations": len(samples_ms),
     }
 
 
@@ -65,7 +71,7 @@ def eager_gpu(
     for _ in range(warmup):
         fn(stream)
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     samples = []
     for _ in range(iters):
         start.record(stream)
@@ -83,7 +89,7 @@ def graph_gpu(
     per_call_items: int = 1,
 ) -> dict[str, float]:
     """Device time per call (and per item, e.g. per image of a batch) from graph replays."""
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(3):
@@ -97,7 +103,7 @@ def graph_gpu(
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
     samples = []
     for _ in range(replays):
         start.record()
@@ -271,40 +277,18 @@ def ultralytics_style_nms(
 # ---- sections ---------------------------------------------------------------------------------
 
 
-def environment(ops: GpuOps) -> dict[str, Any]:
+def kernel_environment(ops: GpuOps) -> dict[str, Any]:
+    """The machine (vdet.bench.environment) and what the kernels were built for and run on."""
     backend: Any = ops.backend
-    info: dict[str, Any] = {
+    return {
+        **environment(),
         "gpu": torch.cuda.get_device_name(0),
         "compute_capability": list(backend.compute_capability),
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "opencv": cv2.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
         "nvrtc": ".".join(map(str, launch.nvrtc_version())),
         "kernel_arch": backend.arch,
     }
-    try:
-        import cuda.bindings
-
-        info["cuda_bindings"] = cuda.bindings.__version__
-    except Exception as exc:
-        info["cuda_bindings"] = repr(exc)
-    try:
-        info["driver"] = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=driver_version,clocks.max.sm,memory.total",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError as exc:
-        info["driver"] = repr(exc)
-    return info
 
 
 def bench_preprocess(ops: GpuOps) -> dict[str, Any]:
@@ -316,7 +300,7 @@ def bench_preprocess(ops: GpuOps) -> dict[str, Any]:
     k = yuv_coefficients("bt709", False)
     out16 = torch.empty((8, 3, 640, 640), dtype=torch.float16, device="cuda")
     out32 = torch.empty((8, 3, 640, 640), dtype=torch.float32, device="cuda")
-    bgr_np = [cv2.cvtColor(s, cv2.COLOR_YUV2BGR_NV12) for s in surfaces_np]
+    bgr_np = [cv2.cvtColor(s, cv2.COLOR_YUV2BGR_NV12).astype(np.uint8) for s in surfaces_np]
     bgr = [torch.from_numpy(b).cuda() for b in bgr_np]
     torch.cuda.synchronize()
     turn = [0]
@@ -347,7 +331,7 @@ def bench_preprocess(ops: GpuOps) -> dict[str, Any]:
             torch_nv12_letterbox(surfaces[turn[0] % 8], out16[:1], k, geometry)
         turn[0] += 1
 
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("vdet_nv12_fp16_b1_graph", lambda: graph_gpu(nv12_one(out16))),
         ("vdet_nv12_fp16_b1_eager", lambda: eager_gpu(nv12_one(out16), stream)),
@@ -378,7 +362,7 @@ def bench_decode_nms(ops: GpuOps) -> dict[str, Any]:
     results: dict[str, Any] = {}
     rng = np.random.default_rng(0)
     params = PostprocessParams()  # the serving defaults of vdet.contract
-    stream = torch.cuda.Stream()
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
 
     def ours(batch: int, dense: bool = True) -> tuple[Callable[[torch.cuda.Stream], None], Any]:
         heads = [torch.from_numpy(dense_heads(rng, batch, dense=dense)).cuda() for _ in range(4)]
@@ -473,11 +457,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     ops = GpuOps()
-    torch.cuda.init()
+    torch.cuda.init()  # type: ignore[no-untyped-call]
     report: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "what": "vdet CUDA kernels vs OpenCV CPU and torch/torchvision GPU baselines",
-        "environment": environment(ops),
+        "environment": kernel_environment(ops),
+        "percentile_method": PERCENTILE_METHOD,
         "params": {"input": "1080p NV12/BGR -> 640x640", "nms": vars(PostprocessParams())},
     }
     report["params"]["nms"]["classes"] = None

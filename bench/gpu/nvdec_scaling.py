@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vdet.bench import environment
+
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 
@@ -122,7 +124,12 @@ def main() -> int:
     parser.add_argument("--threads", default="1,8,32")
     args = parser.parse_args()
     packets = _packets_pyav()
-    report: dict[str, Any] = {"clip": str(SAMPLE.name), "packets": len(packets), "runs": []}
+    report: dict[str, Any] = {
+        "environment": environment(),
+        "clip": str(SAMPLE.name),
+        "packets": len(packets),
+        "runs": [],
+    }
     report["gil"] = _gil_probe(packets)
     print("gil", report["gil"], flush=True)
     for latency in ("low", "native"):

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,8 @@ import cv2
 import numpy as np
 import torch
 
+from vdet.bench import environment
+from vdet.bench_stats import PercentileMethod, percentiles
 from vdet.contract import rect_input_hw
 from vdet.dataset.synthetic import SceneConfig, render_image
 from vdet.pipeline.backends.torch import load_onnx_network
@@ -83,18 +84,18 @@ def _nv12_frames(count: int, size: tuple[int, int] = (1920, 1080)) -> list[torch
     return frames
 
 
+# The sample nearest each rank rather than linear interpolation: these results have always
+# been measured values (vdet.bench_stats says how the two differ); the JSON records it.
+PERCENTILE_METHOD: PercentileMethod = "nearest"
+
+
 def _percentiles(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
+    """p50/p90/p99/mean in ms (keys `p50_ms`, ...) of durations in seconds, and the count."""
+    found = percentiles(values, (50, 90, 99), PERCENTILE_METHOD)
     return {
-        "p50_ms": at(0.5) * 1e3,
-        "p90_ms": at(0.9) * 1e3,
-        "p99_ms": at(0.99) * 1e3,
-        "mean_ms": statistics.fmean(ordered) * 1e3,
-        "n": len(ordered),
+        **{f"{key}_ms": value * 1e3 for key, value in found.items()},
+        "mean_ms": statistics.fmean(values) * 1e3,
+        "n": len(values),
     }
 
 
@@ -281,7 +282,12 @@ def _ultralytics(path: Path, frames: list[torch.Tensor], iterations: int) -> dic
     for frame in frames:
         nv12 = frame.cpu().numpy()
         images.append(cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12))
-    kwargs = {"half": True, "device": 0, "verbose": False, "conf": PARAMS.conf_threshold}
+    kwargs: dict[str, Any] = {
+        "half": True,
+        "device": 0,
+        "verbose": False,
+        "conf": PARAMS.conf_threshold,
+    }
     for image in images[:5]:
         model.predict(image, **kwargs)
     wall = []
@@ -500,10 +506,8 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown sections {unknown}; choose from {SECTIONS}")
     report: dict[str, Any] = {
-        "host": platform.node(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
+        "environment": environment(),
+        "percentile_method": PERCENTILE_METHOD,
         "debug": args.debug,
         "params": {
             "conf": PARAMS.conf_threshold,

@@ -7,6 +7,8 @@ checked against the CPU reference, so a clean sanitizer report means "correct an
 
 from __future__ import annotations
 
+from typing import Any
+
 import cupy as cp
 import numpy as np
 
@@ -34,12 +36,13 @@ def main() -> None:
     assert np.abs(cp.asnumpy(out16)[0].astype(np.float32) - want).max() <= 1 / 255 + 1e-3
 
     # Decode + NMS: radix select (top_k < survivors), ties, a filter, agnostic, and N = 0.
-    for nc, n, kwargs in [
+    cases: list[tuple[int, int, dict[str, Any]]] = [
         (20, 2000, {"top_k": 300, "max_det": 100}),
         (3, 700, {"conf_threshold": 0.0, "class_agnostic": True}),
         (80, 1000, {"classes": frozenset({1, 5})}),
         (2, 0, {}),
-    ]:
+    ]
+    for nc, n, kwargs in cases:
         raw = np.empty((2, 4 + nc, n), np.float32)
         raw[:, :2] = rng.uniform(0, 640, (2, 2, n))
         raw[:, 2:4] = rng.uniform(4, 160, (2, 2, n))

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -38,9 +37,12 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+
+from vdet.bench_stats import percentiles
+from vdet.host_wait import HOST_WAITS, HostWait
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
@@ -75,13 +77,13 @@ def _gpu_used_mib() -> float | None:
 
 
 def _latency_summary(values_s: list[float]) -> tuple[dict[str, float] | None, list[float] | None]:
+    """p50/p95/p99/max/mean in ms (unrounded, as the result files have them), and at most
+    LATENCY_SAMPLES_KEPT of the sorted samples for the CDF plot."""
     if not values_s:
         return None, None
     ms = np.asarray(values_s) * 1e3
     summary = {
-        "p50": float(np.percentile(ms, 50)),
-        "p95": float(np.percentile(ms, 95)),
-        "p99": float(np.percentile(ms, 99)),
+        **percentiles(ms, (50, 95, 99)),
         "max": float(ms.max()),
         "mean": float(ms.mean()),
     }
@@ -158,8 +160,7 @@ class _Diagnostics:
             "innermost_frames": top(self._leaf),
             "innermost_vdet_frames": top(self._ours),
             "gil_probe_late_us": {
-                "p50": float(np.percentile(late, 50)),
-                "p99": float(np.percentile(late, 99)),
+                **percentiles(late, (50, 99)),
                 "mean": float(late.mean()),
                 "n": int(late.size),
             },
@@ -184,8 +185,13 @@ def _start_window(spec: dict[str, Any]) -> None:
     time.sleep(max(0.0, start - time.time()))
 
 
-def _host_wait(spec: dict[str, Any]) -> str:
-    return str(spec.get("host_wait") or "block")
+def _host_wait(spec: dict[str, Any]) -> HostWait:
+    """The run's `gpu.host_wait` mode (block when it names none)."""
+    wanted = spec.get("host_wait") or "block"
+    for mode in HOST_WAITS:
+        if mode == wanted:
+            return mode
+    raise ValueError(f"host_wait must be one of {HOST_WAITS}, got {wanted!r}")
 
 
 class _GpuSampler:
@@ -279,10 +285,13 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     from vdet.metrics import Metrics
     from vdet.pipeline.detector import Detector
     from vdet.streams import StreamManager
+    from vdet.types import DetectionResult
 
     sources, paced = spec["sources"], spec["paced"]
     cpu_backend = spec["system"] == "cpu_backend"
-    decoder = "cpu" if spec["system"] in ("cpu_decode", "cpu_backend") else "nvdec"
+    decoder: Literal["cpu", "nvdec"] = (
+        "cpu" if spec["system"] in ("cpu_decode", "cpu_backend") else "nvdec"
+    )
     detector = Detector.open(DEMO, "onnxruntime" if cpu_backend else "torch")
     pool = None
     if not cpu_backend:
@@ -359,7 +368,12 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
         cpu = _cpu_seconds() - cpu0
         diagnosis = diagnostics.stop() if diagnostics is not None else None
         dropped1, decoded1, processed1 = totals()
-        results = [r for r in hub.since(seq0) if r.published_time >= window_start]
+        # In this process the hub keeps whole results (encoded ones come from worker processes).
+        results = [
+            r
+            for r in hub.since(seq0)
+            if isinstance(r, DetectionResult) and r.published_time >= window_start
+        ]
         latencies = [r.timings.end_to_end for r in results]
         summary, kept = _latency_summary(latencies)
         if spec.get("sync_dir"):  # the orchestrator merges every process's latencies
@@ -501,7 +515,7 @@ def _run_ultralytics(spec: dict[str, Any]) -> dict[str, Any]:
     from vdet.types import VideoFrame
 
     model = YOLO("yolov8n.yaml")  # the demo's architecture (random weights; its NMS sees few boxes)
-    kwargs = {"half": True, "device": 0, "verbose": False}
+    kwargs: dict[str, Any] = {"half": True, "device": 0, "verbose": False}
     warm = np.zeros((1080, 1920, 3), np.uint8)
     for _ in range(5):
         model.predict(warm, **kwargs)
@@ -778,41 +792,6 @@ def _plan(args: argparse.Namespace) -> list[dict[str, Any]]:
     return plan
 
 
-def _environment() -> dict[str, Any]:
-    env: dict[str, Any] = {"host": platform.node(), "python": sys.version.split()[0]}
-    try:
-        import torch
-
-        env["gpu"] = torch.cuda.get_device_name()
-        env["torch"] = torch.__version__
-        env["cpu_count"] = os.cpu_count()
-    except Exception as exc:  # a broken CUDA install still gets its runs' errors recorded
-        env["gpu_error"] = str(exc)
-    try:
-        out = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-gpu=driver_version,clocks.max.sm,memory.total",
-                "--format=csv,noheader",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-        env["driver"] = out.stdout.strip()
-    except OSError:
-        pass
-    from importlib import metadata
-
-    for name in ("pynvvideocodec", "av", "onnxruntime", "ultralytics", "numpy"):
-        try:
-            env[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return env
-
-
 def _summarise(report: dict[str, Any]) -> None:
     runs = [r for r in report["runs"] if "error" not in r]
     ceiling = max((r["fps_aggregate"] for r in runs if r["system"] == "decode_only"), default=None)
@@ -961,11 +940,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.run:
         return _child(json.loads(args.run), args.run_out)
+    from vdet.bench import environment  # here: a run's child imports only what its run needs
 
     report: dict[str, Any] = {
         "benchmark": "streams",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "environment": _environment(),
+        "environment": environment(),
         "model": "demo.onnx (YOLOv8n, 6 classes, FP16 on the GPU)",
         "clip": "sample.mp4 1920x1080 30 fps H.264 (IPPP), looped",
         "runs": [],
@@ -976,6 +956,7 @@ def main() -> int:
         name = _name(spec)
         _progress(f"run {i}/{len(plan)}: {name}")
         timeout = args.run_timeout + spec["seconds"]
+        result: dict[str, Any]
         with contextlib.ExitStack() as stack:
             try:
                 env, mps_log = (

@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
+# Beside this script, so on the path when it runs as `python3 bench/gpu/wait_probe.py`.
 from accuracy import demo_runner
 from nvdec_scaling import _packets_pyav
 
+from vdet.bench import environment
 from vdet.host_wait import set_host_wait
 from vdet.ingest.nvdec import NvdecDecoder, decode_file
 from vdet.pipeline.postprocess import PostprocessParams
@@ -115,11 +115,11 @@ def main() -> int:
     parser.add_argument("--sections", default="waits,gil", help="waits, gil or both")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
-    torch.cuda.init()
+    torch.cuda.init()  # type: ignore[no-untyped-call]
     packets = _packets_pyav()
     frames = list(decode_file(str(SAMPLE)))[:100]
     params = PostprocessParams()
-    report: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "modes": {}}
+    report: dict[str, Any] = {"environment": environment(), "modes": {}}
     if "gil" in sections:
         report["gil"] = _gil_section(frames, packets)
         for what, m in report["gil"].items():
@@ -135,10 +135,10 @@ def main() -> int:
         set_host_wait(0, mode)
         row: dict[str, Any] = {}
         for blocking in (False, True):
-            event = torch.cuda.Event(blocking=blocking)
+            event = torch.cuda.Event(blocking=blocking)  # type: ignore[no-untyped-call]
 
             def sleep_and_wait(_: int, event: Any = event) -> None:
-                torch.cuda._sleep(2_000_000)  # ~1 ms at ~2 GHz
+                torch.cuda._sleep(2_000_000)  # type: ignore[no-untyped-call]  # ~1 ms at ~2 GHz
                 event.record()
                 event.synchronize()
 

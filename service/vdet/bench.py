@@ -2,8 +2,9 @@
 
 A figure is only worth committing with its context (date, CPU/GPU, versions) and beside a
 baseline measured in the same run. This module owns the measuring loops and the environment
-record; the stages measured are the service's own (`Detector`, `SourceReader`), called exactly
-as the service calls them.
+record (`environment()`, which every benchmark, bench/ and bench/gpu/ included, writes into its
+result file); the stages measured are the service's own (`Detector`, `SourceReader`), called
+exactly as the service calls them. Percentiles come from `vdet.bench_stats`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shutil
+import subprocess
 import sys
 import time
 from importlib import metadata
@@ -18,10 +21,26 @@ from pathlib import Path
 
 import numpy as np
 
+from vdet.bench_stats import percentiles
 from vdet.ingest.reader import DecodeError, SourceReader
 from vdet.pipeline.detector import Detector, InputShape
 
-_PACKAGES = ("vdet", "numpy", "onnxruntime", "opencv-python-headless", "av", "torch")
+# Recorded where installed: the GPU scripts' stack too (NVDEC, onnx2torch, the CUDA bindings,
+# and the Ultralytics peer they measure against).
+_PACKAGES = (
+    "vdet",
+    "numpy",
+    "onnxruntime",
+    "opencv-python-headless",
+    "av",
+    "torch",
+    "torchvision",
+    "onnx2torch",
+    "pynvvideocodec",
+    "cuda-bindings",
+    "ultralytics",
+)
+_NVIDIA_SMI_TIMEOUT_S = 20.0
 
 
 def cpu_model() -> str:
@@ -35,8 +54,40 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def gpus() -> dict[str, str]:
+    """The machine's NVIDIA GPUs as nvidia-smi lists them: "gpu" (the first one's name) and
+    "driver" (per GPU: driver version, max SM clock, memory); {} without a working nvidia-smi.
+
+    nvidia-smi rather than CUDA: asking creates no CUDA context in the measuring process, and
+    CPU benchmarks need not import torch.
+    """
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return {}
+    try:
+        done = subprocess.run(
+            [
+                exe,
+                "--query-gpu=name,driver_version,clocks.max.sm,memory.total",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=_NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    rows = [line.split(", ", 1) for line in done.stdout.strip().splitlines()]
+    rows = [row for row in rows if len(row) == 2]
+    if done.returncode != 0 or not rows:
+        return {}
+    return {"gpu": rows[0][0], "driver": "\n".join(rest for _, rest in rows)}
+
+
 def environment() -> dict[str, object]:
-    """Where and with what a benchmark ran."""
+    """Where and with what a benchmark ran: date, CPU, load, Python, the GPUs (when nvidia-smi
+    lists any) and the versions of the packages that make the figures."""
     versions = {}
     for name in _PACKAGES:
         try:
@@ -52,19 +103,19 @@ def environment() -> dict[str, object]:
         "load_average_1m": round(os.getloadavg()[0], 2),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        **gpus(),
         "packages": versions,
     }
 
 
 def summarize_ms(seconds: list[float]) -> dict[str, float]:
-    """p50/p95/p99/mean in milliseconds of a list of durations in seconds."""
+    """p50/p95/p99/mean in milliseconds of a list of durations in seconds, and the count."""
     if not seconds:
         return {}
     a = np.asarray(seconds) * 1e3
+    found = percentiles(a, (50, 95, 99))
     return {
-        "p50": round(float(np.percentile(a, 50)), 3),
-        "p95": round(float(np.percentile(a, 95)), 3),
-        "p99": round(float(np.percentile(a, 99)), 3),
+        **{key: round(value, 3) for key, value in found.items()},
         "mean": round(float(a.mean()), 3),
         "n": len(seconds),
     }
@@ -200,8 +251,8 @@ def run_pipeline_shapes_bench(
             for shape, stages in times.items()
         },
         # per frame, rect / square (decode excluded: both detect the same decoded frame)
-        "rect_over_square_detect_time_p50": round(float(np.median(paired)), 3),
-        "rect_over_square_inference_time_p50": round(float(np.median(inference)), 3),
+        "rect_over_square_detect_time_p50": round(percentiles(paired, (50,))["p50"], 3),
+        "rect_over_square_inference_time_p50": round(percentiles(inference, (50,))["p50"], 3),
     }
 
 

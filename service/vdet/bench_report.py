@@ -369,13 +369,17 @@ def _pipeline_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
 
 def _gpu_pipeline_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
     lines = [f"# GPU pipeline benchmark: {stem}", ""]
+    # vdet.bench.environment() under "environment"; files from before it have the GPU, torch
+    # and Python at the top level.
+    env = data.get("environment")
     lines += _bullets(
         [
-            ("Date", data.get("date")),
-            ("GPU", data.get("gpu")),
-            ("Driver", data.get("driver")),
-            ("torch", data.get("torch")),
-            ("Python", data.get("python")),
+            ("Date", _get(env, "date") or data.get("date")),
+            ("GPU", _get(env, "gpu") or data.get("gpu")),
+            ("Driver", _get(env, "driver") or data.get("driver")),
+            ("torch", _get(env, "packages", "torch") or data.get("torch")),
+            ("Python", _get(env, "python") or data.get("python")),
+            ("Percentile method", data.get("percentile_method")),
         ]
     )
     keys = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "n")
@@ -437,6 +441,7 @@ def _cuda_kernels_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
             ("Driver", _get(env, "driver")),
             ("Kernel arch", _get(env, "kernel_arch")),
             ("torch", _get(env, "torch")),
+            ("Percentile method", data.get("percentile_method")),
         ]
     )
     if data.get("what"):

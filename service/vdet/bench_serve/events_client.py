@@ -44,6 +44,8 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
+from vdet.bench_stats import percentiles
+
 LATENCY_SAMPLES_KEPT = 1000
 _RECONNECT_PAUSE_S = 0.2
 _MAX_MESSAGE_BYTES = 16 << 20
@@ -55,9 +57,7 @@ def latency_summary_ms(seconds: array[float] | list[float]) -> dict[str, float] 
         return None
     a = np.asarray(seconds, dtype=np.float64) * 1e3
     return {
-        "p50": round(float(np.percentile(a, 50)), 3),
-        "p90": round(float(np.percentile(a, 90)), 3),
-        "p99": round(float(np.percentile(a, 99)), 3),
+        **{key: round(value, 3) for key, value in percentiles(a, (50, 90, 99)).items()},
         "max": round(float(a.max()), 3),
         "mean": round(float(a.mean()), 3),
         "n": int(a.size),
