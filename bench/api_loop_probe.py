@@ -118,25 +118,37 @@ def _produce(index: int, data: Connection, control: Connection) -> None:
 
 
 def _client(url: str, out: Connection) -> None:
-    """Read /v1/events until the server says goodbye; send back (receive time, latency) of
-    every result."""
+    """Read /v1/events until the server shuts down, resuming after a `lagging` goodbye as a
+    client should (`?after=`); send back (receive time, latency) of every result and the
+    goodbyes (receive time, type)."""
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
     samples: list[tuple[float, float]] = []
     others: list[tuple[float, str]] = []  # a goodbye (lagging) before the end is a finding
-    with connect(url, max_size=None) as ws:
-        out.send("connected")
+    target = url
+    connected = False
+    while True:
+        kind = "closed"
         try:
-            for text in ws:
-                now = time.time()
-                event = json.loads(text)
-                if event["type"] == "result":
-                    samples.append((now, now - event["result"]["published_time"]))
-                else:
-                    others.append((now, event["type"]))
-        except ConnectionClosed:
+            with connect(target, max_size=None) as ws:
+                if not connected:
+                    out.send("connected")
+                    connected = True
+                for text in ws:
+                    now = time.time()
+                    event = json.loads(text)
+                    if event["type"] == "result":
+                        samples.append((now, now - event["result"]["published_time"]))
+                    else:
+                        kind = event["type"]
+                        others.append((now, kind))
+                        if kind == "lagging":
+                            target = f"{url}?after={event['resume_after']}"
+        except (ConnectionClosed, OSError):
             pass
+        if kind != "lagging":
+            break
     out.send((samples, others))
     out.close()
 
@@ -372,7 +384,7 @@ def main() -> None:
         for name in args.variants:
             mine = [r for r in rows if r["rate"] == rate and r["variant"] == name]
             summary.setdefault(str(int(rate)), {})[name] = {
-                f"{part}_{key}": statistics.median(r[part][key] for r in mine)
+                f"{part}_{key}": statistics.median(r[part].get(key, float("nan")) for r in mine)
                 for part in ("latency", "loop_lag")
                 for key in ("mean_ms", "p50_ms", "p99_ms", "max_ms")
             } | {"api_cpu_cores": statistics.median(r["api_cpu_cores"] for r in mine)}
