@@ -22,6 +22,10 @@ producers), alternating within each round, so that a shared machine's load falls
   GIL behind reader threads);
 - both: batch64 and switch1ms.
 
+`--readers one` replaces the reader thread per pipe by one thread waiting on all of them
+(a run of its own: compare runs alternated); `--profile-out` writes a cProfile of the
+event-loop thread. Clients cut off as `lagging` resume with `?after=`, as clients should.
+
     .venv/bin/python bench/api_loop_probe.py --rates 1000 2000 --out result.json
 """
 
