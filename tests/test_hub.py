@@ -9,7 +9,13 @@ import threading
 
 import pytest
 
-from vdet.hub import EncodedResult, ResultsHub, SubscriptionEnd, SubscriptionEndedError
+from vdet.hub import (
+    EncodedResult,
+    ResultsHub,
+    SubscriptionEnd,
+    SubscriptionEndedError,
+    _Outbox,
+)
 from vdet.types import DetectionResult, Detections, StageTimings
 
 
@@ -189,6 +195,26 @@ async def test_many_publishing_threads_reach_every_subscriber_in_order_and_filte
     for sub in [*everything, only_b]:
         sub.close()
     assert hub.subscriber_count == 0
+
+
+async def test_a_long_burst_is_delivered_a_batch_per_callback_with_others_between() -> None:
+    # Results that piled up while the loop was busy go out `_Outbox.batch` at a time, so a
+    # timer or request that became ready meanwhile runs between two batches, not after all.
+    hub = ResultsHub(subscriber_queue_size=1000)
+    sub = hub.subscribe(None)
+    batch = _Outbox.batch
+    for i in range(3 * batch):
+        hub.publish(result("a", i))
+    delivered_before_other: list[int] = []
+    asyncio.get_running_loop().call_soon(lambda: delivered_before_other.append(len(sub._items)))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert delivered_before_other == [batch]
+    seqs = [(await asyncio.wait_for(sub.get(), 1)).seq for _ in range(3 * batch)]
+    assert seqs == list(range(1, 3 * batch + 1))
+    hub.publish(result("a", 3 * batch))  # a new burst after the last one drained
+    assert (await asyncio.wait_for(sub.get(), 1)).seq == 3 * batch + 1
+    sub.close()
 
 
 async def test_a_result_still_on_its_way_when_subscribing_is_not_delivered_live() -> None:

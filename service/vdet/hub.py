@@ -177,35 +177,48 @@ class Subscription:
 class _Outbox:
     """Results on their way to the subscriptions of one event loop.
 
-    Publishers append under the hub's lock (so in seq order) and wake the loop only when the
-    outbox was empty: one `call_soon_threadsafe` (a self-pipe write and a loop wake-up) per
-    burst of results, not one per result and subscriber, which at thousands of results per
+    Publishers append under the hub's lock (so in seq order) and wake the loop only when no
+    delivery is scheduled: one `call_soon_threadsafe` (a self-pipe write and a loop wake-up)
+    per burst of results, not one per result and subscriber, which at thousands of results per
     second and several clients would be most of the loop's work.
+
+    One delivery callback hands out at most `batch` results and schedules the next for the
+    rest: a burst that piled up while the loop was busy must not hold every other callback
+    (timers, requests, socket writes) back for its whole length.
     """
+
+    batch = 64
 
     def __init__(self, hub: ResultsHub, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.subscribers: set[Subscription] = set()
         self._hub = hub
-        self._pending: list[_Kept] = []
+        self._pending: deque[_Kept] = deque()
+        self._scheduled = False  # a `_deliver` is on its way to the loop (hub lock held)
 
     def put_locked(self, kept: _Kept) -> None:
         """Queue a kept result (hub lock held)."""
         self._pending.append(kept)
-        if len(self._pending) == 1:
+        if not self._scheduled:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody to deliver to
                 self.loop.call_soon_threadsafe(self._deliver)
+                self._scheduled = True
 
     def _deliver(self) -> None:
         with self._hub._lock:
-            results, self._pending = self._pending, []
+            pending = self._pending
+            results = [pending.popleft() for _ in range(min(len(pending), self.batch))]
             subscribers = list(self.subscribers)
+            more = bool(pending)
+            self._scheduled = more
         for kept in results:
             source = kept[1]
             result = _handed_out(kept)  # once, shared by every subscriber
             for sub in subscribers:
                 if sub.source_id is None or sub.source_id == source:
                     sub._deliver(result)
+        if more:  # the rest after whatever else is ready to run
+            self.loop.call_soon(self._deliver)
 
 
 class ResultsHub:
