@@ -44,7 +44,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 DETECTIONS = 10
 SOURCES = 64
@@ -198,7 +198,7 @@ def main() -> None:
     import uvicorn
 
     from vdet.api.app import create_app
-    from vdet.config import Settings
+    from vdet.config import Settings, WorkerSettings
     from vdet.types import SourceState
     from vdet.workers.channel import Published
 
@@ -228,7 +228,7 @@ def main() -> None:
     ctx = multiprocessing.get_context("spawn")
     assets = Path(__file__).resolve().parent.parent / "service" / "vdet" / "assets"
     settings = Settings(
-        model_path=assets / "demo.onnx", backend="onnxruntime", workers={"processes": 0}
+        model_path=assets / "demo.onnx", backend="onnxruntime", workers=WorkerSettings(processes=0)
     )
     app = create_app(settings, freeze_startup_objects=True)
     runtime = app.state.runtime
@@ -274,7 +274,8 @@ def main() -> None:
         channels = {conn: Channel(conn) for conn in conns}
         hub, metrics = runtime.hub, runtime.metrics
         while channels:
-            for conn in wait(list(channels)):
+            for ready in wait(list(channels)):
+                conn = cast(Connection, ready)  # wait() returns the objects it was given
                 try:
                     message = channels[conn].recv()
                 except (EOFError, OSError):
