@@ -4,8 +4,9 @@ and WebSocket client latency at paced result rates, for variants of the loop's s
 Real parts: K producer processes stand for the stream worker processes and send what a worker
 sends (`Channel.send(Published(handle, DetectionResult))`, real pickles of 1080p-shaped results
 with 10 detections and their `encoded_tail`) into real pipes at a paced total rate; in the API
-process one reader thread per pipe does what `WorkerPool._read` does for a result (receive,
-unpickle, `ResultsHub.publish`, `Metrics.observe_result`); the app is the real one
+process the product's reader (`vdet.workers.inbox.Inbox`, one thread for every pipe, as in
+`WorkerPool`) hands each result to what `WorkerPool` does with it (`ResultsHub.publish`,
+`Metrics.observe_result`); the app is the real one
 (`create_app`, as `vdet serve` starts it, streams in-process and none running, under uvicorn
 with the settings `vdet serve` uses), so the hub, /v1/events and the loop-lag probe
 (`vdet_api_event_loop_lag_seconds`, vdet.api.loop_health) are the product's. N WebSocket
@@ -22,9 +23,10 @@ producers), alternating within each round, so that a shared machine's load falls
   GIL behind reader threads);
 - both: batch64 and switch1ms.
 
-`--readers one` replaces the reader thread per pipe by one thread waiting on all of them
-(a run of its own: compare runs alternated); `--profile-out` writes a cProfile of the
-event-loop thread. Clients cut off as `lagging` resume with `?after=`, as clients should.
+`--readers per-pipe` reads each pipe on a thread of its own instead (as `WorkerPool` did
+before the inbox; a run of its own: compare runs alternated); `--profile-out` writes a
+cProfile of the event-loop thread. Clients cut off as `lagging` resume with `?after=`, as
+clients should.
 
     .venv/bin/python bench/api_loop_probe.py --rates 1000 2000 --out result.json
 """
@@ -44,7 +46,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 DETECTIONS = 10
 SOURCES = 64
@@ -212,9 +214,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument(
         "--readers",
-        choices=["per-pipe", "one"],
-        default="per-pipe",
-        help="a reader thread per pipe (as WorkerPool) or one waiting on all pipes",
+        choices=["per-pipe", "inbox"],
+        default="inbox",
+        help="the product's one reader thread for all pipes, or a thread per pipe",
     )
     parser.add_argument("--out", type=Path)
     parser.add_argument(
@@ -266,23 +268,9 @@ def main() -> None:
             if isinstance(message, Published):
                 metrics.observe_result(hub.publish(message.result))
 
-    def read_all(conns: list[Connection]) -> None:  # one thread waiting on every pipe
-        from multiprocessing.connection import wait
-
-        from vdet.workers.channel import Channel
-
-        channels = {conn: Channel(conn) for conn in conns}
-        hub, metrics = runtime.hub, runtime.metrics
-        while channels:
-            for ready in wait(list(channels)):
-                conn = cast(Connection, ready)  # wait() returns the objects it was given
-                try:
-                    message = channels[conn].recv()
-                except (EOFError, OSError):
-                    del channels[conn]
-                    continue
-                if isinstance(message, Published):
-                    metrics.observe_result(hub.publish(message.result))
+    def publish(message: object) -> None:  # WorkerPool._on_message's path for a result
+        if isinstance(message, Published):
+            runtime.metrics.observe_result(runtime.hub.publish(message.result))
 
     producers = []
     pipes = []
@@ -297,8 +285,13 @@ def main() -> None:
             threading.Thread(target=read, args=(ours,), name=f"reader-{index}", daemon=True).start()
         pipes.append(ours)
         producers.append((process, control_ours))
-    if args.readers == "one":
-        threading.Thread(target=read_all, args=(pipes,), name="reader", daemon=True).start()
+    if args.readers == "inbox":
+        from vdet.workers.channel import Channel
+        from vdet.workers.inbox import Inbox
+
+        inbox = Inbox()
+        for conn in pipes:
+            inbox.add(Channel(conn), publish, lambda: None)
     clients = []
     for _ in range(args.clients):
         ours, theirs = ctx.Pipe(duplex=False)

@@ -158,36 +158,47 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
     buffer is full, so that message cannot be abandoned (it was not written) and `lagging` can
     only follow it: the send is left running for one more timeout. If it goes out (the client
     reads again), it counts as sent and the goodbye follows; if not, this task is cancelled and
-    the client is dropped without a word (it resumes from the last seq it read). Timers, not a
-    task per send: this runs for every result and every client.
+    the client is dropped without a word (it resumes from the last seq it read).
+
+    This runs for every result and every client, so a send only notes when it started; one
+    watchdog timer per client looks at that four times per timeout (a timer armed and
+    cancelled per message cost about a tenth of the loop's time at thousands of messages a
+    second). A stuck send is therefore noticed between 1 and 1.25 timeouts after it began.
     """
     last_sent = after if after is not None else sub.start_seq
     timeout_s = rt.settings.hub.send_timeout_s
     loop = asyncio.get_running_loop()
     this_task = asyncio.current_task()
     assert this_task is not None
-    drop: asyncio.TimerHandle | None = None  # armed once a send has timed out
+    sending_since = 0.0  # loop time the send in flight began; 0.0 while none is
+    slow = False  # a send has timed out: the client is lagging
+    watchdog: asyncio.TimerHandle
 
-    def too_slow() -> None:
-        nonlocal drop
-        sub.close()  # nothing more is queued for this client
-        drop = loop.call_later(timeout_s, this_task.cancel)
+    def watch() -> None:
+        nonlocal watchdog, slow
+        if sending_since and loop.time() - sending_since >= timeout_s:
+            slow = True
+            sub.close()  # nothing more is queued for this client
+            watchdog = loop.call_later(timeout_s, this_task.cancel)  # it gets one more timeout
+            return
+        watchdog = loop.call_later(timeout_s / 4, watch)
 
     async def send(text: str, seq: int | None = None) -> None:
-        nonlocal last_sent
-        timer = loop.call_later(timeout_s, too_slow)
+        nonlocal last_sent, sending_since
+        sending_since = loop.time()
         try:
             await ws.send_text(text)
         finally:
-            timer.cancel()
+            sending_since = 0.0
         if seq is not None:
             last_sent = seq
-        if drop is not None:
-            drop.cancel()
+        if slow:  # it went out after all: the client read again, within one more timeout
+            watchdog.cancel()
             raise _ClientTooSlowError
 
     names = rt.class_names
     encoder: ResultEventEncoder = ws.app.state.encoder
+    watchdog = loop.call_later(timeout_s / 4, watch)
     try:
         replay = sub.replay
         if replay.gap and after is not None:
@@ -210,6 +221,8 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
     except SubscriptionEndedError as end:
         kind, code = _END[end.reason]
         await _goodbye(ws, kind, last_sent, code, timeout_s)
+    finally:
+        watchdog.cancel()
 
 
 async def _goodbye(

@@ -9,9 +9,9 @@ processes (vdet.workers.plan says how many, and on which GPU). It
   vdet.placement), then the least-loaded worker of that GPU with room. A stream never moves;
 - sends each control call to the worker that owns the stream and waits for its reply, up to
   `workers.call_timeout_s` (then WorkerUnavailableError, which the API answers with 503);
-- reads each worker's pipe on a thread of its own: results are numbered by the one results hub
-  here (a single seq across processes, so WebSocket resume works as before) and recorded in
-  the one metrics registry; replies complete their calls;
+- reads every worker's pipe on one thread (vdet.workers.inbox): results are numbered by the
+  one results hub here (a single seq across processes, so WebSocket resume works as before)
+  and recorded in the one metrics registry; replies complete their calls;
 - notices a worker that dies (its process sentinel, within a fraction of a second), shows its
   streams `failed` with the reason, and adds the same streams (same ids and settings) to the
   process that takes its place: a ready spare of its GPU (`workers.spares`: idle worker
@@ -69,6 +69,7 @@ from vdet.types import (
 )
 from vdet.workers import child
 from vdet.workers.channel import Call, Channel, Fatal, Published, Ready, Reply, Stop
+from vdet.workers.inbox import Inbox
 from vdet.workers.mps import MpsDaemon, start_mps
 from vdet.workers.plan import WorkerPlan, child_visible_devices
 
@@ -121,8 +122,8 @@ class _Process:
     """One started worker process and its pipe, with the calls waiting for its replies.
 
     It serves one slot at a time (`slot`): a spare's process moves to a worker slot when it
-    takes a dead worker's place, and its pipe, its reader thread and its waiting calls move
-    with it. `slot` changes only on the supervisor thread, under the pool's lock."""
+    takes a dead worker's place, and its pipe and its waiting calls move with it. `slot`
+    changes only on the supervisor thread, under the pool's lock."""
 
     def __init__(
         self, process: multiprocessing.process.BaseProcess, channel: Channel, slot: _Worker
@@ -263,6 +264,7 @@ class WorkerPool:
         self.mps_active = False
         self._round_robin = itertools.count()
         self._spawn_requests: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._inbox = Inbox()
         self._supervisor = threading.Thread(
             target=self._supervise, name="vdet-worker-supervisor", daemon=True
         )
@@ -562,6 +564,9 @@ class WorkerPool:
                     proc.process.kill()
                     proc.process.join(1.0)
             proc.fail_pending("the service is shutting down")
+        self._inbox.close()
+        for proc in processes:
+            proc.channel.close()  # (idempotent: most were closed at their EOF)
         if self._mps is not None:
             self._mps.stop()
 
@@ -772,45 +777,37 @@ class WorkerPool:
         proc = _Process(process, channel, slot)
         with self._lock:
             slot.current, slot.since = proc, time.monotonic()
-        threading.Thread(
-            target=self._read,
-            args=(proc,),
-            name=f"vdet-{slot.name}-reader",
-            daemon=True,
-        ).start()
+        self._inbox.add(
+            channel,
+            lambda message: self._on_message(proc, message),
+            lambda: self._on_pipe_closed(proc),
+        )
         log.info("worker %s started (pid %s, gpu %s)", slot.name, process.pid, slot.gpu_label)
 
-    def _read(self, proc: _Process) -> None:
-        """One worker process's messages, until its pipe closes."""
-        channel = proc.channel
-        try:
-            while True:
-                message = channel.recv()
-                if isinstance(message, Published):
-                    try:
-                        self._on_result(message.handle, message.result)
-                    except Exception:  # one bad result must not stop this worker's results
-                        log.exception("publishing a result of %s failed", message.result.source_id)
-                elif isinstance(message, Reply):
-                    proc.reply(message)
-                elif isinstance(message, Ready):
-                    self._on_ready(proc, message)
-                elif isinstance(message, Fatal):
-                    with self._lock:
-                        proc.slot.start_error = message.error
-                        proc.slot.ready.set()
-        except (EOFError, OSError):
-            pass
-        finally:
-            proc.alive = False
-            # Only the supervisor reaps a process (two threads reaping one race, and the loser
-            # sees it as still running): here it is only waited for, to name how it ended.
-            multiprocessing.connection.wait([proc.process.sentinel], timeout=1.0)
-            proc.fail_pending(f"worker {proc.slot.name} has exited")
+    def _on_message(self, proc: _Process, message: object) -> None:
+        """One message from `proc`'s pipe, on the inbox's thread."""
+        if isinstance(message, Published):
+            self._on_result(message.handle, message.result)
+        elif isinstance(message, Reply):
+            proc.reply(message)
+        elif isinstance(message, Ready):
+            self._on_ready(proc, message)
+        elif isinstance(message, Fatal):
             with self._lock:
-                if proc.slot.current is proc:  # not a slot that has a newer process already
-                    proc.slot.ready.set()
-            channel.close()
+                proc.slot.start_error = message.error
+                proc.slot.ready.set()
+
+    def _on_pipe_closed(self, proc: _Process) -> None:
+        """`proc`'s pipe has closed: its process has ended or is ending."""
+        proc.alive = False
+        # Only the supervisor reaps a process (two threads reaping one race, and the loser
+        # sees it as still running): here it is only waited for, to name how it ended.
+        multiprocessing.connection.wait([proc.process.sentinel], timeout=1.0)
+        proc.fail_pending(f"worker {proc.slot.name} has exited")
+        with self._lock:
+            if proc.slot.current is proc:  # not a slot that has a newer process already
+                proc.slot.ready.set()
+        proc.channel.close()
 
     def _on_ready(self, proc: _Process, message: Ready) -> None:
         with self._lock:
