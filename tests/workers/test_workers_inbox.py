@@ -1,4 +1,5 @@
-"""`Inbox`: one thread reads many worker pipes; order per pipe, EOF per pipe, fairness."""
+"""`Inbox`: one thread reads many worker pipes; order per pipe, EOF per pipe, fairness; and
+`MessageSplitter`, which splits what it reads into the messages `Connection.send` wrote."""
 
 from __future__ import annotations
 
@@ -98,13 +99,14 @@ def test_a_busy_pipe_does_not_starve_a_quiet_one(inbox: Inbox) -> None:
 
     inbox.add(busy, on_busy, lambda: None)
     inbox.add(quiet, lambda m: seen_busy_when_quiet_arrived.append(busy_count), lambda: None)
-    feeder = threading.Thread(target=lambda: [busy_far.send(n) for n in range(2000)])
+    payload = b"x" * 4096  # the inbox reads 256 KiB of a pipe at a time: 64 of these
+    feeder = threading.Thread(target=lambda: [busy_far.send(payload) for _ in range(2000)])
     feeder.start()  # a backlog: 2000 messages at 0.5 ms each is a second of reading
     _wait_for(lambda: busy_count > 100)
     sent_at = busy_count
     quiet_far.send("hello")
     _wait_for(lambda: bool(seen_busy_when_quiet_arrived))
-    # The quiet pipe waited for at most a couple of bursts of the busy one, not its backlog.
+    # The quiet pipe waited for at most a couple of reads of the busy one, not its backlog.
     assert seen_busy_when_quiet_arrived[0] - sent_at <= 3 * 64
     _wait_for(lambda: busy_count == 2000)
     feeder.join()
@@ -117,3 +119,27 @@ def test_add_after_close_is_refused() -> None:
     ours, _theirs = _pipe()
     with pytest.raises(RuntimeError, match="closed"):
         box.add(ours, lambda m: None, lambda: None)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 4096, 1 << 20])
+def test_the_splitter_rebuilds_what_send_wrote_however_it_is_read(chunk: int) -> None:
+    import os
+    import random
+
+    from vdet.workers.channel import MessageSplitter
+
+    rng = random.Random(chunk)
+    # Around the sizes where send_bytes changes how it writes (one write up to 16384 bytes,
+    # header and body apart above), and empty bodies.
+    messages: list[object] = [b"", b"a", b"x" * 16379, b"y" * 16384, b"z" * 70_000, ("t", 1)]
+    messages += [bytes(rng.randrange(256) for _ in range(rng.randrange(300))) for _ in range(50)]
+    ours, theirs = multiprocessing.Pipe(duplex=True)
+    feeder = threading.Thread(target=lambda: [theirs.send(m) for m in messages])
+    feeder.start()
+    splitter = MessageSplitter()
+    got: list[object] = []
+    while len(got) < len(messages):
+        got += splitter.feed(os.read(ours.fileno(), chunk))
+    feeder.join()
+    assert got == messages
+    assert splitter.pending == 0

@@ -6,37 +6,39 @@ gives the GIL away on every WebSocket send, waited behind them: on a 2-core mach
 was 28.6 ms with a thread per pipe and 6.8 ms with one thread waiting on all of them (same
 load, alternated runs; bench/results/2026-12-03-api-loop-cpu.md). `Inbox` is that one thread.
 
-It waits on every registered pipe at once (`multiprocessing.connection.wait`), takes up to
-`_BURST` messages from a pipe that has data before looking at the others (so one busy worker
-cannot starve the rest), and hands each message to the callback registered with the pipe. A
+It waits on every registered pipe at once (`multiprocessing.connection.wait`), reads what has
+arrived on a ready pipe with one system call (up to `_READ_BYTES`, so one busy worker cannot
+starve the rest), splits it into messages (`MessageSplitter`: a reader that made two calls per
+message spent its time waiting to take the GIL back from the event loop) and hands each to the
+callback registered with the pipe. A
 pipe that reports EOF (its process is gone) is dropped and its `on_closed` callback runs on a
 short thread of its own, so a worker's end, which waits for its process, never holds up the
 others' results. Messages of one pipe keep their order; there is no order between pipes.
 
-A message that has started to arrive is read to its end before the next pipe is looked at. A
-worker writes each message in one go, so this waits only while a message is being written; a
-worker killed mid-message gives EOF, not a wait.
+A read never waits for a message to arrive whole: what has come of it is kept until the rest
+does, so a worker stopped mid-message holds up nobody but itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 
-from vdet.workers.channel import Channel
+from vdet.workers.channel import Channel, MessageSplitter
 
 log = logging.getLogger(__name__)
 
-# Messages taken from one pipe before the others get their turn.
-_BURST = 64
+# Bytes read from one pipe before the others get their turn: ~100 results of a worker.
+_READ_BYTES = 256 * 1024
 
 
 class _Registered:
-    __slots__ = ("channel", "on_closed", "on_message")
+    __slots__ = ("channel", "fd", "on_closed", "on_message", "splitter")
 
     def __init__(
         self,
@@ -45,8 +47,10 @@ class _Registered:
         on_closed: Callable[[], None],
     ) -> None:
         self.channel = channel
+        self.fd = channel.conn.fileno()
         self.on_message = on_message
         self.on_closed = on_closed
+        self.splitter = MessageSplitter()
 
 
 class Inbox:
@@ -114,19 +118,25 @@ class Inbox:
                     self._drop(conn, registered)  # type: ignore[arg-type]
 
     def _read_burst(self, registered: _Registered) -> bool:
-        """Up to `_BURST` messages of one pipe; False once it has closed."""
-        channel = registered.channel
+        """What has arrived on one pipe; False once it has closed."""
         try:
-            for _ in range(_BURST):
-                message = channel.recv()
-                try:
-                    registered.on_message(message)
-                except Exception:  # one bad message must not stop every worker's results
-                    log.exception("handling a message from a worker failed")
-                if not channel.conn.poll():
-                    break
-        except (EOFError, OSError):
+            data = os.read(registered.fd, _READ_BYTES)  # ready: returns what is there
+        except OSError:
             return False
+        if not data:
+            if registered.splitter.pending:
+                log.warning("a worker's pipe closed in the middle of a message")
+            return False
+        try:
+            messages = registered.splitter.feed(data)
+        except Exception:  # not our framing or pickle: nothing more of this pipe can be read
+            log.exception("a worker's pipe carried something that is not a message")
+            return False
+        for message in messages:
+            try:
+                registered.on_message(message)
+            except Exception:  # one bad message must not stop every worker's results
+                log.exception("handling a message from a worker failed")
         return True
 
     def _drop(self, conn: Connection, registered: _Registered) -> None:
