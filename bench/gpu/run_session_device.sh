@@ -43,6 +43,22 @@ started=$SECONDS
 } >"$OUT/install-$phase.log" 2>&1 || { echo "install failed"; tail -n 20 "$OUT/install-$phase.log"; }
 export PYTHONPATH=$SITE
 
+# install_venv: vdet as users install it (its `vdet` console script included: the serve tests
+# and `vdet bench serve` start the real server) in /tmp/venv over the image's torch, first on
+# PATH. Editable, so that `--shards-harness` finds bench/gpu/streams.py of this checkout; the
+# code served is the same files either way.
+install_venv() {
+  unset PYTHONPATH  # else the venv's pip takes /tmp/site's wheels as already installed
+  python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
+  python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    >"$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth"
+  /tmp/venv/bin/python -m pip install -q --no-index --no-deps --no-compile .whl/*.whl \
+    >>"$OUT/install-$phase.log" 2>&1
+  /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile -e . \
+    >>"$OUT/install-$phase.log" 2>&1
+  export PATH="/tmp/venv/bin:$PATH"
+}
+
 # gpu_tests SECONDS: pytest -m gpu tests/gpu, its summary printed.
 gpu_tests() {
   timeout "$1" python3 -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider \
@@ -73,6 +89,7 @@ echo "install: $((SECONDS - started)) s"
 
 case $phase in
 tests)
+  install_venv  # the serve tests start `vdet serve`
   gpu_tests 480
   if [ -d .trt-include ]; then
     timeout 90 bash bench/gpu/run_plugin_device.sh >"$OUT/plugin_run.log" 2>&1
@@ -149,17 +166,7 @@ serve)
   kill_args=()
   [ -n "$kill_after" ] && [ -n "$kill_in" ] &&
     kill_args=(--kill-worker-after "$kill_after" --kill-worker-streams "$kill_in")
-  unset PYTHONPATH  # else the venv's pip takes /tmp/site's wheels as already installed
-  python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
-  python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
-    >"$(/tmp/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/image.pth"
-  /tmp/venv/bin/python -m pip install -q --no-index --no-deps --no-compile .whl/*.whl \
-    >>"$OUT/install-$phase.log" 2>&1
-  # Editable, so that `--shards-harness` finds bench/gpu/streams.py of this checkout; the code
-  # served is the same files either way.
-  /tmp/venv/bin/python -m pip install -q --no-deps --no-build-isolation --no-compile -e . \
-    >>"$OUT/install-$phase.log" 2>&1
-  export PATH="/tmp/venv/bin:$PATH"
+  install_venv
   timeout "$tests_s" /tmp/venv/bin/python -m pytest -m gpu \
     tests/gpu/test_gpu_workers_serve.py -q -s -rs -p no:cacheprovider >"$OUT/workers.log" 2>&1
   echo "workers rc=$? ($((SECONDS - started)) s)"

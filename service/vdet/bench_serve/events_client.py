@@ -74,6 +74,22 @@ def latency_samples_ms(seconds: array[float] | list[float], kept: int) -> list[f
     return [round(float(v), 3) for v in a]
 
 
+def p99_per_second_ms(
+    received: array[float] | list[float], latency: array[float] | list[float], start: float
+) -> list[float | None]:
+    """p99 latency (ms) of the samples received in each whole second from `start` (None for a
+    second without any)."""
+    if not received:
+        return []
+    second = ((np.asarray(received, dtype=np.float64) - start) // 1.0).astype(np.int64)
+    values = np.asarray(latency, dtype=np.float64) * 1e3
+    out: list[float | None] = []
+    for s in range(int(second.max()) + 1):
+        inside = values[second == s]
+        out.append(round(float(np.percentile(inside, 99)), 2) if inside.size else None)
+    return out
+
+
 @dataclass(slots=True)
 class _StreamTrack:
     """One measured stream at this client in one window."""
@@ -101,6 +117,7 @@ class _Window:
     results: int = 0
     other_results: int = 0
     latency: array[float] = field(default_factory=lambda: array("d"))
+    received: array[float] = field(default_factory=lambda: array("d"))
     server_part: array[float] = field(default_factory=lambda: array("d"))
     per_source: Counter[str] = field(default_factory=Counter)
     index_gaps: int = 0
@@ -131,6 +148,7 @@ class _Window:
             "latency_ms": latency_summary_ms(self.latency),
             "server_latency_ms": latency_summary_ms(self.server_part),
             "latency_samples_ms": latency_samples_ms(self.latency, LATENCY_SAMPLES_KEPT),
+            "latency_p99_per_s_ms": p99_per_second_ms(self.received, self.latency, self.start),
             "dropped_frame_index_gaps": self.index_gaps,
             "missed_seq_gaps": self.seq_gaps,
             "out_of_order": self.out_of_order,
@@ -223,6 +241,7 @@ class EventsClient:
         window.per_source[source] += 1
         arrival = result["arrival_time"]
         window.latency.append(received - arrival)
+        window.received.append(received)
         window.server_part.append(result["published_time"] - arrival)
         track = window.streams.get(source)
         if track is None:

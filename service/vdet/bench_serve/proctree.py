@@ -94,6 +94,26 @@ def sample_tree(root: int) -> TreeSample:
     )
 
 
+def process_cpu_seconds(pid: int) -> tuple[float, float] | None:
+    """CPU seconds (user + system) of process `pid` alone and of its main thread (its first,
+    whose thread id is the PID: where an asyncio server runs its event loop); None once it
+    has gone."""
+    process = _stat_fields(pid)
+    main = _stat_fields_of(PROC / str(pid) / "task" / str(pid) / "stat")
+    if process is None or main is None:
+        return None
+    ticks = (int(process[11]) + int(process[12]), int(main[11]) + int(main[12]))
+    return ticks[0] / _CLOCK_TICKS, ticks[1] / _CLOCK_TICKS
+
+
+def _stat_fields_of(path: Path) -> list[str] | None:
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2 :].split()
+
+
 def alive(identities: Iterable[tuple[int, int]]) -> list[int]:
     """The PIDs of those (pid, start time) that still run as the same process (not a zombie,
     not a new process that reused the PID)."""

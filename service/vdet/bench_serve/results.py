@@ -53,6 +53,11 @@ class ClientFigures(_Model):
         description="Frame arrival -> published by the server (its own `published_time`)."
     )
     latency_samples_ms: list[float] = Field(description="Evenly spaced quantiles, for plots.")
+    latency_p99_per_s_ms: list[float | None] = Field(
+        default_factory=list,
+        description="p99 latency of the results received in each second of the window, in "
+        "order: a steady tail and periodic stalls look alike in one p99, not here.",
+    )
     dropped_frame_index_gaps: int = Field(description="Frames missing between results.")
     missed_seq_gaps: int = Field(description="Results this client never received (seq gaps).")
     out_of_order: int
@@ -76,6 +81,14 @@ class ServerUse(_Model):
 
     processes: int
     cpu_percent: float = Field(description="CPU of the whole tree, % of one core.")
+    api_cpu_percent: float | None = Field(
+        default=None, description="CPU of the API process alone (all its threads), % of a core."
+    )
+    api_loop_cpu_percent: float | None = Field(
+        default=None,
+        description="CPU of the API process's main thread, which runs its event loop: near "
+        "100 the loop is saturated, whatever its lag probe says.",
+    )
     cpu_percent_per_stream: float
     rss_mib: float
     pss_mib: float | None = Field(description="Proportional set size: shared pages split.")

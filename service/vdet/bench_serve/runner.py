@@ -314,6 +314,7 @@ async def _run_step(
         client.conn.send(("window", window_start, window_end, prefix))
     await asyncio.sleep(max(0.0, window_start - time.time()))
     tree0, cpu0, t0 = server.note_tree(), time.process_time(), time.monotonic()
+    api0 = proctree.process_cpu_seconds(server.pid)
     scraped0 = await _metrics(http, prefix)
     killing = None
     if opts.kill_worker_after_s is not None and n in opts.kill_worker_streams and error is None:
@@ -337,6 +338,7 @@ async def _run_step(
     )
     await asyncio.sleep(max(0.0, window_end - time.time()))
     tree1, cpu1, t1 = server.note_tree(), time.process_time(), time.monotonic()
+    api1 = proctree.process_cpu_seconds(server.pid)
     scraped1 = await _metrics(http, prefix)
     killed = await killing if killing is not None else None
     gpu = await asyncio.to_thread(gpu_memory.read_gpu_memory, tree1.pids)
@@ -369,9 +371,12 @@ async def _run_step(
     if tree1.pids:
         cpu = (tree1.cpu_seconds - tree0.cpu_seconds) / seconds * 100
         memory = tree1.pss_mib if tree1.pss_mib is not None else tree1.rss_mib
+        api = None if api0 is None or api1 is None else (api1[0] - api0[0], api1[1] - api0[1])
         server_use = ServerUse(
             processes=len(tree1.pids),
             cpu_percent=round(cpu, 1),
+            api_cpu_percent=None if api is None else round(api[0] / seconds * 100, 1),
+            api_loop_cpu_percent=None if api is None else round(api[1] / seconds * 100, 1),
             cpu_percent_per_stream=round(cpu / n, 2),
             rss_mib=round(tree1.rss_mib, 1),
             pss_mib=round(tree1.pss_mib, 1) if tree1.pss_mib is not None else None,
@@ -456,9 +461,27 @@ def _step_line(variant: str, step: StepResult) -> str:
     return (
         f"{variant} N={step.streams}: {rate} of {step.expected_results_per_s:.0f} results/s, "
         f"{p}, dropped {step.dropped} (server {step.server_dropped}), cut off {step.cutoffs}"
+        + _load_line(step)
         + (f"; {_kill_line(step.kill)}" if step.kill is not None else "")
         + (f", ERROR {step.error}" if step.error else "")
     )
+
+
+def _load_line(step: StepResult) -> str:
+    """The API process's CPU and its event loop's, and the p99 of each second at the first
+    client: where a tail comes from."""
+    parts = []
+    server = step.server
+    if server is not None and server.api_cpu_percent is not None:
+        parts.append(
+            f"API process {server.api_cpu_percent:.0f}% (loop {server.api_loop_cpu_percent:.0f}%)"
+        )
+    if step.clients and step.clients[0].latency_p99_per_s_ms:
+        per_s = " ".join(
+            "-" if v is None else f"{v:.0f}" for v in step.clients[0].latency_p99_per_s_ms
+        )
+        parts.append(f"p99 per second [{per_s}] ms")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def _kill_line(killed: WorkerKill) -> str:
