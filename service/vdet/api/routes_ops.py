@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -11,6 +13,9 @@ from vdet.api.schemas import HealthOut, ReadyOut
 from vdet.metrics import CONTENT_TYPE
 
 router = APIRouter(tags=["ops"])
+
+# How long a scrape's rendering runs on the event loop before letting other work in.
+_RENDER_SLICE_S = 0.002
 
 
 @router.get("/healthz", response_model=HealthOut, summary="Liveness: the process is serving")
@@ -58,11 +63,17 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
     },
 )
 async def metrics(rt: RuntimeDep) -> Response:
-    def render() -> bytes:
-        streams = rt.streams
-        if streams is not None:
-            streams.sync_metrics()
-        text: bytes = rt.metrics.render()
-        return text
-
-    return Response(content=await run_in_threadpool(render), media_type=CONTENT_TYPE)
+    streams = rt.streams
+    if streams is not None:
+        # Waits for the worker processes' counts (blocking, little Python): on a thread.
+        await run_in_threadpool(streams.sync_metrics)
+    # Rendered on the loop a slice at a time, not on a thread (see Metrics.render_pieces).
+    loop = asyncio.get_running_loop()
+    pieces: list[bytes] = []
+    yield_at = loop.time() + _RENDER_SLICE_S
+    for piece in rt.metrics.render_pieces():
+        pieces.append(piece)
+        if loop.time() >= yield_at:
+            await asyncio.sleep(0)
+            yield_at = loop.time() + _RENDER_SLICE_S
+    return Response(content=b"".join(pieces), media_type=CONTENT_TYPE)
