@@ -67,8 +67,13 @@ def _pss_kib(pid: int) -> int | None:
     return None
 
 
-def sample_tree(root: int) -> TreeSample:
-    """CPU seconds and memory of `root`'s tree now (an exited root gives an empty sample)."""
+def sample_tree(root: int, memory: bool = True) -> TreeSample:
+    """CPU seconds and memory of `root`'s tree now (an exited root gives an empty sample).
+
+    `memory=False` leaves PSS out (None): the kernel builds smaps_rollup by walking a
+    process's whole address space under its memory-map lock, which for a CUDA process is long
+    enough to hold up its threads' page faults and mappings, so a reading taken while a
+    benchmark measures would be measured too."""
     pids: list[int] = []
     identities: list[tuple[int, int]] = []
     cpu_ticks = 0
@@ -81,7 +86,7 @@ def sample_tree(root: int) -> TreeSample:
         # After the name: state ppid ... utime(14) stime(15) ... starttime(22) rss(24), 1-based.
         cpu_ticks += int(fields[11]) + int(fields[12])
         rss_pages += int(fields[21])
-        pss = _pss_kib(pid)
+        pss = _pss_kib(pid) if memory else None
         pss_kib = None if pss is None or pss_kib is None else pss_kib + pss
         pids.append(pid)
         identities.append((pid, int(fields[19])))

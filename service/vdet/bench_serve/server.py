@@ -153,9 +153,10 @@ class ServeProcess:
             f"vdet serve was not ready after {timeout_s:.0f} s (last: {last}):\n{self.log_tail()}"
         )
 
-    def note_tree(self) -> proctree.TreeSample:
-        """Read the process tree now and remember its PIDs (for the orphan check at stop)."""
-        sample = proctree.sample_tree(self.pid)
+    def note_tree(self, memory: bool = True) -> proctree.TreeSample:
+        """Read the process tree now and remember its PIDs (for the orphan check at stop);
+        `memory=False`: CPU only (see proctree.sample_tree)."""
+        sample = proctree.sample_tree(self.pid, memory)
         self.seen.update(sample.identities)
         return sample
 
