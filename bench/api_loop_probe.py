@@ -123,6 +123,21 @@ def _produce(index: int, data: Connection, control: Connection) -> None:
         control.send(n)
 
 
+def _scraper(url: str, every_s: float, out: Connection) -> None:
+    """GET /metrics every `every_s` seconds, as Prometheus does, until told to stop; send back
+    (start, seconds) of each scrape."""
+    import urllib.request
+
+    scrapes: list[tuple[float, float]] = []
+    while not out.poll(every_s):
+        start = time.time()
+        with urllib.request.urlopen(url, timeout=30) as response:
+            response.read()
+        scrapes.append((start, time.time() - start))
+    out.recv()
+    out.send(scrapes)
+
+
 def _client(url: str, out: Connection) -> None:
     """Read /v1/events until the server shuts down, resuming after a `lagging` goodbye as a
     client should (`?after=`); send back (receive time, latency) of every result and the
@@ -218,6 +233,13 @@ def main() -> None:
         default="inbox",
         help="the product's one reader thread for all pipes, or a thread per pipe",
     )
+    parser.add_argument(
+        "--scrape-every",
+        type=float,
+        default=0.0,
+        help="GET /metrics this often (seconds) from a process of its own, and report the "
+        "latency of results received in the second after each scrape began apart (0: never)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument(
         "--profile-out",
@@ -299,6 +321,14 @@ def main() -> None:
         process = ctx.Process(target=_client, args=(url, theirs), daemon=True)
         clients.append((process, ours, theirs))
 
+    scraper = None
+    if args.scrape_every > 0:
+        scraper_ours, scraper_theirs = ctx.Pipe(duplex=True)
+        scraper = ctx.Process(
+            target=_scraper,
+            args=(f"http://127.0.0.1:{port}/metrics", args.scrape_every, scraper_theirs),
+            daemon=True,
+        )
     windows: list[dict[str, Any]] = []
     default_switch = sys.getswitchinterval()
     from vdet import hub
@@ -317,6 +347,8 @@ def main() -> None:
             process.start()
             theirs.close()
             assert await loop.run_in_executor(None, ours.recv) == "connected"
+        if scraper is not None:
+            scraper.start()
         profiler = cProfile.Profile() if args.profile_out else None
         if profiler is not None:
             profiler.enable()  # this thread only: the loop's
@@ -351,9 +383,14 @@ def main() -> None:
             profiler.disable()
             profiler.dump_stats(args.profile_out)
         _apply({}, default_switch, default_batch)
+        if scraper is not None:
+            scraper_ours.send(None)
+            scrapes.extend(await loop.run_in_executor(None, scraper_ours.recv))
         for _, control in producers:
             control.send(None)
         server.should_exit = True
+
+    scrapes: list[tuple[float, float]] = []
 
     async def run() -> None:
         task = asyncio.create_task(orchestrate())
@@ -369,11 +406,26 @@ def main() -> None:
     rows = []
     for w in windows:
         inside = [latency for per in samples for at, latency in per if w["from"] <= at <= w["to"]]
+        after_scrape = [
+            latency
+            for per in samples
+            for at, latency in per
+            if w["from"] <= at <= w["to"] and any(0 <= at - s < 1.0 for s, _ in scrapes)
+        ]
+        others = [
+            latency
+            for per in samples
+            for at, latency in per
+            if w["from"] <= at <= w["to"] and not any(0 <= at - s < 1.0 for s, _ in scrapes)
+        ]
         lag = [s for at, s in lags if w["from"] <= at <= w["to"]]
         row = {
             **{k: v for k, v in w.items() if k not in ("from", "to")},
             "latency": _percentiles(inside),
             "loop_lag": _percentiles(lag),
+            "latency_in_the_second_after_a_scrape": _percentiles(after_scrape),
+            "latency_other_seconds": _percentiles(others),
+            "scrape_seconds": [d for s, d in scrapes if w["from"] <= s <= w["to"]],
             "goodbyes": [kind for at, kind in goodbyes if w["from"] - args.warmup <= at <= w["to"]],
         }
         rows.append(row)

@@ -194,3 +194,31 @@ def test_sources_carry_the_gpu_worker_that_runs_them() -> None:
     assert info[("vdet_gpu_memory_used_bytes", (("gpu", "1"),))] == 123.0
     metrics.remove_source("cam")
     assert ("vdet_source_gpu", (("gpu", "1"), ("source", "cam"))) not in samples(metrics)
+
+
+def test_a_scrape_in_pieces_is_the_whole_exposition_without_created_samples() -> None:
+    from prometheus_client import generate_latest
+
+    metrics = Metrics()
+    for i in range(40):
+        metrics.add_source(f"cam{i}", SourceState.STREAMING)
+        metrics.observe_result(a_result(f"cam{i}", e2e=0.001 * i))
+    pieces = list(metrics.render_pieces(samples_per_piece=50))
+    joined = b"".join(pieces).decode()
+    whole = generate_latest(metrics.registry).decode()
+
+    def kept(text: str) -> list[tuple[str, str, dict[str, float]]]:
+        return [
+            (
+                f.name,
+                f.type,
+                {f"{s.name}{sorted(s.labels.items())}": s.value for s in f.samples},
+            )
+            for f in text_string_to_metric_families(text)
+            if not f.name.endswith("_created")
+        ]
+
+    assert kept(joined) == kept(whole)  # same families, in order, headers once, same samples
+    assert "_created" not in joined
+    assert max(p.count(b"\n") for p in pieces) <= 50 + 2  # samples, and a header at most
+    assert len(pieces) > 40 * 6 // 50
