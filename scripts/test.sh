@@ -6,6 +6,8 @@
 # says SKIP). The builds use the time setup spends waiting on downloads; the tests run alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Where the time goes, in the log: each phase's end, in seconds since the start.
+phase() { echo "[test.sh] $1 at ${SECONDS} s"; }
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
@@ -13,6 +15,7 @@ if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   # The system packages are in, Podman among them: the stack check must run, not skip.
   # (Not VDET_*: vdet refuses VDET_ variables it does not know, and the tests run vdet.)
   export CI_STACK_REQUIRED=1
+  phase "system packages"
 fi
 # The GPU image's install line, resolved from PyPI's metadata (no GPU, no multi-GB download):
 # mostly waiting on the network, so it too runs beside setup.
@@ -29,6 +32,7 @@ else
   trap 'kill "$gpu_install" 2>/dev/null || true' EXIT
 fi
 scripts/setup.sh --dev
+phase "Python environment"
 . .venv/bin/activate
 ruff check service plugins tests deploy bench
 ruff format --check service plugins tests deploy bench
@@ -36,17 +40,22 @@ mypy -p vdet
 # bench/ holds plain scripts, not a package: mypy names each by its file and finds a script's
 # neighbour beside it (bench/gpu/wait_probe.py imports accuracy.py); vdet comes from the cache.
 mypy bench
+phase "lint and types"
 if [[ $stack != 0 ]]; then
   build_status=0
   wait "$stack_build" || build_status=$?
   cat build/stack-build.log
   ((build_status == 0)) || exit "$build_status"
+  phase "stack images built"
 fi
 install_status=0
 wait "$gpu_install" || install_status=$?
 grep -v '^WARNING: Location' build/gpu-install.log || true
 ((install_status == 0)) || exit "$install_status"
-python -m pytest -q -p no:cacheprovider "$@"
+phase "GPU install line checked"
+python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+phase "tests"
 if [[ $stack != 0 ]]; then
   deploy/podman/ci-stack.sh run
+  phase "stack run"
 fi

@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from vdet.cli import asset_path, main
+from vdet.cli import main
 from vdet.pipeline.model import load_model_info
 from vdet.pipeline.preprocess import letterbox
 
@@ -298,19 +298,14 @@ def test_check_rejects_what_tensorrt_would_not_take(
         q.check_qdq_model(model)
 
 
-@pytest.mark.slow
-def test_demo_model_structure_on_eight_frames(tiny: dict[str, Any], tmp_path: Path) -> None:
+def test_demo_model_structure(demo_int8: q.QuantizeResult) -> None:
     """The real YOLOv8n graph: every conv but the excluded DFL one is int8, per channel."""
-    demo = asset_path("demo.onnx")
-    info = load_model_info(demo)
-    frames = q.collect_calibration_frames(tiny["root"] / "calib", info.input_hw, 8)
-    result = q.quantize_onnx(demo, tmp_path / "demo.int8.onnx", frames, "max")
-    model = onnx.load(str(result.output))
+    model = onnx.load(str(demo_int8.output))
     convs = [n.name for n in model.graph.node if n.op_type == "Conv"]
     excluded = [c for c in convs if any(re.match(p, c) for p in q.DEFAULT_NODES_TO_EXCLUDE)]
-    assert excluded and set(result.summary.float_convs) == set(excluded)
-    assert len(result.summary.quantized_convs) == len(convs) - len(excluded)
-    assert load_model_info(result.output).input_hw == (640, 640)
+    assert excluded and set(demo_int8.summary.float_convs) == set(excluded)
+    assert len(demo_int8.summary.quantized_convs) == len(convs) - len(excluded)
+    assert load_model_info(demo_int8.output).input_hw == (640, 640)
 
 
 # --- bad input, through the CLI -------------------------------------------------------------
