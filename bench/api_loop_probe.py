@@ -4,8 +4,8 @@ and WebSocket client latency at paced result rates, for variants of the loop's s
 Real parts: K producer processes stand for the stream worker processes and send what a worker
 sends (`Channel.send(Published(handle, DetectionResult))`, real pickles of 1080p-shaped results
 with 10 detections and their `encoded_tail`) into real pipes at a paced total rate; in the API
-process the product's reader (`vdet.workers.inbox.Inbox`, one thread for every pipe, as in
-`WorkerPool`) hands each result to what `WorkerPool` does with it (`ResultsHub.publish`,
+process the product's reader (`vdet.workers.inbox.Inbox` on the server's event loop, as in
+`vdet serve`) hands each result to what `WorkerPool` does with it (`ResultsHub.publish`,
 `Metrics.observe_result`); the app is the real one
 (`create_app`, as `vdet serve` starts it, streams in-process and none running, under uvicorn
 with the settings `vdet serve` uses), so the hub, /v1/events and the loop-lag probe
@@ -23,8 +23,9 @@ producers), alternating within each round, so that a shared machine's load falls
   GIL behind reader threads);
 - both: batch64 and switch1ms.
 
-`--readers per-pipe` reads each pipe on a thread of its own instead (as `WorkerPool` did
-before the inbox; a run of its own: compare runs alternated); `--profile-out` writes a
+`--readers thread` reads the pipes on the inbox's own thread (as `WorkerPool` does without a
+loop), `--readers per-pipe` each pipe on a thread of its own (as `WorkerPool` did before the
+inbox); a run of its own each: compare runs alternated; `--profile-out` writes a
 cProfile of the event-loop thread. Clients cut off as `lagging` resume with `?after=`, as
 clients should.
 
@@ -229,9 +230,9 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument(
         "--readers",
-        choices=["per-pipe", "inbox"],
-        default="inbox",
-        help="the product's one reader thread for all pipes, or a thread per pipe",
+        choices=["loop", "thread", "per-pipe"],
+        default="loop",
+        help="the pipes read on the event loop (vdet serve), on one thread, or a thread each",
     )
     parser.add_argument(
         "--scrape-every",
@@ -307,13 +308,17 @@ def main() -> None:
             threading.Thread(target=read, args=(ours,), name=f"reader-{index}", daemon=True).start()
         pipes.append(ours)
         producers.append((process, control_ours))
-    if args.readers == "inbox":
+
+    def read_with_inbox(loop: asyncio.AbstractEventLoop | None) -> None:
         from vdet.workers.channel import Channel
         from vdet.workers.inbox import Inbox
 
-        inbox = Inbox()
+        inbox = Inbox(loop)
         for conn in pipes:
             inbox.add(Channel(conn), publish, lambda: None)
+
+    if args.readers == "thread":
+        read_with_inbox(None)
     clients = []
     for _ in range(args.clients):
         ours, theirs = ctx.Pipe(duplex=False)
@@ -339,6 +344,8 @@ def main() -> None:
         loop = asyncio.get_running_loop()
         while not server.started:
             await asyncio.sleep(0.05)
+        if args.readers == "loop":
+            read_with_inbox(loop)
         for _, control in producers:
             assert await loop.run_in_executor(None, control.recv) == "ready"
         for sid in range(SOURCES):

@@ -13,6 +13,7 @@ from the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -368,12 +369,14 @@ class Runtime:
         pool = self.worker_pool
         return pool is not None and pool.mps_active
 
-    def start(self) -> None:
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Build the streams' home and add the configured sources. On failure everything
-        started so far is stopped again and the error names what failed."""
+        started so far is stopped again and the error names what failed. `loop`: the API's
+        event loop, running while this runs (off it), where worker processes' results are
+        read (vdet.workers.inbox)."""
         self.sources_started = 0
         try:
-            self.streams, self.backend = self._open_streams()
+            self.streams, self.backend = self._open_streams(loop)
             self.metrics.set_class_names(self.backend.class_names)
             self.metrics.set_backend(
                 backend=self.backend.backend,
@@ -400,7 +403,9 @@ class Runtime:
             len(self.streams),
         )
 
-    def _open_streams(self) -> tuple[StreamService, BackendInfo]:
+    def _open_streams(
+        self, loop: asyncio.AbstractEventLoop | None
+    ) -> tuple[StreamService, BackendInfo]:
         from vdet.workers.plan import plan_workers
 
         plan = plan_workers(self.settings)
@@ -411,7 +416,7 @@ class Runtime:
             return local, local.backend_info
         from vdet.workers.pool import WorkerPool
 
-        pool = WorkerPool.start(self.settings, plan, self.hub, self.metrics)
+        pool = WorkerPool.start(self.settings, plan, self.hub, self.metrics, loop)
         return pool, pool.backend_info
 
     def stop(self) -> None:

@@ -143,3 +143,36 @@ def test_the_splitter_rebuilds_what_send_wrote_however_it_is_read(chunk: int) ->
     feeder.join()
     assert got == messages
     assert splitter.pending == 0
+
+
+def test_on_an_event_loop_the_pipes_are_read_by_the_loop_thread() -> None:
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, name="test-loop", daemon=True)
+    runner.start()
+    box = Inbox(loop)
+    try:
+        assert box.on_loop
+        got: list[tuple[str, object]] = []
+        closed: list[str] = []
+        ours, theirs = _pipe()
+        other, other_far = _pipe()
+        box.add(ours, lambda m: got.append((threading.current_thread().name, m)), lambda: None)
+        box.add(other, lambda m: None, lambda: closed.append("other"))
+        for n in range(300):
+            theirs.send(n)
+        _wait_for(lambda: len(got) == 300)
+        assert [m for _, m in got] == list(range(300))
+        assert {name for name, _ in got} == {"test-loop"}
+        other_far.close()
+        _wait_for(lambda: closed == ["other"])
+        box.close()
+        theirs.send("after close")
+        time.sleep(0.1)
+        assert len(got) == 300  # no longer read
+    finally:
+        box.close()
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(5)
+        loop.close()

@@ -9,6 +9,7 @@ This module only wires the web layer; the routes live in `routes_*.py`, the wire
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -79,8 +80,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Model loading and process starts block: off the event loop.
-        await run_in_threadpool(runtime.start)
+        # Model loading and process starts block: off the event loop, which reads the worker
+        # processes' results meanwhile and from then on.
+        await run_in_threadpool(runtime.start, asyncio.get_running_loop())
         if freeze_startup_objects:
             gc.collect()  # garbage is freed first, not frozen
             gc.freeze()

@@ -1,17 +1,20 @@
-"""One thread that reads every worker process's pipe.
+"""Where the API process reads every worker process's pipe: on its event loop, or on one thread.
 
 The API process used to read each worker's pipe on a thread of its own. Nine reader threads
 (eight workers and a spare) then took turns at the GIL with the event loop, and the loop, which
-gives the GIL away on every WebSocket send, waited behind them: on a 2-core machine its lag p99
-was 28.6 ms with a thread per pipe and 6.8 ms with one thread waiting on all of them (same
-load, alternated runs; bench/results/2026-12-03-api-loop-cpu.md). `Inbox` is that one thread.
+gives the GIL away on every WebSocket send, waited behind them (loop-lag p99 28.6 ms with a
+thread per pipe, 6.8 ms with one thread for all: bench/results/2026-12-03-api-loop-cpu.md).
+One reader thread is still a second thread: whenever the loop was busy in Python (a /metrics
+scrape, a burst of sends) the reader waited up to the GIL's 5 ms switch interval for each of its
+system calls, results stopped reaching the hub, and every client saw them late at once.
 
-It waits on every registered pipe at once (`multiprocessing.connection.wait`), reads what has
-arrived on a ready pipe with one system call (up to `_READ_BYTES`, so one busy worker cannot
-starve the rest), splits it into messages (`MessageSplitter`: a reader that made two calls per
-message spent its time waiting to take the GIL back from the event loop) and hands each to the
-callback registered with the pipe. A
-pipe that reports EOF (its process is gone) is dropped and its `on_closed` callback runs on a
+So `vdet serve` reads the pipes on the event loop itself (`Inbox(loop=...)`, through
+`loop.add_reader`): no thread of its data path competes with another for the GIL. Without a
+loop (a `WorkerPool` used from plain Python, as tests and benchmarks do) one thread waits on
+every pipe at once (`multiprocessing.connection.wait`). Either way a ready pipe is read with one
+system call (up to `_READ_BYTES`, so one busy worker cannot starve the rest), what was read is
+split into messages (`MessageSplitter`) and each is handed to the callback registered with the
+pipe. A pipe at EOF (its process is gone) is dropped and its `on_closed` callback runs on a
 short thread of its own, so a worker's end, which waits for its process, never holds up the
 others' results. Messages of one pipe keep their order; there is no order between pipes.
 
@@ -21,6 +24,7 @@ does, so a worker stopped mid-message holds up nobody but itself.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -54,18 +58,28 @@ class _Registered:
 
 
 class Inbox:
-    """Reads the pipes added to it on one thread, until `close()`."""
+    """Reads the pipes added to it, on `loop` when given (else on a thread), until `close()`."""
 
-    def __init__(self, name: str = "vdet-inbox") -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop | None = None, name: str = "vdet-inbox"
+    ) -> None:
         self._lock = threading.Lock()
         self._pipes: dict[Connection, _Registered] = {}
         self._closed = False
-        # Writing a byte here wakes the thread so that it waits on a pipe added since.
-        self._wake_read, self._wake_write = socket.socketpair()
-        self._wake_read.setblocking(False)
-        self._wake_write.setblocking(False)
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._loop = loop
+        self._thread: threading.Thread | None = None
+        if loop is None:
+            # Writing a byte here wakes the thread so that it waits on a pipe added since.
+            self._wake_read, self._wake_write = socket.socketpair()
+            self._wake_read.setblocking(False)
+            self._wake_write.setblocking(False)
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+
+    @property
+    def on_loop(self) -> bool:
+        """Whether the pipes are read on an event loop (else on the inbox's own thread)."""
+        return self._loop is not None
 
     def add(
         self,
@@ -73,25 +87,59 @@ class Inbox:
         on_message: Callable[[object], None],
         on_closed: Callable[[], None],
     ) -> None:
-        """Read `channel` from now on: `on_message(message)` for each message (on the inbox's
-        thread, in order), then `on_closed()` once at its EOF (on a thread of its own)."""
+        """Read `channel` from now on: `on_message(message)` for each message (on the loop or
+        the inbox's thread, in order), then `on_closed()` once at its EOF (on a thread of its
+        own). Callable from any thread."""
+        registered = _Registered(channel, on_message, on_closed)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the inbox is closed")
-            self._pipes[channel.conn] = _Registered(channel, on_message, on_closed)
-        self._wake()
+            self._pipes[channel.conn] = registered
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._watch, registered)
+        else:
+            self._wake()
 
     def close(self) -> None:
-        """Stop reading (pipes still open are left to their owners) and end the thread."""
+        """Stop reading (pipes still open are left to their owners). Callable from any thread;
+        idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            pipes = list(self._pipes.values())
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to stop
+                self._loop.call_soon_threadsafe(self._unwatch_all, pipes)
+            return
         self._wake()
-        if self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5.0)
         self._wake_read.close()
         self._wake_write.close()
+
+    # --- on the event loop ----------------------------------------------------------------
+
+    def _watch(self, registered: _Registered) -> None:
+        with self._lock:
+            if self._closed or registered.channel.conn not in self._pipes:
+                return
+        assert self._loop is not None
+        self._loop.add_reader(registered.fd, self._on_readable, registered)
+
+    def _on_readable(self, registered: _Registered) -> None:
+        if not self._read_burst(registered):
+            assert self._loop is not None
+            self._loop.remove_reader(registered.fd)
+            self._drop(registered)
+
+    def _unwatch_all(self, pipes: list[_Registered]) -> None:
+        assert self._loop is not None
+        for registered in pipes:
+            with contextlib.suppress(OSError, ValueError):  # its pipe was closed already
+                self._loop.remove_reader(registered.fd)
+
+    # --- on the inbox's own thread ----------------------------------------------------------
 
     def _wake(self) -> None:
         # (BlockingIOError: wakes are pending already; OSError: the inbox is closing)
@@ -103,19 +151,30 @@ class Inbox:
             with self._lock:
                 if self._closed:
                     return
-                pipes = dict(self._pipes)
+                pipes = {conn: r for conn, r in self._pipes.items()}
             try:
                 ready = wait([*pipes, self._wake_read])
             except (OSError, ValueError):  # a pipe closed by its owner while waited on
-                self._drop_closed(pipes)
+                for conn, registered in pipes.items():
+                    if conn.closed:
+                        self._drop(registered)
                 continue
-            for conn in ready:
-                if conn is self._wake_read:
+            for handle in ready:
+                if handle is self._wake_read:
                     self._drain_wakes()
                     continue
-                registered = pipes[conn]  # type: ignore[index]
+                registered = pipes[handle]  # type: ignore[index]
                 if not self._read_burst(registered):
-                    self._drop(conn, registered)  # type: ignore[arg-type]
+                    self._drop(registered)
+
+    def _drain_wakes(self) -> None:
+        try:
+            while self._wake_read.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    # --- either way -----------------------------------------------------------------------
 
     def _read_burst(self, registered: _Registered) -> bool:
         """What has arrived on one pipe; False once it has closed."""
@@ -139,22 +198,10 @@ class Inbox:
                 log.exception("handling a message from a worker failed")
         return True
 
-    def _drop(self, conn: Connection, registered: _Registered) -> None:
+    def _drop(self, registered: _Registered) -> None:
         with self._lock:
-            self._pipes.pop(conn, None)
+            self._pipes.pop(registered.channel.conn, None)
         threading.Thread(target=registered.on_closed, name="vdet-pipe-closed", daemon=True).start()
-
-    def _drop_closed(self, pipes: dict[Connection, _Registered]) -> None:
-        for conn, registered in pipes.items():
-            if conn.closed:
-                self._drop(conn, registered)
-
-    def _drain_wakes(self) -> None:
-        try:
-            while self._wake_read.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
 
 
 __all__ = ["Inbox"]

@@ -9,7 +9,8 @@ processes (vdet.workers.plan says how many, and on which GPU). It
   vdet.placement), then the least-loaded worker of that GPU with room. A stream never moves;
 - sends each control call to the worker that owns the stream and waits for its reply, up to
   `workers.call_timeout_s` (then WorkerUnavailableError, which the API answers with 503);
-- reads every worker's pipe on one thread (vdet.workers.inbox): results are numbered by the
+- reads every worker's pipe on the API's event loop, or on one thread without a loop
+  (vdet.workers.inbox): results are numbered by the
   one results hub here (a single seq across processes, so WebSocket resume works as before)
   and recorded in the one metrics registry; replies complete their calls;
 - notices a worker that dies (its process sentinel, within a fraction of a second), shows its
@@ -25,6 +26,7 @@ It runs no frame work and holds no frames: results arrive ready, snapshots arriv
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import collections
 import contextlib
@@ -245,7 +247,14 @@ class _Worker:
 class WorkerPool:
     """The streams of this service, run by worker processes (module docstring)."""
 
-    def __init__(self, settings: Settings, plan: WorkerPlan, hub: ResultsHub, metrics: Metrics):
+    def __init__(
+        self,
+        settings: Settings,
+        plan: WorkerPlan,
+        hub: ResultsHub,
+        metrics: Metrics,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ):
         if plan.processes < 1:
             raise ValueError("a WorkerPool needs at least one worker process")
         self._settings = settings
@@ -264,7 +273,8 @@ class WorkerPool:
         self.mps_active = False
         self._round_robin = itertools.count()
         self._spawn_requests: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
-        self._inbox = Inbox()
+        # On the API's event loop when there is one (vdet.workers.inbox says why).
+        self._inbox = Inbox(loop)
         self._supervisor = threading.Thread(
             target=self._supervise, name="vdet-worker-supervisor", daemon=True
         )
@@ -272,11 +282,18 @@ class WorkerPool:
 
     @classmethod
     def start(
-        cls, settings: Settings, plan: WorkerPlan, hub: ResultsHub, metrics: Metrics
+        cls,
+        settings: Settings,
+        plan: WorkerPlan,
+        hub: ResultsHub,
+        metrics: Metrics,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> WorkerPool:
         """Start every worker (and spare) and wait until each worker has loaded its model;
-        RuntimeError naming the worker and its error if one cannot."""
-        pool = cls(settings, plan, hub, metrics)
+        RuntimeError naming the worker and its error if one cannot. The workers' pipes are
+        read on `loop` when given (it must keep running meanwhile: call this off it), else on a
+        thread of the pool's own."""
+        pool = cls(settings, plan, hub, metrics, loop)
         try:
             pool._mps = start_mps(settings.gpu.mps, plan.shared_gpus())
             pool.mps_active = pool._mps is not None and pool._mps.active
