@@ -10,13 +10,16 @@ python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 if [[ "${1:-}" == "--dev" ]]; then
+  # --no-compile: pip byte-compiles every module it installs, one file after another (~16k
+  # here, a minute or more); Python compiles the few that a test run imports when it first
+  # does, into the same venv.
   # Ultralytics needs torchvision, and PyPI's torchvision only imports beside the matching
   # PyPI torch build: pin the pair (a CPU machine runs it on the CPU).
-  python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
-  python -m pip install -q -e ".[dev,train,quant,tensorrt,tensorrt-rtx,eval]"
+  python -m pip install -q --no-compile "torch==2.14.1" "torchvision==0.29.1"
+  python -m pip install -q --no-compile -e ".[dev,train,quant,tensorrt,tensorrt-rtx,eval]"
   # The torch backend's converter, so its CPU tests run here too (the rest of the gpu extra,
   # PyNvVideoCodec and CUDA bindings, only works on a machine with an NVIDIA driver).
-  python -m pip install -q "onnx2torch==1.5.15"
+  python -m pip install -q --no-compile "onnx2torch==1.5.15"
 else
   python -m pip install -q -e .
 fi

@@ -36,11 +36,15 @@ phase "Python environment"
 . .venv/bin/activate
 ruff check service plugins tests deploy bench
 ruff format --check service plugins tests deploy bench
-mypy -p vdet
+phase "lint"
+# The type check (about a minute of one core) runs beside the tests at the lowest CPU priority:
+# it takes the time the tests spend waiting on servers and subprocesses, not theirs. Its output
+# and status are reported after the tests.
 # bench/ holds plain scripts, not a package: mypy names each by its file and finds a script's
 # neighbour beside it (bench/gpu/wait_probe.py imports accuracy.py); vdet comes from the cache.
-mypy bench
-phase "lint and types"
+nice -n 19 bash -c 'mypy -p vdet && mypy bench' >build/mypy.log 2>&1 &
+types=$!
+trap 'kill ${stack_build:-} "$gpu_install" "$types" 2>/dev/null || true' EXIT
 if [[ $stack != 0 ]]; then
   build_status=0
   wait "$stack_build" || build_status=$?
@@ -55,6 +59,11 @@ grep -v '^WARNING: Location' build/gpu-install.log || true
 phase "GPU install line checked"
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"
 phase "tests"
+types_status=0
+wait "$types" || types_status=$?
+cat build/mypy.log
+((types_status == 0)) || exit "$types_status"
+phase "types"
 if [[ $stack != 0 ]]; then
   deploy/podman/ci-stack.sh run
   phase "stack run"
