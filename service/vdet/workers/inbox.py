@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # Bytes read from one pipe before the others get their turn: ~100 results of a worker.
 _READ_BYTES = 256 * 1024
+# How long close() waits for the loop to stop watching the pipes (a loop that is not running
+# any more never will).
+_UNWATCH_WAIT_S = 2.0
 
 
 class _Registered:
@@ -109,8 +112,26 @@ class Inbox:
             self._closed = True
             pipes = list(self._pipes.values())
         if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nothing to stop
-                self._loop.call_soon_threadsafe(self._unwatch_all, pipes)
+            # Waited for (from another thread): the pipes' owners close them next, and a
+            # descriptor must leave the loop before it is closed (or its number reused).
+            unwatched = threading.Event()
+
+            def unwatch() -> None:
+                self._unwatch_all(pipes)
+                unwatched.set()
+
+            try:
+                on_loop = asyncio.get_running_loop() is self._loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                unwatch()
+                return
+            try:
+                self._loop.call_soon_threadsafe(unwatch)
+            except RuntimeError:  # the loop has closed: nothing is watched any more
+                return
+            unwatched.wait(_UNWATCH_WAIT_S)
             return
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
