@@ -11,8 +11,8 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 if [[ "${1:-}" == "--dev" ]]; then
   # --no-compile: pip byte-compiles every module it installs, one file after another (~16k
-  # here, a minute or more); Python compiles the few that a test run imports when it first
-  # does, into the same venv.
+  # here, about two minutes); scripts/test.sh compiles the environment on every core while
+  # other setup runs (else Python compiles a module when it is first imported).
   # Ultralytics needs torchvision, and PyPI's torchvision only imports beside the matching
   # PyPI torch build: pin the pair (a CPU machine runs it on the CPU).
   python -m pip install -q --no-compile "torch==2.14.1" "torchvision==0.29.1"

@@ -37,6 +37,11 @@ phase "Python environment"
 ruff check service plugins tests deploy bench
 ruff format --check service plugins tests deploy bench
 phase "lint"
+# setup.sh --dev installs without byte-compiling (pip compiles one file after another): the
+# environment is compiled here on every core, while the stack images finish building, and
+# before the tests (whose subprocesses would otherwise each compile what they import first).
+python -m compileall -q -j 0 .venv/lib/python3*/site-packages >/dev/null 2>&1 &
+compiling=$!
 # The type check (about a minute of one core) runs beside the tests at the lowest CPU priority:
 # it takes the time the tests spend waiting on servers and subprocesses, not theirs. Its output
 # and status are reported after the tests.
@@ -44,7 +49,7 @@ phase "lint"
 # neighbour beside it (bench/gpu/wait_probe.py imports accuracy.py); vdet comes from the cache.
 nice -n 19 bash -c 'mypy -p vdet && mypy bench' >build/mypy.log 2>&1 &
 types=$!
-trap 'kill ${stack_build:-} "$gpu_install" "$types" 2>/dev/null || true' EXIT
+trap 'kill ${stack_build:-} "$gpu_install" "$compiling" "$types" 2>/dev/null || true' EXIT
 if [[ $stack != 0 ]]; then
   build_status=0
   wait "$stack_build" || build_status=$?
@@ -57,6 +62,8 @@ wait "$gpu_install" || install_status=$?
 grep -v '^WARNING: Location' build/gpu-install.log || true
 ((install_status == 0)) || exit "$install_status"
 phase "GPU install line checked"
+wait "$compiling" || true  # (a file that does not compile is the import's problem, not this)
+phase "environment compiled"
 python -m pytest -q -p no:cacheprovider --durations=15 "$@"
 phase "tests"
 types_status=0
