@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up everything the tests need on a fresh Debian machine, then lint, type-check and test.
 # GPU (-m gpu) and TensorRT (-m tensorrt) tests skip themselves where those are absent.
-# deploy/podman/ci-stack.sh builds the compose stack's images with Podman while the Python
-# environment is set up, and runs the stack last (CI_STACK=0 leaves it out; without Podman it
-# says SKIP). The builds use the time setup spends waiting on downloads; the tests run alone.
+# deploy/podman/ci-stack.sh builds the compose stack's images with Podman from the start, at the
+# lowest CPU priority, and runs the stack last (CI_STACK=0 leaves it out; without Podman it
+# says SKIP): the builds take the time setup and the tests spend waiting (downloads, servers,
+# subprocesses), not theirs. No test uses Podman.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Where the time goes, in the log: each phase's end, in seconds since the start.
@@ -25,7 +26,7 @@ gpu_install=$!
 stack=${CI_STACK:-1}
 if [[ $stack != 0 ]]; then
   mkdir -p build
-  deploy/podman/ci-stack.sh build >build/stack-build.log 2>&1 &
+  nice -n 19 deploy/podman/ci-stack.sh build >build/stack-build.log 2>&1 &
   stack_build=$!
   trap 'kill "$stack_build" "$gpu_install" 2>/dev/null || true' EXIT
 else
@@ -50,13 +51,6 @@ compiling=$!
 nice -n 19 bash -c 'mypy -p vdet && mypy bench' >build/mypy.log 2>&1 &
 types=$!
 trap 'kill ${stack_build:-} "$gpu_install" "$compiling" "$types" 2>/dev/null || true' EXIT
-if [[ $stack != 0 ]]; then
-  build_status=0
-  wait "$stack_build" || build_status=$?
-  cat build/stack-build.log
-  ((build_status == 0)) || exit "$build_status"
-  phase "stack images built"
-fi
 install_status=0
 wait "$gpu_install" || install_status=$?
 grep -v '^WARNING: Location' build/gpu-install.log || true
@@ -72,6 +66,11 @@ cat build/mypy.log
 ((types_status == 0)) || exit "$types_status"
 phase "types"
 if [[ $stack != 0 ]]; then
+  build_status=0
+  wait "$stack_build" || build_status=$?
+  cat build/stack-build.log
+  ((build_status == 0)) || exit "$build_status"
+  phase "stack images built"
   deploy/podman/ci-stack.sh run
   phase "stack run"
 fi
