@@ -83,6 +83,17 @@ async def processed_counts(http: httpx.AsyncClient) -> dict[str, int]:
     return {s["id"]: int(s["status"]["frames_processed"]) for s in response.json()["streams"]}
 
 
+async def workers_of(http: httpx.AsyncClient) -> dict[str, str | None]:
+    """The worker process running each stream, from GET /v1/streams (None: in-process); empty
+    when the call fails."""
+    try:
+        response = await http.get("/v1/streams")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return {}
+    return {s["id"]: s.get("worker") for s in response.json()["streams"]}
+
+
 async def wait_publishing(http: httpx.AsyncClient, ids: Sequence[str], timeout_s: float) -> bool:
     """Whether every stream in `ids` processed a frame within `timeout_s`."""
     deadline = time.monotonic() + timeout_s

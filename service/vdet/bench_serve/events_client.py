@@ -47,6 +47,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from vdet.bench_stats import percentiles
 
 LATENCY_SAMPLES_KEPT = 1000
+SLOWEST_KEPT = 40  # the window's slowest results, kept whole: which stream, when, whose part
+_LAG_PROBE_S = 0.005
 _RECONNECT_PAUSE_S = 0.2
 _MAX_MESSAGE_BYTES = 16 << 20
 
@@ -72,6 +74,25 @@ def latency_samples_ms(seconds: array[float] | list[float], kept: int) -> list[f
     if a.size > kept:
         a = a[np.linspace(0, a.size - 1, kept).round().astype(np.int64)]
     return [round(float(v), 3) for v in a]
+
+
+def slowest_results(window: _Window, kept: int) -> list[dict[str, Any]]:
+    """The `kept` results of the window with the highest latency, slowest first: when each was
+    received, its stream, and the server's part of its latency (a tail made by one stream, by
+    one worker or by the delivery reads differently here)."""
+    if not window.latency:
+        return []
+    latency = np.asarray(window.latency, dtype=np.float64)
+    order = np.argsort(latency)[::-1][:kept]
+    return [
+        {
+            "t_s": round(window.received[i] - window.start, 4),
+            "source": window.sources[i],
+            "latency_ms": round(latency[i] * 1e3, 2),
+            "server_ms": round(window.server_part[i] * 1e3, 2),
+        }
+        for i in order.tolist()
+    ]
 
 
 def p99_per_second_ms(
@@ -119,6 +140,8 @@ class _Window:
     latency: array[float] = field(default_factory=lambda: array("d"))
     received: array[float] = field(default_factory=lambda: array("d"))
     server_part: array[float] = field(default_factory=lambda: array("d"))
+    sources: list[str] = field(default_factory=list)
+    loop_lag_max_per_s: list[float] = field(default_factory=list)
     per_source: Counter[str] = field(default_factory=Counter)
     index_gaps: int = 0
     seq_gaps: int = 0
@@ -149,6 +172,8 @@ class _Window:
             "server_latency_ms": latency_summary_ms(self.server_part),
             "latency_samples_ms": latency_samples_ms(self.latency, LATENCY_SAMPLES_KEPT),
             "latency_p99_per_s_ms": p99_per_second_ms(self.received, self.latency, self.start),
+            "loop_lag_max_per_s_ms": [round(v * 1e3, 2) for v in self.loop_lag_max_per_s],
+            "slowest": slowest_results(self, SLOWEST_KEPT),
             "dropped_frame_index_gaps": self.index_gaps,
             "missed_seq_gaps": self.seq_gaps,
             "out_of_order": self.out_of_order,
@@ -173,6 +198,7 @@ class EventsClient:
         self.stopping = asyncio.Event()
         self._ws: ClientConnection | None = None
         self._announced = False
+        self._probe: asyncio.Task[None] | None = None  # the current window's lag probe
 
     # ------------------------------------------------------------------ commands
 
@@ -189,6 +215,7 @@ class EventsClient:
             loop = asyncio.get_running_loop()
             loop.call_later(max(0.0, start - time.time()), self._mark_cpu, window, "cpu_start")
             loop.call_later(max(0.0, end - time.time()), self._mark_cpu, window, "cpu_end")
+            self._probe = loop.create_task(self._probe_lag(window))
         elif kind == "kill" and self.window is not None:
             self.window.killed_at = command[1]
         elif kind == "collect":
@@ -197,6 +224,19 @@ class EventsClient:
             self.conn.send(("figures", figures))
         elif kind == "stop":
             self._stop()
+
+    @staticmethod
+    async def _probe_lag(window: _Window) -> None:
+        """This client's own event-loop lag, its maximum in each second of the window: a late
+        result that this process was too busy to read is the benchmark's, not the server's."""
+        await asyncio.sleep(max(0.0, window.start - time.time()))
+        while (now := time.time()) < window.end:
+            await asyncio.sleep(_LAG_PROBE_S)
+            lag = max(0.0, time.time() - now - _LAG_PROBE_S)
+            second = int(now - window.start)
+            while len(window.loop_lag_max_per_s) <= second:
+                window.loop_lag_max_per_s.append(0.0)
+            window.loop_lag_max_per_s[second] = max(window.loop_lag_max_per_s[second], lag)
 
     @staticmethod
     def _mark_cpu(window: _Window, which: str) -> None:
@@ -243,6 +283,7 @@ class EventsClient:
         window.latency.append(received - arrival)
         window.received.append(received)
         window.server_part.append(result["published_time"] - arrival)
+        window.sources.append(source)
         track = window.streams.get(source)
         if track is None:
             track = window.streams[source] = _StreamTrack(last_received=window.start)

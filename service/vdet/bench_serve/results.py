@@ -37,6 +37,18 @@ class CloseEvent(_Model):
     event: str | None = Field(description="The end event sent before the close, if any.")
 
 
+class SlowResult(_Model):
+    """One of the slowest results of a window at a client."""
+
+    t_s: float = Field(description="Seconds into the window when it was received.")
+    source: str
+    latency_ms: float = Field(description="Frame arrival -> received here.")
+    server_ms: float = Field(description="Frame arrival -> published by the server.")
+    worker: str | None = Field(
+        default=None, description="The worker process running its stream, when there are some."
+    )
+
+
 class ClientFigures(_Model):
     """What one WebSocket client on /v1/events received in the window."""
 
@@ -57,6 +69,14 @@ class ClientFigures(_Model):
         default_factory=list,
         description="p99 latency of the results received in each second of the window, in "
         "order: a steady tail and periodic stalls look alike in one p99, not here.",
+    )
+    loop_lag_max_per_s_ms: list[float] = Field(
+        default_factory=list,
+        description="This client's own event-loop lag, its maximum in each second of the window "
+        "(probed every 5 ms): a late second here is the benchmark's, not the server's.",
+    )
+    slowest: list[SlowResult] = Field(
+        default_factory=list, description="The window's slowest results here, slowest first."
     )
     dropped_frame_index_gaps: int = Field(description="Frames missing between results.")
     missed_seq_gaps: int = Field(description="Results this client never received (seq gaps).")

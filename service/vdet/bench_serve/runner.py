@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -345,11 +346,14 @@ async def _run_step(
     gpu = await asyncio.to_thread(gpu_memory.read_gpu_memory, tree1.pids)
     await asyncio.sleep(_WINDOW_GRACE_S)
 
+    workers = await control.workers_of(http)
     figures, per_stream = [], []
     for client in clients:
         client.conn.send(("collect",))
         _, data = await _receive(client.conn, _COLLECT_TIMEOUT_S)
         per_stream.append(data.pop("per_stream", {}))
+        for slow in data.get("slowest", []):
+            slow["worker"] = workers.get(slow["source"])
         figures.append(ClientFigures.model_validate(data))
     kill_result = None
     if killed is not None:
@@ -482,7 +486,23 @@ def _load_line(step: StepResult) -> str:
             "-" if v is None else f"{v:.0f}" for v in step.clients[0].latency_p99_per_s_ms
         )
         parts.append(f"p99 per second [{per_s}] ms")
+        parts.append(_slowest_line(step.clients[0]))
     return "; " + ", ".join(parts) if parts else ""
+
+
+def _slowest_line(client: ClientFigures) -> str:
+    """Where the first client's slowest results came from: by worker, with the client's own
+    worst loop lag (a busy benchmark client reads late too)."""
+    if not client.slowest:
+        return "no slowest results"
+    by_worker = Counter(slow.worker or "-" for slow in client.slowest)
+    worst = client.slowest[0]
+    lag = max(client.loop_lag_max_per_s_ms, default=0.0)
+    return (
+        f"slowest {len(client.slowest)} by worker {dict(by_worker.most_common(4))}, worst "
+        f"{worst.latency_ms:.0f} ms (server {worst.server_ms:.0f}) at {worst.t_s:.2f} s on "
+        f"{worst.source}; client loop lag max {lag:.0f} ms"
+    )
 
 
 def _kill_line(killed: WorkerKill) -> str:
