@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from vdet.metrics import STAGES, Metrics
@@ -222,3 +223,48 @@ def test_a_scrape_in_pieces_is_the_whole_exposition_without_created_samples() ->
     assert "_created" not in joined
     assert max(p.count(b"\n") for p in pieces) <= 50 + 2  # samples, and a header at most
     assert len(pieces) > 40 * 6 // 50
+
+
+def test_folded_frames_match_one_observe_per_frame() -> None:
+    """Frames wait and are folded into the histograms in bulk at collection: the exposition is
+    the one per-frame `observe()` calls give, bucket bounds themselves included."""
+    import numpy as np
+
+    from vdet.metrics import FOLD_AT, LATENCY_BUCKETS_SECONDS
+
+    rng = np.random.default_rng(7)
+    edges = [*LATENCY_BUCKETS_SECONDS, 0.0, 5.0]  # on a bound, below the first, past the last
+    values = [*edges, *rng.uniform(0.0, 2.5, 300).tolist()]
+    folded, observed = Metrics(), Metrics()
+    for m in (folded, observed):
+        for source in ("a", "b"):
+            m.add_source(source, SourceState.STREAMING, gpu="0")
+    for i, value in enumerate(values):
+        source = "ab"[i % 2]
+        result = a_result(source, e2e=value)
+        folded.observe_result(result)
+        stages = observed.stage_latency
+        for stage, seconds in zip(STAGES, (0.001, 0.002, 0.003, 0.004), strict=True):
+            stages.labels(source, stage).observe(seconds)
+        observed.end_to_end_latency.labels(source).observe(value)
+        observed.frames_processed.labels(source).inc()
+        observed.gpu_frames_processed.labels("0").inc()
+    assert len(values) < FOLD_AT  # all of them waited for the collection
+    got, want = samples(folded), samples(observed)
+    assert got.keys() == want.keys()
+    for key, value in want.items():  # bucket counts exact; sums added in another order
+        assert got[key] == pytest.approx(value, rel=1e-12), key
+
+
+def test_pending_frames_are_folded_past_the_bound_without_a_scrape() -> None:
+    from vdet.metrics import FOLD_AT
+
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.STREAMING)
+    for _ in range(FOLD_AT + 10):
+        metrics.observe_result(a_result())
+    assert len(metrics._pending) == 10
+    assert metrics.registry.get_sample_value(
+        "vdet_frames_processed_total", {"source": "cam"}
+    ) == float(FOLD_AT + 10)
+    assert not metrics._pending

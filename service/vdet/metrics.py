@@ -11,8 +11,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -26,7 +27,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 from prometheus_client.samples import Sample
 
-from vdet.types import DetectionResult, SourceState, SourceStatus, TrackingSummary
+from vdet.types import DetectionResult, SourceState, SourceStatus, TrackingSummary, ZoneEvent
 
 # 1 ms .. 2 s, roughly x2 per step with a finer grid where real-time budgets sit (5-50 ms).
 LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
@@ -51,6 +52,39 @@ LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
 LOOP_LAG_BUCKETS_SECONDS: tuple[float, ...] = (0.0005, *LATENCY_BUCKETS_SECONDS)
 STAGES: tuple[str, ...] = ("decode", "preprocess", "inference", "postprocess")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Frames observed but not yet folded into the histograms: past this many they are folded at
+# once, on the observing thread (a few milliseconds), so that memory stays bounded when nobody
+# scrapes.
+FOLD_AT = 4096
+
+
+class ResultObservation(NamedTuple):
+    """What the metrics take from one published result: its stage seconds (in `STAGES` order,
+    then end to end) and what its stream's tracker added. A stream worker process sends this
+    with each result, so that the API process never unpickles the result to count it."""
+
+    source_id: str
+    decode: float
+    preprocess: float
+    inference: float
+    postprocess: float
+    end_to_end: float
+    tracking: TrackingSummary | None
+    events: tuple[ZoneEvent, ...]
+
+    @classmethod
+    def of(cls, result: DetectionResult) -> ResultObservation:
+        t = result.timings
+        return cls(
+            result.source_id,
+            t.decode,
+            t.preprocess,
+            t.inference,
+            t.postprocess,
+            t.end_to_end,
+            result.tracking,
+            result.events,
+        )
 
 
 @dataclass
@@ -85,6 +119,11 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # Per-frame observations wait in `_pending` and are folded into the histograms and
+        # counters in bulk whenever the registry is collected (this collector comes first).
+        self._pending: list[tuple[_FrameSeries, float, float, float, float, float]] = []
+        self._pending_lock = threading.Lock()
+        r.register(_FoldFirst(self))
         self.stage_latency = Histogram(
             "vdet_stage_latency_seconds",
             "Seconds one frame spent in a pipeline stage.",
@@ -250,25 +289,67 @@ class Metrics:
     # --- pipeline --------------------------------------------------------------------------
 
     def observe_result(self, result: DetectionResult) -> None:
-        """Record one published result: its stage latencies, end-to-end latency and count.
+        """Record one published result: its stage latencies, end-to-end latency and count."""
+        self.observe(ResultObservation.of(result))
 
-        Called by every stream's pipeline thread for every frame, so it takes no lock of ours
-        (a dict read; the children have their own): a result racing its source's removal
-        updates children already detached from the registry, which nobody sees.
+    def observe(self, seen: ResultObservation) -> None:
+        """Record one published result (see `observe_result`).
+
+        Called for every frame of every stream (by each stream's publishing thread, or by the
+        API process's event loop for worker processes' results), so it takes no lock of ours
+        but the pending list's: the frame's seconds wait there and are folded into the
+        histograms in bulk at the next scrape (`fold`), where per-frame `observe()` calls cost
+        about 50 us a frame. Tracking series are updated here (they keep per-stream state). A
+        result racing its source's removal updates children already detached from the
+        registry, which nobody sees.
         """
-        totals = self._totals.get(result.source_id)
+        totals = self._totals.get(seen.source_id)
         if totals is None or totals.series is None:
             return
-        series, t = totals.series, result.timings
-        series.gpu_processed.inc()
-        for child, seconds in zip(
-            series.stages, (t.decode, t.preprocess, t.inference, t.postprocess), strict=True
-        ):
-            child.observe(seconds)
-        series.end_to_end.observe(t.end_to_end)
-        series.processed.inc()
-        if result.tracking is not None or result.events or totals.zone_series:
-            self._observe_tracking(result, totals)  # (also drops zone gauges of tracking off)
+        with self._pending_lock:
+            pending = self._pending
+            pending.append(
+                (
+                    totals.series,
+                    seen.decode,
+                    seen.preprocess,
+                    seen.inference,
+                    seen.postprocess,
+                    seen.end_to_end,
+                )
+            )
+            full = len(pending) >= FOLD_AT
+        if full:
+            self.fold()
+        if seen.tracking is not None or seen.events or totals.zone_series:
+            self._observe_tracking(seen, totals)  # (also drops zone gauges of tracking off)
+
+    def fold(self) -> None:
+        """Fold the frames observed since the last fold into the histograms and counters: per
+        stream, one bucket count and one sum per histogram instead of an `observe()` a frame.
+        prometheus_client keeps a histogram's buckets non-cumulative (an observation goes to
+        the first bucket whose bound holds it); its children's `_buckets`, `_sum` and
+        `_upper_bounds` are not public API, so a child without them is observed one value at a
+        time."""
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        if not pending:
+            return
+        groups: dict[int, tuple[_FrameSeries, list[int]]] = {}
+        for i, item in enumerate(pending):
+            series = item[0]
+            group = groups.get(id(series))
+            if group is None:
+                groups[id(series)] = (series, [i])
+            else:
+                group[1].append(i)
+        seconds = np.array([item[1:] for item in pending], dtype=np.float64)
+        for series, rows in groups.values():
+            values = seconds[rows]
+            for column, child in enumerate((*series.stages, series.end_to_end)):
+                _fold_histogram(child, values[:, column])
+            series.processed.inc(len(rows))
+            series.gpu_processed.inc(len(rows))
 
     def set_class_names(self, names: tuple[str, ...]) -> None:
         """The model's class names, for the `class` label of tracking series (else ids)."""
@@ -278,7 +359,7 @@ class Metrics:
         names = self._class_names
         return names[class_id] if 0 <= class_id < len(names) else str(class_id)
 
-    def _observe_tracking(self, result: DetectionResult, totals: _SourceTotals) -> None:
+    def _observe_tracking(self, result: ResultObservation, totals: _SourceTotals) -> None:
         """Zone occupancy, line crossings and started tracks of one result (its stream's
         publishing thread only, so `totals.zone_series` has one writer)."""
         source = result.source_id
@@ -483,6 +564,38 @@ class Metrics:
                 yield text
             if first:  # a family with no samples still has its header
                 yield generate_latest(_Single(family))
+
+
+class _FoldFirst:
+    """A collector with no metrics of its own, registered before every other: collecting the
+    registry (a scrape, `get_sample_value`) folds pending frames first."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> list[Metric]:
+        self._metrics.fold()
+        return []
+
+
+def _fold_histogram(child: Any, values: np.ndarray[Any, np.dtype[np.float64]]) -> None:
+    """Add `values` to one Histogram child as if each had been `observe()`d."""
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(buckets) != len(bounds):
+        for value in values.tolist():
+            child.observe(value)
+        return
+    # The first bound >= value, as observe() picks it; a NaN lands in the last (+Inf) bucket.
+    index = np.minimum(np.searchsorted(np.asarray(bounds), values, side="left"), len(bounds) - 1)
+    for bucket, count in enumerate(np.bincount(index, minlength=len(bounds)).tolist()):
+        if count:
+            buckets[bucket].inc(count)
+    total.inc(float(values.sum()))
 
 
 def _families(registry: CollectorRegistry) -> Iterator[tuple[Metric, Iterator[Sample]]]:
