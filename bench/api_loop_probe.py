@@ -2,11 +2,11 @@
 and WebSocket client latency at paced result rates, for variants of the loop's settings.
 
 Real parts: K producer processes stand for the stream worker processes and send what a worker
-sends (`Channel.send(Published(handle, DetectionResult))`, real pickles of 1080p-shaped results
-with 10 detections and their `encoded_tail`) into real pipes at a paced total rate; in the API
-process the product's reader (`vdet.workers.inbox.Inbox` on the server's event loop, as in
-`vdet serve`) hands each result to what `WorkerPool` does with it (`ResultsHub.publish`,
-`Metrics.observe_result`); the app is the real one
+sends (`Channel.send(Published.of(handle, result, tail))`, real pickles of 1080p-shaped
+results with 10 detections and their encoded tail) into real pipes at a paced total rate; in
+the API process the product's reader (`vdet.workers.inbox.Inbox` on the server's event loop, as in
+`vdet serve`) hands each result to what `WorkerPool` does with it (`ResultsHub.publish_encoded`,
+`Metrics.observe`); the app is the real one
 (`create_app`, as `vdet serve` starts it, streams in-process and none running, under uvicorn
 with the settings `vdet serve` uses), so the hub, /v1/events and the loop-lag probe
 (`vdet_api_event_loop_lag_seconds`, vdet.api.loop_health) are the product's. N WebSocket
@@ -111,14 +111,10 @@ def _produce(index: int, data: Connection, control: Connection) -> None:
                 now = time.time()
             result = results[sent % len(results)]
             tail = result.encoded_tail.replace(mark, repr(now))
-            channel.send(
-                Published(
-                    1,
-                    dataclasses.replace(
-                        result, published_time=now, frame_index=sent, encoded_tail=tail
-                    ),
-                )
+            now_result = dataclasses.replace(
+                result, published_time=now, frame_index=sent, encoded_tail=None
             )
+            channel.send(Published.of(1, now_result, tail))
             sent += 1
             n += 1
         control.send(n)
@@ -216,6 +212,7 @@ def main() -> None:
     import uvicorn
 
     from vdet.api.app import create_app
+    from vdet.api.server import server_config
     from vdet.config import Settings, WorkerSettings
     from vdet.types import SourceState
     from vdet.workers.channel import Published
@@ -268,14 +265,7 @@ def main() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        ws_max_size=1 << 20,
-        ws_per_message_deflate=False,
-    )
+    config = server_config(app, port=port)  # as `vdet serve` runs it
     server = uvicorn.Server(config)
 
     def read(conn: Connection) -> None:  # WorkerPool._read's path for a result
@@ -289,11 +279,17 @@ def main() -> None:
             except (EOFError, OSError):
                 return
             if isinstance(message, Published):
-                metrics.observe_result(hub.publish(message.result))
+                hub.publish_encoded(
+                    message.source_id, message.frame_index, message.encoded_tail, message.result
+                )
+                metrics.observe(message.observed)
 
     def publish(message: object) -> None:  # WorkerPool._on_message's path for a result
         if isinstance(message, Published):
-            runtime.metrics.observe_result(runtime.hub.publish(message.result))
+            runtime.hub.publish_encoded(
+                message.source_id, message.frame_index, message.encoded_tail, message.result
+            )
+            runtime.metrics.observe(message.observed)
 
     producers = []
     pipes = []

@@ -14,7 +14,7 @@ ratios of one run):
   does once started): what a full collection then costs;
 - publish + fan-out us: CPU time per result for publish, delivery to 4 subscribers and their
   message text, collections included (they are part of the steady state);
-- unpickle us: the reader thread's `pickle.loads` of one `Published` message, with numpy's
+- unpickle us: the reader thread's `pickle.loads` of one (handle, result) message, with numpy's
   own array pickling (as before `Detections.__reduce__`) and with this checkout's;
 - send us: CPU of the server process per WebSocket message that a FastAPI route under uvicorn
   (the settings `vdet serve` uses) sends, with the per-message timer /v1/events arms; the
@@ -46,10 +46,10 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 
 from vdet.api.schemas import ResultEventEncoder, encode_result_tail
+from vdet.api.server import server_config
 from vdet.bench import environment
 from vdet.hub import ResultsHub
 from vdet.types import DetectionResult, Detections, StageTimings
-from vdet.workers.channel import Published
 
 SOURCES = 64
 DETECTIONS = 10
@@ -84,7 +84,7 @@ def baseline_hub_module(ref: str) -> ModuleType:
 
 
 def wire_messages(count: int) -> list[bytes]:
-    """`count` pickled `Published` messages as a worker sends them."""
+    """`count` pickled result messages as a worker sent them before `Published`."""
     rng = np.random.default_rng(0)
     out = []
     for i in range(count):
@@ -106,7 +106,9 @@ def wire_messages(count: int) -> list[bytes]:
             StageTimings(0.001, 0.002, 0.003, 0.001, 0.01),
         )
         tail = encode_result_tail(result, NAMES)
-        message = Published(1, dataclasses.replace(result, encoded_tail=tail))
+        # The pipe's result message of the time, (handle, result); now `Published`, which
+        # carries the result pickled inside (vdet.workers.channel).
+        message = (1, dataclasses.replace(result, encoded_tail=tail))
         out.append(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
     return out
 
@@ -114,7 +116,7 @@ def wire_messages(count: int) -> list[bytes]:
 def fill(hub_type: Any, messages: list[bytes], count: int) -> Any:
     hub = hub_type()
     for i in range(count):
-        hub.publish(pickle.loads(messages[i % len(messages)]).result)
+        hub.publish(pickle.loads(messages[i % len(messages)])[1])
     return hub
 
 
@@ -155,7 +157,7 @@ async def _fan_out(hub: Any, results: list[DetectionResult], encoder: ResultEven
 def fan_out_cost(hub_type: Any, messages: list[bytes], kept: int, count: int) -> float:
     """CPU seconds per result, with the hub's rings already full (the steady state)."""
     hub = fill(hub_type, messages, kept)
-    results = [pickle.loads(messages[i % len(messages)]).result for i in range(count)]
+    results = [pickle.loads(messages[i % len(messages)])[1] for i in range(count)]
     cost = asyncio.run(_fan_out(hub, results, ResultEventEncoder()))
     del hub, results
     return cost
@@ -213,9 +215,7 @@ def send_cost(text: str, count: int) -> float:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    config = uvicorn.Config(
-        app, port=port, log_level="warning", ws_max_size=1 << 20, ws_per_message_deflate=False
-    )
+    config = server_config(app, port=port)  # as `vdet serve` runs it
     server = uvicorn.Server(config)
     client = multiprocessing.get_context("spawn").Process(
         target=_read_all, args=(f"ws://127.0.0.1:{port}/feed", count)

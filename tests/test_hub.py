@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import gc
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -335,3 +336,36 @@ async def test_encoded_results_are_kept_compact_and_replayed_with_their_text() -
     assert list(replayed.replay.results) == [first, second]
     live.close()
     replayed.close()
+
+
+async def test_encoded_results_share_the_numbering_and_load_the_latest_only_when_asked() -> None:
+    """A worker's result arrives as its wire text plus a way to load it whole: numbered and
+    fanned out like any other, loaded once, on the first `latest()` only."""
+    hub = ResultsHub()
+    sub = hub.subscribe(None, None)
+    loads: list[int] = []
+
+    def loader(index: int) -> Callable[[], DetectionResult]:
+        def load() -> DetectionResult:
+            loads.append(index)
+            return result("w", index)
+
+        return load
+
+    hub.publish(result("local", 0))
+    for index in range(3):
+        seq = hub.publish_encoded("w", index, f'"tail-{index}"}}', loader(index))
+        assert seq == index + 2
+    assert hub.latest_seq("w") == 4 and not loads
+    latest = hub.latest("w")
+    assert latest is not None and (latest.seq, latest.frame_index) == (4, 2)
+    assert latest.encoded_tail == '"tail-2"}'
+    assert hub.latest("w") is latest and loads == [2]  # loaded once, kept loaded
+    await asyncio.sleep(0)  # the outbox delivers
+    got = [await sub.get() for _ in range(4)]
+    assert [r.seq for r in got] == [1, 2, 3, 4]
+    assert got[1] == EncodedResult(2, "w", 0, '"tail-0"}')
+    assert hub.find("w", 1) == EncodedResult(3, "w", 1, '"tail-1"}')
+    hub.remove_source("w")
+    assert hub.latest_seq("w") is None and hub.latest("w") is None
+    sub.close()

@@ -53,6 +53,15 @@ HubResult = DetectionResult | EncodedResult
 _Kept = tuple[int, str, int, str | DetectionResult]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unloaded:
+    """A source's newest result as `publish_encoded` got it: loaded on the first `latest()`."""
+
+    seq: int
+    tail: str
+    load: Callable[[], DetectionResult]
+
+
 def _handed_out(kept: _Kept) -> HubResult:
     seq, source_id, frame_index, payload = kept
     if isinstance(payload, str):
@@ -246,7 +255,8 @@ class ResultsHub:
         # Highest seq per source that can no longer be replayed from its own history: a resume
         # from below it must be told about the gap.
         self._evicted_through: dict[str, int] = {}
-        self._latest: dict[str, DetectionResult] = {}
+        # Each source's newest result, or its seq and how to load it (`publish_encoded`).
+        self._latest: dict[str, DetectionResult | _Unloaded] = {}
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._on_publish: Callable[[DetectionResult], object] | None = None
 
@@ -288,6 +298,32 @@ class ResultsHub:
                 log.exception("on_publish failed for result %d", numbered.seq)
         return numbered
 
+    def publish_encoded(
+        self,
+        source_id: str,
+        frame_index: int,
+        encoded_tail: str,
+        load: Callable[[], DetectionResult],
+    ) -> int:
+        """Number, keep and hand out a result that arrives already encoded (from a stream
+        worker process); returns its seq. `load()` gives the whole result (seq 0) and is only
+        called if someone asks for the source's latest result."""
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            kept: _Kept = (seq, source_id, frame_index, encoded_tail)
+            self._history.append(kept)
+            ring = self._per_source.get(source_id)
+            if ring is None:
+                ring = self._per_source[source_id] = deque()
+            if len(ring) >= self._capacity_per_source:
+                self._evicted_through[source_id] = ring.popleft()[0]
+            ring.append(kept)
+            self._latest[source_id] = _Unloaded(seq, encoded_tail, load)
+            for outbox in self._outboxes.values():
+                outbox.put_locked(kept)
+        return seq
+
     @property
     def last_seq(self) -> int:
         """The seq of the newest result published so far (0 before the first)."""
@@ -302,7 +338,20 @@ class ResultsHub:
 
     def latest(self, source_id: str) -> DetectionResult | None:
         with self._lock:
-            return self._latest.get(source_id)
+            latest = self._latest.get(source_id)
+        if not isinstance(latest, _Unloaded):
+            return latest
+        loaded = dataclasses.replace(latest.load(), seq=latest.seq, encoded_tail=latest.tail)
+        with self._lock:
+            if self._latest.get(source_id) is latest:  # nothing newer meanwhile: keep it loaded
+                self._latest[source_id] = loaded
+        return loaded
+
+    def latest_seq(self, source_id: str) -> int | None:
+        """The seq of the source's newest result (None before its first), without loading it."""
+        with self._lock:
+            latest = self._latest.get(source_id)
+        return None if latest is None else latest.seq
 
     def find(self, source_id: str, frame_index: int, wait_s: float = 0.0) -> HubResult | None:
         """The kept result of one source's frame, waiting up to `wait_s` for it to be published

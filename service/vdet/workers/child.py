@@ -131,7 +131,7 @@ class _Forwarder:
             # Encoded here, on this stream's thread, rather than by the API process, whose one
             # interpreter carries every worker's results.
             tail = encode_result_tail(result, self.class_names)
-            self._channel.send(Published(handle, dataclasses.replace(result, encoded_tail=tail)))
+            self._channel.send(Published.of(handle, result, tail))
         return result
 
     def remove_source(self, source_id: str) -> None:

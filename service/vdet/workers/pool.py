@@ -62,7 +62,6 @@ from vdet.streams import (
     resolve_params,
 )
 from vdet.types import (
-    DetectionResult,
     Detections,
     ImageArray,
     SourceState,
@@ -454,8 +453,8 @@ class WorkerPool:
         newer_than: int = 0,
     ) -> EncodedFrame | None:
         stream = self._stream(stream_id)
-        latest = self._hub.latest(stream_id)
-        if stream.failed is not None or latest is None or latest.seq <= newer_than:
+        latest_seq = self._hub.latest_seq(stream_id)
+        if stream.failed is not None or latest_seq is None or latest_seq <= newer_than:
             return None  # nothing newer: known here, without asking the worker
         worker = self._workers[stream.worker]
         # Results carry no seq in a worker (the hub numbers them here): any frame will do.
@@ -469,7 +468,7 @@ class WorkerPool:
         # still be on its way here): look it up by the frame's index.
         numbered = self._hub.find(stream_id, frame.frame_index, wait_s=0.1)
         if numbered is None:
-            return None if newer_than else dataclasses.replace(frame, seq=latest.seq)
+            return None if newer_than else dataclasses.replace(frame, seq=latest_seq)
         if numbered.seq <= newer_than:
             return None
         return dataclasses.replace(frame, seq=numbered.seq)
@@ -673,13 +672,16 @@ class WorkerPool:
         )
         return placed[spec.id]
 
-    def _on_result(self, handle: int, result: DetectionResult) -> None:
-        # Called for every frame of every worker: a dict read, no lock of ours.
-        stream = self._streams.get(result.source_id)
-        if stream is None or stream.handle != handle or stream.removing:
+    def _on_result(self, message: Published) -> None:
+        # Called for every frame of every worker: a dict read, no lock of ours, and nothing
+        # unpickled beyond the message's own fields (the result itself only if asked for).
+        stream = self._streams.get(message.source_id)
+        if stream is None or stream.handle != message.handle or stream.removing:
             return  # removed (or replaced) while this result was on its way
-        numbered = self._hub.publish(result)
-        self._metrics.observe_result(numbered)
+        self._hub.publish_encoded(
+            message.source_id, message.frame_index, message.encoded_tail, message.result
+        )
+        self._metrics.observe(message.observed)
 
     # --- processes -------------------------------------------------------------------------
 
@@ -804,7 +806,7 @@ class WorkerPool:
     def _on_message(self, proc: _Process, message: object) -> None:
         """One message from `proc`'s pipe, on the inbox's thread."""
         if isinstance(message, Published):
-            self._on_result(message.handle, message.result)
+            self._on_result(message)
         elif isinstance(message, Reply):
             proc.reply(message)
         elif isinstance(message, Ready):
