@@ -267,11 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from vdet.api.app import create_app
-    from vdet.api.limits import http_protocol
-    from vdet.api.server import GracefulServer
+    from vdet.api.server import GracefulServer, server_config
     from vdet.config import CONFIG_ENV_VAR, ConfigError, StreamSpec, load_settings
 
     if args.config is not None:
@@ -295,19 +292,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if not settings.model_path.is_file():
         raise UsageError(f"model not found: {settings.model_path}")
     app = create_app(settings, freeze_startup_objects=True)
-    config = uvicorn.Config(
+    config = server_config(
         app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        ws_max_size=1 << 20,
-        # Compressing every result for every client ran on the event loop: ten replays
-        # stalled /healthz for half a second. Results are small JSON; send them as they are.
-        ws_per_message_deflate=False,
-        http=http_protocol(settings.limits.header_timeout_s),
-        # Live video responses never end by themselves: give them this long after SIGTERM or
-        # Ctrl-C, then cut them, so that shutdown cannot wait forever on a viewer.
-        timeout_graceful_shutdown=5,
+        header_timeout_s=settings.limits.header_timeout_s,
     )
     GracefulServer(config, app).run()  # WebSocket goodbyes, then exit 0 on SIGTERM
     return 0

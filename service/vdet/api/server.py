@@ -6,7 +6,9 @@ SIGTERM it re-raises the signal, so the process ended with status 143. `Graceful
 first stops listening and gives every WebSocket client its goodbye (the hub ends their
 subscriptions; each feed sends `shutdown` with `resume_after` and closes with 1001), waits
 up to `GOODBYE_WAIT_S` for them, then lets uvicorn shut down as usual; a SIGTERM it handled
-ends the process with status 0. This module runs the server; what is served is the app's.
+ends the process with status 0. `server_config` is uvicorn's configuration as `vdet serve`
+runs it (benchmarks and tests start the same). This module runs the server; what is served is
+the app's.
 """
 
 from __future__ import annotations
@@ -22,9 +24,38 @@ from collections.abc import Generator
 import uvicorn
 from fastapi import FastAPI
 
+from vdet.api.limits import http_protocol
+from vdet.api.ws_writes import websocket_protocol
+
 log = logging.getLogger(__name__)
 
 GOODBYE_WAIT_S = 3.0
+
+
+def server_config(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_level: str = "warning",
+    header_timeout_s: float = 10.0,
+) -> uvicorn.Config:
+    """uvicorn's settings for vdet's app, as `vdet serve` runs it."""
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        ws_max_size=1 << 20,
+        # Compressing every result for every client ran on the event loop: ten replays
+        # stalled /healthz for half a second. Results are small JSON; send them as they are.
+        ws_per_message_deflate=False,
+        # Frames written once per loop pass (vdet.api.ws_writes), not a system call each.
+        ws=websocket_protocol(),
+        http=http_protocol(header_timeout_s),
+        # Live video responses never end by themselves: give them this long after SIGTERM or
+        # Ctrl-C, then cut them, so that shutdown cannot wait forever on a viewer.
+        timeout_graceful_shutdown=5,
+    )
 
 
 class GracefulServer(uvicorn.Server):

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import uvicorn
 from support.apptest import MakeSettings
 from support.procs import Process, wait_http_ok
 from support.rtsp import free_port
@@ -25,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from vdet.api.app import create_app
-from vdet.api.server import GracefulServer
+from vdet.api.server import GracefulServer, server_config
 from vdet.types import DetectionResult, Detections, StageTimings
 
 
@@ -52,11 +51,9 @@ def served(make_settings: MakeSettings) -> Iterator[tuple[int, object]]:
     # A queue longer than the test's burst: a client ends lagging by the send timeout here,
     # not by its queue filling up (that path has its own tests).
     app = create_app(make_settings(hub={"send_timeout_s": 2.0, "subscriber_queue_size": 4096}))
-    # Uncompressed, as `vdet serve` sends (compressed, the repetitive test results would fit
-    # in the socket buffers whole).
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", ws_per_message_deflate=False
-    )
+    # As `vdet serve` runs it: uncompressed (compressed, the repetitive test results would fit
+    # in the socket buffers whole), frames written once per loop pass.
+    config = server_config(app)
     server = GracefulServer(config, app)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
