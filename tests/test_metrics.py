@@ -268,3 +268,19 @@ def test_pending_frames_are_folded_past_the_bound_without_a_scrape() -> None:
         "vdet_frames_processed_total", {"source": "cam"}
     ) == float(FOLD_AT + 10)
     assert not metrics._pending
+
+
+def test_a_removed_source_s_pending_frames_go_nowhere_and_a_new_one_starts_at_zero() -> None:
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.STREAMING)
+    metrics.add_source("other", SourceState.STREAMING)
+    for _ in range(3):
+        metrics.observe_result(a_result("cam"))
+        metrics.observe_result(a_result("other"))
+    metrics.remove_source("cam")
+    metrics.add_source("cam", SourceState.STREAMING)
+    metrics.observe_result(a_result("cam"))
+    got = samples(metrics)
+    assert got[("vdet_frames_processed_total", (("source", "cam"),))] == 1.0
+    assert got[("vdet_frames_processed_total", (("source", "other"),))] == 3.0
+    assert got[("vdet_end_to_end_latency_seconds_count", (("source", "cam"),))] == 1.0

@@ -55,7 +55,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Frames observed but not yet folded into the histograms: past this many they are folded at
 # once, on the observing thread (a few milliseconds), so that memory stays bounded when nobody
 # scrapes.
-FOLD_AT = 4096
+FOLD_AT = 2048
 
 
 class ResultObservation(NamedTuple):
@@ -97,6 +97,7 @@ class _FrameSeries:
     end_to_end: Any
     processed: Any
     gpu_processed: Any
+    slot: int  # its number among the pending frames (`Metrics.fold`)
 
 
 @dataclass
@@ -121,8 +122,10 @@ class Metrics:
         r = self.registry
         # Per-frame observations wait in `_pending` and are folded into the histograms and
         # counters in bulk whenever the registry is collected (this collector comes first).
-        self._pending: list[tuple[_FrameSeries, float, float, float, float, float]] = []
+        self._pending: list[tuple[int, float, float, float, float, float]] = []
         self._pending_lock = threading.Lock()
+        self._slots: dict[int, _FrameSeries] = {}  # the series of each source, by slot
+        self._next_slot = 0
         r.register(_FoldFirst(self))
         self.stage_latency = Histogram(
             "vdet_stage_latency_seconds",
@@ -310,7 +313,7 @@ class Metrics:
             pending = self._pending
             pending.append(
                 (
-                    totals.series,
+                    totals.series.slot,
                     seen.decode,
                     seen.preprocess,
                     seen.inference,
@@ -335,21 +338,19 @@ class Metrics:
             pending, self._pending = self._pending, []
         if not pending:
             return
-        groups: dict[int, tuple[_FrameSeries, list[int]]] = {}
-        for i, item in enumerate(pending):
-            series = item[0]
-            group = groups.get(id(series))
-            if group is None:
-                groups[id(series)] = (series, [i])
-            else:
-                group[1].append(i)
-        seconds = np.array([item[1:] for item in pending], dtype=np.float64)
-        for series, rows in groups.values():
-            values = seconds[rows]
-            for column, child in enumerate((*series.stages, series.end_to_end)):
-                _fold_histogram(child, values[:, column])
-            series.processed.inc(len(rows))
-            series.gpu_processed.inc(len(rows))
+        # One row per frame: slot, then the stage seconds and end to end.
+        frames = np.array(pending, dtype=np.float64)
+        slots, row_group = np.unique(frames[:, 0].astype(np.int64), return_inverse=True)
+        groups = len(slots)
+        frame_counts = np.bincount(row_group, minlength=groups).tolist()
+        series = [self._slots.get(slot) for slot in slots.tolist()]  # None: removed meanwhile
+        for column in range(len(STAGES) + 1):
+            children = [None if s is None else (*s.stages, s.end_to_end)[column] for s in series]
+            _fold_histograms(children, row_group, groups, frames[:, column + 1])
+        for s, count in zip(series, frame_counts, strict=True):
+            if s is not None:
+                s.processed.inc(count)
+                s.gpu_processed.inc(count)
 
     def set_class_names(self, names: tuple[str, ...]) -> None:
         """The model's class names, for the `class` label of tracking series (else ids)."""
@@ -396,7 +397,13 @@ class Metrics:
                 end_to_end=self.end_to_end_latency.labels(source_id),
                 processed=self.frames_processed.labels(source_id),
                 gpu_processed=self.gpu_frames_processed.labels(gpu),
+                slot=self._next_slot,
             )
+            self._next_slot += 1
+            previous = self._totals.get(source_id)
+            if previous is not None and previous.series is not None:
+                self._slots.pop(previous.series.slot, None)
+            self._slots[series.slot] = series
             self._totals[source_id] = _SourceTotals(gpu=gpu, series=series)
             self.source_gpu.labels(source_id, gpu).set(1.0)
             for counter in (
@@ -461,8 +468,11 @@ class Metrics:
 
     def remove_source(self, source_id: str) -> None:
         """Drop every series labelled with a deleted source."""
+        self.fold()  # its frames still pending are counted before its series go
         with self._lock:
-            self._totals.pop(source_id, None)
+            totals = self._totals.pop(source_id, None)
+            if totals is not None and totals.series is not None:
+                self._slots.pop(totals.series.slot, None)
             for metric in (
                 self.stage_latency,
                 self.end_to_end_latency,
@@ -581,21 +591,41 @@ class _FoldFirst:
         return []
 
 
-def _fold_histogram(child: Any, values: np.ndarray[Any, np.dtype[np.float64]]) -> None:
-    """Add `values` to one Histogram child as if each had been `observe()`d."""
-    bounds = getattr(child, "_upper_bounds", None)
-    buckets = getattr(child, "_buckets", None)
-    total = getattr(child, "_sum", None)
-    if bounds is None or buckets is None or total is None or len(buckets) != len(bounds):
-        for value in values.tolist():
-            child.observe(value)
-        return
+def _fold_histograms(
+    children: list[Any],
+    row_group: np.ndarray[Any, np.dtype[np.intp]],
+    groups: int,
+    values: np.ndarray[Any, np.dtype[np.float64]],
+) -> None:
+    """Add each frame's `values[i]` to the Histogram child `children[row_group[i]]` as if it
+    had been `observe()`d (a None child: the frame's source is gone). The children share
+    their bucket bounds (LATENCY_BUCKETS_SECONDS), so the bucket of every frame and the
+    counts of every child come from one `searchsorted` and one `bincount`."""
+    bounds = np.array([*LATENCY_BUCKETS_SECONDS, float("inf")])
+    size = len(bounds)
     # The first bound >= value, as observe() picks it; a NaN lands in the last (+Inf) bucket.
-    index = np.minimum(np.searchsorted(np.asarray(bounds), values, side="left"), len(bounds) - 1)
-    for bucket, count in enumerate(np.bincount(index, minlength=len(bounds)).tolist()):
-        if count:
-            buckets[bucket].inc(count)
-    total.inc(float(values.sum()))
+    bucket = np.minimum(np.searchsorted(bounds, values, side="left"), size - 1)
+    counts = np.bincount(row_group * size + bucket, minlength=groups * size)
+    sums = np.bincount(row_group, weights=values, minlength=groups).tolist()
+    for group, (child, child_counts) in enumerate(
+        zip(children, counts.reshape(groups, size).tolist(), strict=True)
+    ):
+        if child is None:
+            continue
+        buckets = getattr(child, "_buckets", None)
+        total = getattr(child, "_sum", None)
+        if (
+            buckets is None
+            or total is None
+            or tuple(getattr(child, "_upper_bounds", ())) != tuple(bounds.tolist())
+        ):
+            for value in values[row_group == group].tolist():
+                child.observe(value)  # not the prometheus_client this was written against
+            continue
+        for index, count in enumerate(child_counts):
+            if count:
+                buckets[index].inc(count)
+        total.inc(sums[group])
 
 
 def _families(registry: CollectorRegistry) -> Iterator[tuple[Metric, Iterator[Sample]]]:
