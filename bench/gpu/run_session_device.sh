@@ -15,10 +15,12 @@
 #             square vs rect vs the decode-only ceiling
 #   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards; one
 #             worker killed mid-window at 64 streams)
-# Wheels copied into .whl/: av, pynvvideocodec (slimmed: no sources, samples or CUDA 12 build),
-# onnx2torch, pytest-asyncio, ultralytics, nvidia-ml-py, psutil, and what vdet.config needs
+# Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
+# samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
+# faster-coco-eval, the API's (fastapi, starlette, uvicorn, httptools, websockets,
+# python-multipart, annotated-doc, opentelemetry-api, click) and what vdet.config needs
 # (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
-# python-dotenv, pyyaml).
+# python-dotenv); ultralytics only for the peer runs of `streams` and `pipeline`.
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
