@@ -357,10 +357,15 @@ async def test_encoded_results_share_the_numbering_and_load_the_latest_only_when
         seq = hub.publish_encoded("w", index, f'"tail-{index}"}}', loader(index))
         assert seq == index + 2
     assert hub.latest_seq("w") == 4 and not loads
+    assert hub.latest_encoded("w") == EncodedResult(4, "w", 2, '"tail-2"}') and not loads
+    local = hub.latest_encoded("local")  # published whole, with no wire text: itself
+    assert isinstance(local, DetectionResult) and local.seq == 1
+    assert hub.latest_encoded("nobody") is None
     latest = hub.latest("w")
     assert latest is not None and (latest.seq, latest.frame_index) == (4, 2)
     assert latest.encoded_tail == '"tail-2"}'
     assert hub.latest("w") is latest and loads == [2]  # loaded once, kept loaded
+    assert hub.latest_encoded("w") == EncodedResult(4, "w", 2, '"tail-2"}')
     await asyncio.sleep(0)  # the outbox delivers
     got = [await sub.get() for _ in range(4)]
     assert [r.seq for r in got] == [1, 2, 3, 4]

@@ -58,6 +58,7 @@ class _Unloaded:
     """A source's newest result as `publish_encoded` got it: loaded on the first `latest()`."""
 
     seq: int
+    frame_index: int
     tail: str
     load: Callable[[], DetectionResult]
 
@@ -319,7 +320,7 @@ class ResultsHub:
             if len(ring) >= self._capacity_per_source:
                 self._evicted_through[source_id] = ring.popleft()[0]
             ring.append(kept)
-            self._latest[source_id] = _Unloaded(seq, encoded_tail, load)
+            self._latest[source_id] = _Unloaded(seq, frame_index, encoded_tail, load)
             for outbox in self._outboxes.values():
                 outbox.put_locked(kept)
         return seq
@@ -346,6 +347,20 @@ class ResultsHub:
             if self._latest.get(source_id) is latest:  # nothing newer meanwhile: keep it loaded
                 self._latest[source_id] = loaded
         return loaded
+
+    def latest_encoded(self, source_id: str) -> HubResult | None:
+        """The source's newest result without loading it: its wire text (`EncodedResult`) when
+        the hub has it (the result came from a worker process), else the result itself; None
+        before the first. What `GET .../detections` serves with no unpickling."""
+        with self._lock:
+            latest = self._latest.get(source_id)
+        if latest is None:
+            return None
+        if isinstance(latest, _Unloaded):
+            return EncodedResult(latest.seq, source_id, latest.frame_index, latest.tail)
+        if latest.encoded_tail is not None:
+            return EncodedResult(latest.seq, source_id, latest.frame_index, latest.encoded_tail)
+        return latest
 
     def latest_seq(self, source_id: str) -> int | None:
         """The seq of the source's newest result (None before its first), without loading it."""

@@ -9,7 +9,14 @@ import json
 import numpy as np
 import pytest
 
-from vdet.api.schemas import ResultEventEncoder, encode_result_tail
+from vdet.api.schemas import (
+    DetectionResultOut,
+    ResultEventEncoder,
+    encode_result_tail,
+    result_out,
+    result_text,
+)
+from vdet.hub import EncodedResult
 from vdet.types import (
     DetectionResult,
     Detections,
@@ -62,3 +69,23 @@ def test_a_worker_encoded_result_is_the_same_text_as_one_encoded_here(
     event = json.loads(there)
     assert event["type"] == "result" and event["result"]["seq"] == seq
     assert len(event["result"]["detections"]) == n
+
+
+@pytest.mark.parametrize("n", [0, 1, 17])
+@pytest.mark.parametrize("tracked", [False, True])
+def test_the_latest_detections_served_from_a_worker_text_equal_those_built_from_the_result(
+    n: int, tracked: bool
+) -> None:
+    """GET .../detections answers a worker's result from its wire text; a client must read the
+    same JSON as from the result itself (`result_out`, what the one-process service serves)."""
+    made = _result(n + 3, n, tracked=tracked)
+    encoded = EncodedResult(77, made.source_id, made.frame_index, encode_result_tail(made, NAMES))
+    served = json.loads(result_text(encoded))
+    built = json.loads(result_out(dataclasses.replace(made, seq=77), NAMES).model_dump_json())
+    assert served == built
+    assert DetectionResultOut.model_validate_json(result_text(encoded)).seq == 77
+
+
+def test_a_wire_text_that_does_not_end_with_the_result_is_refused() -> None:
+    with pytest.raises(AssertionError, match="ends"):
+        result_text(EncodedResult(1, "cam", 0, ',"source_id":"cam"},"extra":1'))

@@ -295,6 +295,15 @@ def encode_result_tail(result: DetectionResult, names: Sequence[str]) -> str:
     return encoded[len(head) :]
 
 
+def result_text(encoded: EncodedResult) -> str:
+    """The `DetectionResultOut` JSON of a result that arrived encoded: its event text without
+    the event around it. Equal, as JSON, to what `result_out` gives for the whole result."""
+    tail = encoded.encoded_tail
+    if not tail.endswith("}}"):  # the event's last field is `result`: fail loudly otherwise
+        raise AssertionError(f"result event text ends {tail[-40:]!r}, not with the result")
+    return f'{{"seq":{encoded.seq}{tail[:-1]}'
+
+
 class ResultEventEncoder:
     """JSON text of `ResultEvent`s, cached by seq: every WebSocket client of a result shares one
     encoding. Thread-safe: the thread that publishes a result encodes it ahead (while anyone
