@@ -69,8 +69,8 @@ class Published(NamedTuple):
     The API process does the same for each of thousands of results a second: number it, keep
     its wire text for the WebSocket feeds, count it in the metrics. Those parts come as plain
     fields (a tuple unpickles in about 1 us); the result itself (`result_pickle`, its
-    detection arrays and tracking) costs 20-25 us to unpickle and is only needed when a
-    client asks for a stream's latest detections, so it stays pickled until then."""
+    detection arrays and tracking) costs 20-25 us to unpickle and stays pickled until someone
+    asks for it whole (`ResultsHub.latest`; GET detections serves the wire text instead)."""
 
     handle: int
     source_id: str
