@@ -30,7 +30,7 @@ from vdet.tracking.compiled import warm_up as warm_up_tracking
 from vdet.types import Detections, ImageArray, SourceStatus, StageTimings
 
 if TYPE_CHECKING:
-    from vdet.api.frames import EncodedFrame
+    from vdet.api.frames import EncodedFrame, Picture
     from vdet.gpu_workers import GpuPool  # imports torch: only where a GPU backend runs
     from vdet.workers.pool import WorkerPool
 
@@ -148,10 +148,10 @@ class StreamService(Protocol):
         boxes: bool = True,
         quality: int = 85,
         max_width: int | None = None,
-        newer_than: int = 0,
+        newest: bool = False,
+        unless: Picture | None = None,
     ) -> EncodedFrame | None:
-        """The last processed frame as JPEG if its result's seq is above `newer_than`
-        (vdet.api.frames.latest_jpeg says what the options do)."""
+        """The latest frame as JPEG (vdet.api.frames.latest_jpeg says what the options do)."""
         ...
 
     def detect(
@@ -261,7 +261,8 @@ class LocalStreams:
         boxes: bool = True,
         quality: int = 85,
         max_width: int | None = None,
-        newer_than: int = 0,
+        newest: bool = False,
+        unless: Picture | None = None,
     ) -> EncodedFrame | None:
         from vdet.api.frames import encode_latest
 
@@ -271,7 +272,8 @@ class LocalStreams:
             boxes=boxes,
             quality=quality,
             max_width=max_width,
-            newer_than=newer_than,
+            newest=newest,
+            unless=unless,
         )
 
     def detect(

@@ -190,7 +190,8 @@ class StreamView:
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """The last frame that went through detection, with its result."""
+    """A frame of a stream with a result: the last processed frame and its own result, or
+    (`StreamManager.newest_frame`) a newer decoded frame and the newest result."""
 
     frame: DecodedFrame
     result: DetectionResult
@@ -438,16 +439,39 @@ class StreamManager:
 
     def snapshot_image(self, stream_id: str) -> tuple[ImageArray, DetectionResult] | None:
         """The last processed frame as a BGR host image, with its result; None before one."""
-        stream = self._stream(stream_id)
-        with stream.lock:
-            snap, gpu_worker = stream.snapshot, stream.gpu_worker
+        snap = self.snapshot(stream_id)
         if snap is None:
             return None
-        if isinstance(snap.frame, VideoFrame):
-            return snap.frame.image_bgr, snap.result
+        return self.host_image(stream_id, snap.frame), snap.result
+
+    def newest_frame(self, stream_id: str) -> Snapshot | None:
+        """The newest decoded frame, with the newest result (detected on it or on an earlier
+        frame); None before the first result.
+
+        That is the frame in host memory last put into the stream's mailbox when it is newer
+        than the last processed one, else the last processed one (so always, for frames in GPU
+        memory): what a live view shows to run at the decode rate, not the detection rate.
+        """
+        stream = self._stream(stream_id)
+        with stream.lock:
+            snap = stream.snapshot
+        if snap is None:
+            return None
+        newest = stream.mailbox.newest_on_host
+        if newest is not None and newest.index > snap.frame.index:
+            return Snapshot(newest, snap.result)
+        return snap
+
+    def host_image(self, stream_id: str, frame: DecodedFrame) -> ImageArray:
+        """`frame` of `stream_id` as a BGR image in host memory (a GPU frame is downloaded)."""
+        if isinstance(frame, VideoFrame):
+            return frame.image_bgr
+        stream = self._stream(stream_id)
+        with stream.lock:
+            gpu_worker = stream.gpu_worker
         if gpu_worker is None:
             raise RuntimeError(f"stream {stream_id!r} has a GPU frame but no GPU worker")
-        return gpu_worker.to_bgr(snap.frame), snap.result
+        return gpu_worker.to_bgr(frame)
 
     def update_params(self, stream_id: str, **changes: Any) -> StreamView:
         """Change a running stream's conf_threshold / iou_threshold / max_det / classes /

@@ -115,7 +115,7 @@ def read_parts(response: httpx.Response, count: int) -> list[Part]:
 def drawn_difference(with_boxes: Part, without: Part) -> tuple[float, float]:
     """Mean |difference| of two encodes of one frame along the person box's left edge, and
     in the bottom-left JPEG blocks, away from every box and label."""
-    assert with_boxes.headers["x-vdet-seq"] == without.headers["x-vdet-seq"]
+    assert with_boxes.headers["x-vdet-frame"] == without.headers["x-vdet-frame"]
     diff = np.abs(with_boxes.image.astype(int) - without.image.astype(int))
     x1, y1, _, y2 = (round(v) for v in expected_box(0))
     return float(diff[y1 + 2 : y2 - 2, x1].mean()), float(diff[88:, :40].mean())
@@ -124,6 +124,18 @@ def drawn_difference(with_boxes: Part, without: Part) -> tuple[float, float]:
 def add_clip(server: LiveServer, clip: Path, stream_id: str = "cam") -> None:
     r = server.client.post("/v1/streams", json=stream_body(clip, stream_id))
     assert r.status_code == 201, r.text
+
+
+def frame_numbers(parts: list[Part]) -> list[tuple[int, int, int]]:
+    """Each part's (X-Vdet-Frame, X-Vdet-Result-Frame, X-Vdet-Seq)."""
+    return [
+        (
+            int(p.headers["x-vdet-frame"]),
+            int(p.headers["x-vdet-result-frame"]),
+            int(p.headers["x-vdet-seq"]),
+        )
+        for p in parts
+    ]
 
 
 def test_live_video_sends_new_frames_with_their_seq_and_boxes(serve: Any, clip: Path) -> None:
@@ -136,8 +148,13 @@ def test_live_video_sends_new_frames_with_their_seq_and_boxes(serve: Any, clip: 
         reader = PartReader(r)
         parts = reader.read(4)
         assert server.metric("vdet_live_viewers") == 1
-    seqs = [int(p.headers["x-vdet-seq"]) for p in parts]
-    assert seqs == sorted(set(seqs)), "each frame once, in order"
+    numbers = frame_numbers(parts)
+    pictures = [(frame, result) for frame, result, _ in numbers]
+    assert len(set(pictures)) == len(pictures), "each picture once"
+    assert [frame for frame, _, _ in numbers] == sorted(frame for frame, _, _ in numbers)
+    assert all(result <= frame for frame, result, _ in numbers), "results of earlier frames"
+    seqs = [seq for _, _, seq in numbers]
+    assert seqs == sorted(seqs) and seqs[0] >= 1
     assert all(p.headers["x-vdet-source-size"] == f"{CLIP_WH[0]}x{CLIP_WH[1]}" for p in parts)
     image = parts[-1].image
     assert image.shape == (CLIP_WH[1], CLIP_WH[0], 3)
@@ -161,8 +178,8 @@ def test_boxes_are_drawn_on_request_and_frames_never_scaled_up(serve: Any, slow_
         server.client.stream("GET", url, params={"fps": 15}) as a,
         server.client.stream("GET", url, params=plain) as b,
     ):
-        boxed = {p.headers["x-vdet-seq"]: p for p in PartReader(a).read(4)}
-        bare = {p.headers["x-vdet-seq"]: p for p in PartReader(b).read(4)}
+        boxed = {p.headers["x-vdet-frame"]: p for p in PartReader(a).read(4)}
+        bare = {p.headers["x-vdet-frame"]: p for p in PartReader(b).read(4)}
     common = sorted(set(boxed) & set(bare), key=int)
     assert common, "the two viewers saw no frame in common"
     frame = bare[common[-1]]
@@ -193,14 +210,26 @@ def test_viewers_of_one_picture_share_its_encodes(serve: Any, slow_clip: Path) -
         server.client.stream("GET", url, params={"fps": 15}) as a,
         server.client.stream("GET", url, params={"fps": 15}) as b,
     ):
-        seqs_a = [int(p.headers["x-vdet-seq"]) for p in PartReader(a).read(5)]
-        seqs_b = [int(p.headers["x-vdet-seq"]) for p in PartReader(b).read(5)]
+        seen_a = frame_numbers(PartReader(a).read(5))
+        seen_b = frame_numbers(PartReader(b).read(5))
         encodes = server.metric("vdet_live_encode_seconds_count")
-    shared = set(seqs_a) & set(seqs_b)
-    assert len(shared) >= 3, (seqs_a, seqs_b)
-    # One encode per distinct frame, however many viewers received it (+1: a newer frame may
+    shared = set(seen_a) & set(seen_b)
+    assert len(shared) >= 3, (seen_a, seen_b)
+    # One encode per distinct picture, however many viewers received it (+1: a newer one may
     # have been encoded and not sent yet).
-    assert encodes <= len(set(seqs_a) | set(seqs_b)) + 1
+    assert encodes <= len(set(seen_a) | set(seen_b)) + 1
+
+
+def test_processed_frames_come_with_their_own_result(serve: Any, clip: Path) -> None:
+    server = serve()
+    add_clip(server, clip)
+    url = "/v1/streams/cam/live.mjpeg"
+    with server.client.stream("GET", url, params={"fps": 30, "frames": "processed"}) as r:
+        numbers = frame_numbers(PartReader(r).read(4))
+    assert all(frame == result for frame, result, _ in numbers), numbers
+    seqs = [seq for _, _, seq in numbers]
+    assert seqs == sorted(set(seqs)), "each processed frame once, in order"
+    assert server.client.get(url, params={"frames": "all"}).status_code == 422
 
 
 def test_viewer_cap_fps_cap_and_unknown_stream(serve: Any, clip: Path) -> None:

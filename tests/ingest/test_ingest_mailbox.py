@@ -112,3 +112,36 @@ def test_a_fast_producer_never_blocks_and_every_frame_is_accounted_for() -> None
     assert box.dropped + box.delivered == produced
     assert box.dropped > 0
     assert put_seconds < 5.0
+
+
+class _GpuFrame:
+    """Stands in for a frame in GPU memory: any DecodedFrame that is not a VideoFrame."""
+
+    source_id = "cam"
+    index = 7
+    pts_seconds = None
+    arrival_time = 0.0
+    decode_seconds = 0.0
+    size_wh = (6, 4)
+
+
+def test_the_newest_host_frame_stays_visible_after_it_is_taken() -> None:
+    box = FrameMailbox()
+    assert box.newest_on_host is None
+    box.put(frame(0))
+    box.put(frame(1))
+    taken = box.get(timeout=0)
+    newest = box.newest_on_host
+    assert taken is not None and newest is taken  # the same frame, no copy
+    box.put(frame(2))
+    assert box.newest_on_host is not None and box.newest_on_host.index == 2
+
+
+def test_gpu_frames_are_not_kept_and_close_lets_go_of_the_newest() -> None:
+    box = FrameMailbox()
+    box.put(frame(3))
+    box.put(_GpuFrame())
+    newest = box.newest_on_host
+    assert newest is not None and newest.index == 3  # a pooled GPU surface is never held
+    box.close()
+    assert box.newest_on_host is None

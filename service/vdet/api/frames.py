@@ -1,11 +1,11 @@
-"""The latest processed frame of a stream as JPEG: the one place frames leave the pipeline.
+"""A stream's latest frame as JPEG: the one place frames leave the pipeline.
 
 `latest_jpeg` is what the snapshot route and the live video feed both call. It owns where a
-stream's last frame comes from (the stream manager's snapshot, in this process or in the worker
-process that runs the stream: `StreamService.latest_jpeg`) and how
-it becomes a JPEG (optionally with its boxes drawn, optionally scaled down). It does not pace,
-count viewers or speak HTTP. CPU-bound and may block on the manager's locks: call it from a
-worker thread, never on the event loop.
+stream's latest frame comes from (the stream manager's last processed or newest decoded frame,
+in this process or in the worker process that runs the stream: `StreamService.latest_jpeg`)
+and how it becomes a JPEG (optionally with its boxes drawn, optionally scaled down). It does
+not pace, count viewers or speak HTTP. CPU-bound and may block on the manager's locks: call it
+from a worker thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -27,17 +27,30 @@ from vdet.types import Detections, ImageArray
 DEFAULT_QUALITY = 85
 
 
+Picture = tuple[int, int | None]
+"""What a live frame shows: (the frame's index, the index of the frame its drawn boxes were
+detected on, or None when none are drawn). Two encodes with equal pictures are the same JPEG."""
+
+
 @dataclass(frozen=True)
 class EncodedFrame:
-    """One processed frame of a stream, encoded."""
+    """One frame of a stream, encoded, and the result that goes with it."""
 
-    seq: int  # the seq of the result detected on this frame (matches the WebSocket feed)
+    seq: int  # the seq of the result that goes with the frame (as the WebSocket feed has it)
     jpeg: bytes
     width: int  # of the JPEG
     height: int
     source_width: int  # of the decoded frame, the space detection boxes are in
     source_height: int
     frame_index: int = 0  # the frame's index in its stream (what a worker knows it by)
+    # The frame the result was detected on: frame_index itself for a processed frame, an
+    # earlier one for a newer decoded frame shown with the newest result.
+    result_frame_index: int = 0
+    boxes_drawn: bool = False
+
+    @property
+    def picture(self) -> Picture:
+        return (self.frame_index, self.result_frame_index if self.boxes_drawn else None)
 
 
 def latest_jpeg(
@@ -47,18 +60,29 @@ def latest_jpeg(
     boxes: bool = True,
     quality: int = DEFAULT_QUALITY,
     max_width: int | None = None,
-    newer_than: int = 0,
+    newest: bool = False,
+    unless: Picture | None = None,
 ) -> EncodedFrame | None:
-    """The last processed frame of `stream_id` as JPEG, or None if it has none newer than
-    the result seq `newer_than` (0: any). Raises UnknownStreamError.
+    """A stream's latest frame as JPEG, with the result that goes with it; None before its
+    first result, or when the frame would show `unless` (already sent). Raises
+    UnknownStreamError.
 
-    `boxes` draws the frame's detections on it (at source resolution, before any scaling);
+    The frame is the last processed one, with the result detected on it; with `newest`, the
+    newest decoded frame when ingest has a newer one in host memory (CPU decoding), with the
+    newest result, detected on an earlier frame: a live view then runs at its own rate, not
+    the detection rate, its boxes a detection's latency behind the picture.
+    `boxes` draws the result's detections on it (at source resolution, before any scaling);
     `max_width` scales the frame down (never up) to at most that many pixels across. Where
     the stream runs (this process or a worker process) decides where it is encoded:
     `StreamService.latest_jpeg`, which ends in `encode_latest` below.
     """
     return streams.latest_jpeg(
-        stream_id, boxes=boxes, quality=quality, max_width=max_width, newer_than=newer_than
+        stream_id,
+        boxes=boxes,
+        quality=quality,
+        max_width=max_width,
+        newest=newest,
+        unless=unless,
     )
 
 
@@ -69,16 +93,18 @@ def encode_latest(
     boxes: bool,
     quality: int,
     max_width: int | None,
-    newer_than: int,
+    newest: bool,
+    unless: Picture | None,
 ) -> EncodedFrame | None:
     """`latest_jpeg` for a stream of the stream manager in this process."""
-    peek = manager.snapshot(stream_id)  # cheap: no copy, no GPU download
-    if peek is None or peek.result.seq <= newer_than:
-        return None
-    snap = manager.snapshot_image(stream_id)
+    # Cheap: no copy, no GPU download, until the picture is known to be wanted.
+    snap = manager.newest_frame(stream_id) if newest else manager.snapshot(stream_id)
     if snap is None:
         return None
-    image, result = snap
+    frame, result = snap.frame, snap.result
+    if unless is not None and (frame.index, result.frame_index if boxes else None) == unless:
+        return None
+    image = manager.host_image(stream_id, frame)
     jpeg, (w, h) = encode_frame(
         image,
         result.detections if boxes else None,
@@ -94,7 +120,9 @@ def encode_latest(
         height=h,
         source_width=source_w,
         source_height=source_h,
-        frame_index=result.frame_index,
+        frame_index=frame.index,
+        result_frame_index=result.frame_index,
+        boxes_drawn=boxes,
     )
 
 

@@ -2,9 +2,10 @@
 
 A viewer (one open MJPEG response) holds a `ViewerSlot` from `LiveVideo.admit`; at most
 `live.max_viewers` are open at once. Frames are encoded only while a slot for that stream is
-open, at most once per new result per (stream, boxes, width): viewers asking for the same
-picture share one encode, and encodes run on at most `live.encoder_threads` worker threads,
-never on the event loop. Frames come from `vdet.api.frames.latest_jpeg` and nowhere else.
+open, at most once per new picture per (stream, boxes, width, newest or processed frames) and
+at most live.max_fps times a second: viewers asking for the same picture share one encode, and
+encodes run on at most `live.encoder_threads` worker threads, never on the event loop. Frames
+come from `vdet.api.frames.latest_jpeg` and nowhere else.
 
 This module owns admission, sharing and the multipart framing; it does not pace viewers
 (the route does) or decide where frames come from (frames.py does).
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.to_thread
 
-from vdet.api.frames import EncodedFrame, latest_jpeg
+from vdet.api.frames import EncodedFrame, Picture, latest_jpeg
 from vdet.config import LiveSettings
 from vdet.metrics import Metrics
 from vdet.runtime import StreamService
@@ -40,6 +41,7 @@ class PictureKey:
     stream_id: str
     boxes: bool
     max_width: int
+    newest: bool = True  # the newest decoded frame (True) or the last processed one
 
 
 class ViewerSlot:
@@ -64,7 +66,8 @@ class LiveVideo:
         self._metrics = metrics
         self._limiter = anyio.CapacityLimiter(settings.encoder_threads)
         self._viewers: Counter[PictureKey] = Counter()
-        self._latest: dict[PictureKey, EncodedFrame] = {}
+        # The last encode of each watched picture and when it was asked for (loop time).
+        self._latest: dict[PictureKey, tuple[EncodedFrame, float]] = {}
         self._pending: dict[PictureKey, asyncio.Task[EncodedFrame | None]] = {}
 
     @property
@@ -90,41 +93,56 @@ class LiveVideo:
             self._latest.pop(key, None)  # nobody watches: keep nothing
 
     async def next_frame(
-        self, streams: StreamService, key: PictureKey, after_seq: int
+        self, streams: StreamService, key: PictureKey, last: Picture | None
     ) -> EncodedFrame | None:
-        """The newest frame of `key` if its seq is above `after_seq`, else None.
+        """The newest frame of `key` unless it shows `last` (the viewer's last picture).
 
-        Raises UnknownStreamError once the stream is gone.
+        An encode asked for less than 1 / live.max_fps seconds ago is shared rather than
+        repeated, so a stream costs at most live.max_fps encodes a second per picture key
+        however many viewers watch it, whatever their phases. One encode of a key runs at a
+        time and each shows the stream's latest frame then, so a picture other than `last` is
+        a newer one. Raises UnknownStreamError once the stream is gone.
         """
+        now = asyncio.get_running_loop().time()
         cached = self._latest.get(key)
+        if cached is not None:
+            shared, asked_at = cached
+            if shared.picture != last and now - asked_at < 1.0 / self.settings.max_fps:
+                return shared
         task = self._pending.get(key)
         if task is None:
-            newer_than = max(after_seq, cached.seq if cached is not None else 0)
-            task = asyncio.create_task(self._encode(streams, key, newer_than))
+            task = asyncio.create_task(self._encode(streams, key, last, now))
             # Retrieved even when every viewer waiting for it has left (no "never retrieved").
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
             self._pending[key] = task
         # Shielded: a viewer leaving must not cancel an encode the others are waiting for.
-        frame = await asyncio.shield(task)
-        if frame is not None and key in self._viewers:
-            current = self._latest.get(key)
-            if current is None or current.seq < frame.seq:
-                self._latest[key] = frame
-        best = self._latest.get(key, frame)
-        return best if best is not None and best.seq > after_seq else None
+        fresh = await asyncio.shield(task)
+        best = self._latest.get(key)
+        frame = best[0] if best is not None else fresh
+        return frame if frame is not None and frame.picture != last else None
 
     async def _encode(
-        self, streams: StreamService, key: PictureKey, newer_than: int
+        self, streams: StreamService, key: PictureKey, last: Picture | None, asked_at: float
     ) -> EncodedFrame | None:
+        """Encode `key`'s picture unless it is the last one encoded (or, before any, `last`);
+        keep what is newest for the viewers still watching. One runs per key at a time."""
+        cached = self._latest.get(key)
+        unless = cached[0].picture if cached is not None else last
         try:
-            return await anyio.to_thread.run_sync(
-                self._encode_in_thread, streams, key, newer_than, limiter=self._limiter
+            fresh = await anyio.to_thread.run_sync(
+                self._encode_in_thread, streams, key, unless, limiter=self._limiter
             )
         finally:
             self._pending.pop(key, None)
+        if key in self._viewers:
+            if fresh is not None:
+                self._latest[key] = (fresh, asked_at)
+            elif cached is not None:  # unchanged since: as good as encoded now
+                self._latest[key] = (cached[0], asked_at)
+        return fresh
 
     def _encode_in_thread(
-        self, streams: StreamService, key: PictureKey, newer_than: int
+        self, streams: StreamService, key: PictureKey, unless: Picture | None
     ) -> EncodedFrame | None:
         started = time.perf_counter()
         frame = latest_jpeg(
@@ -133,7 +151,8 @@ class LiveVideo:
             boxes=key.boxes,
             quality=self.settings.jpeg_quality,
             max_width=key.max_width,
-            newer_than=newer_than,
+            newest=key.newest,
+            unless=unless,
         )
         if frame is not None:
             self._metrics.live_encode_seconds.observe(time.perf_counter() - started)
@@ -141,16 +160,22 @@ class LiveVideo:
 
 
 def multipart_part(frame: EncodedFrame) -> bytes:
-    """One part of the multipart/x-mixed-replace body, with the frame's seq and source size.
+    """One part of the multipart/x-mixed-replace body: the frame, which result goes with it,
+    and its source size.
 
-    `X-Vdet-Seq` is the seq of the result detected on this very frame (the WebSocket feed's
-    `seq`), so a client drawing overlays itself can pair frame and boxes exactly.
+    `X-Vdet-Seq` is the seq of the result that goes with the frame (the WebSocket feed's
+    `seq`), so a client drawing overlays itself pairs frame and boxes as the server would;
+    `X-Vdet-Frame` is the frame's index in its stream and `X-Vdet-Result-Frame` the index of
+    the frame that result was detected on (equal for a processed frame; smaller for a newer
+    decoded frame shown with the newest result).
     """
     head = (
         f"--{BOUNDARY}\r\n"
         "Content-Type: image/jpeg\r\n"
         f"Content-Length: {len(frame.jpeg)}\r\n"
         f"X-Vdet-Seq: {frame.seq}\r\n"
+        f"X-Vdet-Frame: {frame.frame_index}\r\n"
+        f"X-Vdet-Result-Frame: {frame.result_frame_index}\r\n"
         f"X-Vdet-Source-Size: {frame.source_width}x{frame.source_height}\r\n\r\n"
     )
     return head.encode("ascii") + frame.jpeg + b"\r\n"

@@ -1,21 +1,23 @@
-"""GET /v1/streams/{id}/live.mjpeg: a stream's processed frames as multipart MJPEG.
+"""GET /v1/streams/{id}/live.mjpeg: a stream's frames as multipart MJPEG at a bounded rate.
 
-Each part is the last processed frame at the time of a tick (at most `fps` ticks a second,
-only frames not sent yet), optionally with its boxes drawn. Admission, shared encodes and
-framing live in `vdet.api.live`; this module paces one viewer and speaks HTTP.
+Each part is the stream's latest frame at the time of a tick (at most `fps` ticks a second,
+only frames not sent yet): the newest decoded one with the newest result, or on request the
+last processed one with its own result; optionally with the result's boxes drawn. Admission,
+shared encodes and framing live in `vdet.api.live`; this module paces one viewer and speaks HTTP.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from vdet.api.deps import RuntimeDep, StreamsDep
+from vdet.api.frames import Picture
 from vdet.api.live import MEDIA_TYPE, LiveVideo, PictureKey, ViewerLimitError, multipart_part
 from vdet.api.schemas import ErrorOut
 from vdet.runtime import Runtime, StreamService
@@ -46,13 +48,15 @@ class _ViewerResponse(StreamingResponse):
 @router.get(
     "/{stream_id}/live.mjpeg",
     response_class=StreamingResponse,
-    summary="Live video of a stream as multipart MJPEG (processed frames, bounded rate)",
+    summary="Live video of a stream as multipart MJPEG (bounded rate, boxes optional)",
     responses={
         200: {
             "content": {MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}},
             "description": "An endless multipart/x-mixed-replace body of JPEG parts; each "
-            "part's `X-Vdet-Seq` header is the seq of the frame's result on the WebSocket "
-            "feed and `X-Vdet-Source-Size` the decoded frame's WxH (the space of the boxes). "
+            "part's `X-Vdet-Seq` header is the seq (on the WebSocket feed) of the result that "
+            "goes with the frame, `X-Vdet-Frame` the frame's index in its stream, "
+            "`X-Vdet-Result-Frame` the index of the frame that result was detected on, and "
+            "`X-Vdet-Source-Size` the decoded frame's WxH (the space of the boxes). "
             "Frames are encoded only while someone watches.",
         },
         404: {"model": ErrorOut, "description": "No stream has this id."},
@@ -83,12 +87,22 @@ async def live_mjpeg(
             description="Scale frames down to this width (capped at live.max_width).",
         ),
     ] = None,
+    frames: Annotated[
+        Literal["newest", "processed"],
+        Query(
+            description="`newest`: the newest decoded frame with the newest result (the "
+            "video runs at `fps` even when detection is slower; boxes trail the picture by "
+            "the detection latency); `processed`: only frames detection finished, each with "
+            "its own result (boxes exact, rate at most the detection rate). Streams decoded "
+            "on a GPU always send processed frames."
+        ),
+    ] = "newest",
 ) -> StreamingResponse:
     live = live_video_of(request)
     if stream_id not in streams:
         raise UnknownStreamError(f"no stream {stream_id!r}")
     width = min(max_width or live.settings.max_width, live.settings.max_width)
-    key = PictureKey(stream_id=stream_id, boxes=boxes, max_width=width)
+    key = PictureKey(stream_id=stream_id, boxes=boxes, max_width=width, newest=frames == "newest")
     try:
         slot = live.admit(key)
     except ViewerLimitError as exc:
@@ -112,17 +126,17 @@ async def _frames(
 ) -> AsyncIterator[bytes]:
     loop = asyncio.get_running_loop()
     period = 1.0 / fps
-    last_seq = 0
+    last: Picture | None = None
     # Ends when the stream is removed or the service stops; when the client leaves, the
     # response cancels this generator (StreamingResponse listens for the disconnect).
     while rt.ready:
         tick = loop.time()
         try:
-            frame = await live.next_frame(streams, key, last_seq)
+            frame = await live.next_frame(streams, key, last)
         except UnknownStreamError:
             return
         if frame is not None:
             yield multipart_part(frame)
             rt.metrics.live_frames_sent.inc()
-            last_seq = frame.seq
+            last = frame.picture
         await asyncio.sleep(max(0.0, period - (loop.time() - tick)))

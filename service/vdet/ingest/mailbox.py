@@ -7,6 +7,11 @@ a live view skips frames rather than lagging. The consumer always gets the newes
 
 One producer (the source's worker) and any number of consumers; thread-safe. It does not know
 about sources' states or the pipeline's batching.
+
+The box also keeps a reference to the newest frame in host memory ever put, taken or not, so a
+live view can show decoded frames at its own rate rather than only those detection got to. It
+costs no copy (ingest makes a fresh array per frame) and at most one frame's memory. Frames in
+GPU memory are not kept: a decoder's pooled surfaces must go back to their pool once detected.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
-from vdet.types import DecodedFrame
+from vdet.types import DecodedFrame, VideoFrame
 
 
 class FrameMailbox:
@@ -23,6 +28,7 @@ class FrameMailbox:
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._frame: DecodedFrame | None = None
+        self._newest_on_host: VideoFrame | None = None
         self._closed = False
         self._put = 0
         self._dropped = 0
@@ -39,6 +45,8 @@ class FrameMailbox:
             if self._frame is not None:
                 self._dropped += 1
             self._frame = frame
+            if isinstance(frame, VideoFrame):
+                self._newest_on_host = frame
             self._put += 1
             self._cond.notify()
             return True
@@ -69,12 +77,19 @@ class FrameMailbox:
         """Refuse further frames and wake every waiting `get`. Idempotent."""
         with self._cond:
             self._closed = True
+            self._newest_on_host = None
             self._cond.notify_all()
 
     @property
     def closed(self) -> bool:
         with self._cond:
             return self._closed
+
+    @property
+    def newest_on_host(self) -> VideoFrame | None:
+        """The newest frame in host memory put, taken or not; None before one or once closed."""
+        with self._cond:
+            return self._newest_on_host
 
     @property
     def pending(self) -> bool:

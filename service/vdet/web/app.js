@@ -460,6 +460,8 @@ async function readVideo(view) {
         const jpeg = buffer.slice(start, start + length);
         buffer = buffer.slice(start + length);
         const seq = Number(headers["x-vdet-seq"]);
+        const index = Number(headers["x-vdet-frame"]);
+        const resultIndex = Number(headers["x-vdet-result-frame"]);
         const [sw, sh] = (headers["x-vdet-source-size"] || "").split("x").map(Number);
         const bitmap = await createImageBitmap(new Blob([jpeg], { type: "image/jpeg" }));
         if (view.closed) {
@@ -467,7 +469,14 @@ async function readVideo(view) {
           return;
         }
         if (view.frame) view.frame.bitmap.close();
-        view.frame = { bitmap, seq, sourceWidth: sw || bitmap.width, sourceHeight: sh || bitmap.height };
+        view.frame = {
+          bitmap,
+          seq,
+          index,
+          resultIndex,
+          sourceWidth: sw || bitmap.width,
+          sourceHeight: sh || bitmap.height,
+        };
         draw(view);
         counted += 1;
         const now = performance.now();
@@ -491,7 +500,8 @@ function classColour(classId) {
   return `hsl(${((classId * 47) % 180) * 2} 100% 55%)`;
 }
 
-// The result detected on this frame when the feed has it, else the newest one before it.
+// The result that goes with the frame (its X-Vdet-Seq: detected on it, or on the frame
+// before it that detection last finished) when the feed has it, else the newest one before.
 function resultFor(view, seq) {
   const exact = view.results.get(seq);
   if (exact) return exact;
@@ -540,9 +550,11 @@ function draw(view) {
   view.labels = labels;
   canvas.dataset.seq = String(frame.seq);
   canvas.dataset.boxes = String(detections.length);
+  const lag = frame.index - frame.resultIndex;
+  const boxesOf = lag > 0 ? `, boxes from ${lag} frame(s) before` : "";
   $("#live-status").textContent = result
-    ? `frame seq ${frame.seq}: ${detections.length} detection(s)`
-    : `frame seq ${frame.seq}`;
+    ? `frame ${frame.index} (seq ${frame.seq}${boxesOf}): ${detections.length} detection(s)`
+    : `frame ${frame.index}`;
 }
 
 function drawZones(ctx, zones, frame, sx, sy) {

@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Literal
 
-from vdet.api.frames import EncodedFrame
+from vdet.api.frames import EncodedFrame, Picture
 from vdet.config import DetectionDefaults, Settings, StreamSpec
 from vdet.hub import ResultsHub
 from vdet.ingest.urls import redact, validate_source_url
@@ -450,28 +450,30 @@ class WorkerPool:
         boxes: bool = True,
         quality: int = 85,
         max_width: int | None = None,
-        newer_than: int = 0,
+        newest: bool = False,
+        unless: Picture | None = None,
     ) -> EncodedFrame | None:
         stream = self._stream(stream_id)
         latest_seq = self._hub.latest_seq(stream_id)
-        if stream.failed is not None or latest_seq is None or latest_seq <= newer_than:
-            return None  # nothing newer: known here, without asking the worker
+        if stream.failed is not None or latest_seq is None:
+            return None  # no result yet: known here, without asking the worker
         worker = self._workers[stream.worker]
-        # Results carry no seq in a worker (the hub numbers them here): any frame will do.
-        options = {"boxes": boxes, "quality": quality, "max_width": max_width, "newer_than": -1}
+        options = {
+            "boxes": boxes,
+            "quality": quality,
+            "max_width": max_width,
+            "newest": newest,
+            "unless": unless,
+        }
         frame: EncodedFrame | None = worker.call(
             "latest_jpeg", stream_id, options, timeout=self._call_timeout
         )
         if frame is None:
             return None
         # The worker does not know the seq the hub gave the frame's result (that result may
-        # still be on its way here): look it up by the frame's index.
-        numbered = self._hub.find(stream_id, frame.frame_index, wait_s=0.1)
-        if numbered is None:
-            return None if newer_than else dataclasses.replace(frame, seq=latest_seq)
-        if numbered.seq <= newer_than:
-            return None
-        return dataclasses.replace(frame, seq=numbered.seq)
+        # still be on its way here): look it up by the index of the frame it was detected on.
+        numbered = self._hub.find(stream_id, frame.result_frame_index, wait_s=0.1)
+        return dataclasses.replace(frame, seq=latest_seq if numbered is None else numbered.seq)
 
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams
