@@ -6,7 +6,8 @@ no viewer and with one viewer of `demo` reading live.mjpeg the way the web page 
 (fps=15, boxes=false, max_width=960). Per phase it records each stream's detection rate (from
 frames_processed), the viewer's frames per second, the server's CPU seconds and the live
 encode time (vdet_live_encode_seconds). Phases alternate (off, on, off, on, ...) so that a
-machine whose load drifts affects both sides alike; the ratio compares the medians.
+machine whose load drifts affects both sides alike; one ratio compares the medians, the other
+(bracketed) each phase with a viewer to the mean of the two without one around it.
 
 With `--browser`, a last phase opens the page in headless Chromium (Debian's) and reads the
 frame rate the page itself draws (the browser's own CPU use is then part of the machine's
@@ -181,21 +182,41 @@ def _cpu_costs(frames: int, width: int, quality: int) -> dict[str, Any]:
 
 
 def _modelled(costs: dict[str, Any], cores: int) -> dict[str, Any]:
-    """What one viewer at 10 fps takes from detection on a machine saturated by it.
+    """What one viewer at the page's frame rate takes from detection on a machine saturated
+    by it.
 
     With every core busy, two real-time 1080p30 streams first cost their decoding; detection
     gets the rest. A viewer's encodes come out of that rest, so detection throughput drops
     by the viewer's share of it.
     """
+    fps = float(QUERY["fps"])
     decode_cores = 2 * 30 * costs["decode_cpu_ms_median"] / 1000
-    viewer_cores = 10 * costs["live_encode_cpu_ms_median"] / 1000
+    viewer_cores = fps * costs["live_encode_cpu_ms_median"] / 1000
     left_for_detection = cores - decode_cores
     return {
         "cores": cores,
         "decode_cores_two_streams": round(decode_cores, 3),
-        "viewer_cores_at_10_fps": round(viewer_cores, 4),
+        "viewer_fps": fps,
+        "viewer_cores": round(viewer_cores, 4),
         "detection_throughput_ratio_with_viewer": round(1 - viewer_cores / left_for_detection, 4),
     }
+
+
+def _bracketed_ratios(phases: list[dict[str, Any]], stream: str) -> list[float]:
+    """`stream`'s detection rate in each phase with a viewer over the mean of its neighbours
+    without one (the one before, and the one after where there is one)."""
+    ratios = []
+    for i, phase in enumerate(phases):
+        if not phase["viewer"]:
+            continue
+        around = [
+            p["detect_fps"][stream]
+            for p in phases[max(0, i - 1) : i + 2]
+            if not p["viewer"] and p is not phase
+        ]
+        if around:
+            ratios.append(phase["detect_fps"][stream] / statistics.fmean(around))
+    return ratios
 
 
 def main() -> int:
@@ -245,6 +266,9 @@ def main() -> int:
                     phase = _phase(base, server.pid, args.seconds, viewer)
                     phases.append(phase)
                     print(f"pair {i}: {phase}", file=sys.stderr)
+            # A last phase without a viewer, so that every phase with one has two neighbours.
+            phases.append(_phase(base, server.pid, args.seconds, False))
+            print(f"last: {phases[-1]}", file=sys.stderr)
             browser = None
             if args.browser:
                 browser = _browser_phase(base, args.seconds, Path(tmp) / "profile")
@@ -258,6 +282,7 @@ def main() -> int:
         return float(statistics.median(values))
 
     other_off, other_on = med(False, "detect_fps", "other"), med(True, "detect_fps", "other")
+    bracketed = _bracketed_ratios(phases, "other")
     report = {
         "scenario": "live-view",
         "environment": environment(),
@@ -267,7 +292,8 @@ def main() -> int:
             "streams": "demo and other: the bundled 1080p30 sample clip, looped, real time",
             "viewer": "one reader of /v1/streams/demo/live.mjpeg, "
             + "&".join(f"{k}={v}" for k, v in QUERY.items()),
-            "phases": f"{args.pairs} pairs of (no viewer, one viewer), {args.seconds:g} s each",
+            "phases": f"{args.pairs} pairs of (no viewer, one viewer) and one without, "
+            f"{args.seconds:g} s each",
         },
         "phases": phases,
         "summary": {
@@ -278,6 +304,12 @@ def main() -> int:
             },
             "other_detect_fps_median": {"off": other_off, "on": other_on},
             "other_throughput_ratio_on_vs_off": round(other_on / other_off, 4),
+            # Each phase with a viewer against the mean of the phases without one on either
+            # side of it: a load that drifts through the run cancels out.
+            "other_throughput_ratio_bracketed": {
+                "median": round(statistics.median(bracketed), 4),
+                "each": [round(r, 4) for r in bracketed],
+            },
             "server_cpu_cores_median": {
                 "off": med(False, "server_cpu_cores"),
                 "on": med(True, "server_cpu_cores"),
