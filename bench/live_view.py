@@ -10,8 +10,9 @@ machine whose load drifts affects both sides alike; one ratio compares the media
 (bracketed) each phase with a viewer to the mean of the two without one around it.
 
 With `--browser`, a last phase opens the page in headless Chromium (Debian's) and reads the
-frame rate the page itself draws (the browser's own CPU use is then part of the machine's
-load, so that phase is reported apart).
+frame rate the page itself draws, how far behind live it shows frames (it holds each until its
+detections have come) and how many frames older than the picture its boxes are (the browser's
+own CPU use is then part of the machine's load, so that phase is reported apart).
 
     .venv/bin/python bench/live_view.py --out bench/results/DATE-live-view-cpu.json
 """
@@ -138,13 +139,26 @@ def _browser_phase(base: str, seconds: float, profile: Path) -> dict[str, Any]:
         page = context.new_page()
         page.goto(base + "/")
         page.wait_for_function("() => Number(document.querySelector('#live').dataset.fps) > 0")
-        samples = []
+        samples, delays, older = [], [], []
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             time.sleep(1.0)
-            samples.append(float(page.evaluate("document.querySelector('#live').dataset.fps")))
+            data = page.evaluate("({...document.querySelector('#live').dataset})")
+            samples.append(float(data["fps"]))
+            delays.append(float(data["delay"]))
+            older.append(int(data["older"]))
         context.close()
-    return {"page_fps_median": statistics.median(samples), "page_fps_samples": samples}
+    return {
+        "page_fps_median": statistics.median(samples),
+        "page_fps_samples": samples,
+        # How far behind live the page shows frames so that their detections have come, and
+        # how many frames before the frame shown its boxes were detected (sampled once a
+        # second).
+        "page_delay_ms_median": statistics.median(delays),
+        "page_delay_ms_samples": delays,
+        "boxes_frames_before_median": statistics.median(older),
+        "boxes_frames_before_samples": older,
+    }
 
 
 def _cpu_costs(frames: int, width: int, quality: int) -> dict[str, Any]:

@@ -89,6 +89,10 @@ def test_page_loads_without_errors_and_shows_the_demo_stream_with_boxes(
     colour = _class_rgb(pixels["classId"])
     assert _share_near(pixels["edge"], colour) >= 0.6, "no box edge in the class colour"
     assert _share_near(pixels["rawEdge"], colour) < 0.3, "the frame itself had that colour"
+    # Frames wait for their detections: the boxes drawn are of the frame shown or one before
+    # it, never of a later one, and the wait is bounded.
+    shown = page.evaluate("({...document.querySelector('#live').dataset})")
+    assert int(shown["older"]) >= 0 and 0 <= int(shown["delay"]) <= 1500, shown
     # The first load: the page and its files (not the API's data, not the video).
     transferred = page.evaluate(
         """() => [...performance.getEntriesByType('navigation'),

@@ -8,7 +8,11 @@ const POLL_STREAMS_MS = 1000;
 const POLL_GPU_MS = 15000; // placement rarely changes; /metrics grows with streams
 const LIVE_FPS = 15; // asked of the server; it caps it at live.max_fps
 const LIVE_WIDTH = 960;
-const KEPT_RESULTS = 120; // WebSocket results kept to pair with frames by seq
+const KEPT_RESULTS = 120; // WebSocket results kept to pair with frames
+// Frames wait for detection to catch up with them (see "playout" below), at most this long.
+const MAX_DELAY_MS = 1500;
+const LAG_WINDOW_MS = 3000; // the delay follows the longest wait seen over this long
+const MAX_PENDING = 45; // frames received and not shown yet (3 s at 15 fps)
 const KEY_STORE = "vdet.apiKey";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -311,14 +315,16 @@ function fillParams(stream) {
 
 // --- the live view ----------------------------------------------------------------------------
 
-let live = null; // {id, stream, abort, ws, results: Map(seq -> result), frame, zones, ...}
+let live = null; // {id, stream, abort, ws, results: Map(seq -> result), frame, pending, ...}
 
 function closeLive() {
   if (!live) return;
   live.closed = true;
   live.abort.abort();
   if (live.ws) live.ws.close(1000);
+  cancelAnimationFrame(live.raf);
   if (live.frame) live.frame.bitmap.close();
+  for (const frame of live.pending) frame.bitmap.close();
   live = null;
   $("#live-section").hidden = true;
   renderStreams();
@@ -334,7 +340,15 @@ function openLive(id) {
     ws: null,
     results: new Map(),
     lastSeq: null,
-    frame: null,
+    newestResultIndex: -1, // the highest frame_index of any result received
+    frame: null, // the frame shown
+    pending: [], // frames received, waiting for their turn (oldest first)
+    delay: 0, // ms each frame is held after it arrives, so that its detections have come
+    lags: [], // [when, ms a frame waited for detection to reach it]
+    shown: 0,
+    shownSince: performance.now(),
+    drawnSeq: null,
+    raf: 0,
     zones: [],
     drawn: [],
     labels: [],
@@ -351,6 +365,7 @@ function openLive(id) {
   connectEvents(view);
   readVideo(view);
   loadZones(view);
+  view.raf = requestAnimationFrame(() => playout(view));
 }
 
 function connectEvents(view) {
@@ -378,7 +393,16 @@ function connectEvents(view) {
       if (view.results.size > KEPT_RESULTS) {
         view.results.delete(view.results.keys().next().value);
       }
-      if (view.frame && view.frame.seq === result.seq) draw(view);
+      if (result.frame_index > view.newestResultIndex) {
+        view.newestResultIndex = result.frame_index;
+        const now = performance.now();
+        for (const frame of view.pending) {
+          if (frame.coveredAt === null && frame.index <= result.frame_index) {
+            frame.coveredAt = now;
+            noteLag(view, now, now - frame.receivedAt);
+          }
+        }
+      }
     } else if (message.type === "stream_removed") {
       ended = true;
     }
@@ -435,8 +459,6 @@ async function readVideo(view) {
   }
   const reader = response.body.getReader();
   let buffer = new Uint8Array(0);
-  let counted = 0;
-  let countedSince = performance.now();
   try {
     for (;;) {
       const { value, done } = await reader.read();
@@ -468,25 +490,27 @@ async function readVideo(view) {
           bitmap.close();
           return;
         }
-        if (view.frame) view.frame.bitmap.close();
-        view.frame = {
+        const last = view.pending.length ? view.pending[view.pending.length - 1] : view.frame;
+        if (last && index < last.index) {
+          // Frame numbers went back: the stream was removed and added again. Its results
+          // start over too.
+          view.newestResultIndex = -1;
+          view.results.clear();
+        }
+        const now = performance.now();
+        const covered = index <= view.newestResultIndex;
+        view.pending.push({
           bitmap,
           seq,
           index,
           resultIndex,
           sourceWidth: sw || bitmap.width,
           sourceHeight: sh || bitmap.height,
-        };
-        draw(view);
-        counted += 1;
-        const now = performance.now();
-        if (now - countedSince >= 1000) {
-          view.fps = (counted * 1000) / (now - countedSince);
-          $("#live-fps").textContent = `${view.fps.toFixed(1)} fps`;
-          $("#live").dataset.fps = view.fps.toFixed(2);
-          counted = 0;
-          countedSince = now;
-        }
+          receivedAt: now,
+          coveredAt: covered ? now : null,
+        });
+        if (covered) noteLag(view, now, 0);
+        while (view.pending.length > MAX_PENDING) view.pending.shift().bitmap.close();
       }
     }
   } catch {
@@ -495,19 +519,65 @@ async function readVideo(view) {
   if (!view.closed) setTimeout(() => readVideo(view), 1000);
 }
 
+// Playout. The server sends the newest decoded frame; detection finishes a frame some time
+// later (on a CPU, a few hundred ms). Drawn at once, a frame would get boxes detected several
+// frames before it, trailing every moving object. So each frame is held until a result of
+// it or of a later frame has arrived ("covered"), then shown with the newest result of a
+// frame at or before it: the boxes are then at most one detection interval older than the
+// picture, and the video runs that much behind live. To keep the frames' own cadence, every
+// frame is held the same time: the longest wait for detection seen in the last few seconds.
+function noteLag(view, now, lag) {
+  view.lags.push([now, lag]);
+  while (view.lags.length && view.lags[0][0] < now - LAG_WINDOW_MS) view.lags.shift();
+  const longest = Math.max(...view.lags.map(([, l]) => l));
+  view.delay = Math.min(MAX_DELAY_MS, longest);
+}
+
+function playout(view) {
+  if (view.closed) return;
+  const now = performance.now();
+  let next = null;
+  while (view.pending.length) {
+    const frame = view.pending[0];
+    const due = frame.receivedAt + view.delay <= now;
+    const ready = frame.coveredAt !== null || now - frame.receivedAt >= MAX_DELAY_MS;
+    if (!due || !ready) break;
+    view.pending.shift();
+    if (next) next.bitmap.close(); // two due at once: show the later one
+    next = frame;
+  }
+  if (next) {
+    if (view.frame) view.frame.bitmap.close();
+    view.frame = next;
+    view.shown += 1;
+    draw(view);
+  } else if (view.frame) {
+    const result = resultFor(view, view.frame);
+    if (result && result.seq !== view.drawnSeq) draw(view); // a result came in late
+  }
+  if (now - view.shownSince >= 1000) {
+    view.fps = (view.shown * 1000) / (now - view.shownSince);
+    $("#live-fps").textContent = `${view.fps.toFixed(1)} fps`;
+    $("#live").dataset.fps = view.fps.toFixed(2);
+    view.shown = 0;
+    view.shownSince = now;
+  }
+  view.raf = requestAnimationFrame(() => playout(view));
+}
+
 function classColour(classId) {
   // The server's snapshot colours: hue (classId * 47) mod 180 on OpenCV's 0-180 scale.
   return `hsl(${((classId * 47) % 180) * 2} 100% 55%)`;
 }
 
-// The result that goes with the frame (its X-Vdet-Seq: detected on it, or on the frame
-// before it that detection last finished) when the feed has it, else the newest one before.
-function resultFor(view, seq) {
-  const exact = view.results.get(seq);
-  if (exact) return exact;
+// The newest result detected on this frame or before it; else the one the server paired it
+// with (X-Vdet-Seq), when the feed has it.
+function resultFor(view, frame) {
   let best = null;
-  for (const [s, r] of view.results) if (s <= seq && (!best || s > best.seq)) best = r;
-  return best;
+  for (const r of view.results.values()) {
+    if (r.frame_index <= frame.index && (!best || r.frame_index > best.frame_index)) best = r;
+  }
+  return best || view.results.get(frame.seq) || null;
 }
 
 function draw(view) {
@@ -523,7 +593,7 @@ function draw(view) {
   const sx = canvas.width / frame.sourceWidth;
   const sy = canvas.height / frame.sourceHeight;
   drawZones(ctx, view.zones, frame, sx, sy);
-  const result = resultFor(view, frame.seq);
+  const result = resultFor(view, frame);
   const detections = result ? result.detections : [];
   const lineWidth = Math.max(2, Math.round(canvas.width / 400));
   ctx.lineWidth = lineWidth;
@@ -547,14 +617,19 @@ function draw(view) {
     ctx.fillText(label, x1 * sx + 3, top + height - 2);
   }
   view.drawn = detections;
+  view.drawnSeq = result ? result.seq : null;
   view.labels = labels;
-  canvas.dataset.seq = String(frame.seq);
+  canvas.dataset.seq = String(result ? result.seq : frame.seq);
+  canvas.dataset.frame = String(frame.index);
   canvas.dataset.boxes = String(detections.length);
-  const lag = frame.index - frame.resultIndex;
-  const boxesOf = lag > 0 ? `, boxes from ${lag} frame(s) before` : "";
+  const older = result ? frame.index - result.frame_index : 0;
+  const boxesOf = older > 0 ? `, boxes of ${older} frame(s) before` : "";
+  const behind = `, shown ${Math.round(view.delay)} ms behind live`;
+  canvas.dataset.delay = String(Math.round(view.delay));
+  canvas.dataset.older = String(older);
   $("#live-status").textContent = result
-    ? `frame ${frame.index} (seq ${frame.seq}${boxesOf}): ${detections.length} detection(s)`
-    : `frame ${frame.index}`;
+    ? `frame ${frame.index} (seq ${result.seq}${boxesOf}${behind}): ${detections.length} detection(s)`
+    : `frame ${frame.index}${behind}`;
 }
 
 function drawZones(ctx, zones, frame, sx, sy) {
