@@ -9,8 +9,11 @@ ops (vdet.pipeline.gpu_ops) around the network, `graph_cuda`/`eager_cuda` (and m
 nvdec) vdet's CUDA kernels, as the service does; `graph_cuda_rect` is `graph_cuda` with the
 1080p frames letterboxed into their rectangular input (384x640, `input_shape: rect`; the
 network converted at that shape), the square/rect pair measured in the same run (target for
-YOLOv8s: p50 <= 1.0 ms at rect); `ultralytics` is Ultralytics `predict` (FP16)
-on the same frames as host BGR images, the way a user would call it:
+YOLOv8s: p50 <= 1.0 ms at rect); `layer_kernels` is `graph_cuda` at rect and at square with
+the network's conv bias + SiLU and max pools through vdet's layer kernels (the default) and
+through torch's own (`layer_kernels="off"`), in interleaved rounds; `ultralytics` is
+Ultralytics `predict` (FP16) on the same frames as host BGR images, the way a user would call
+it:
 - latency p50/p99 of `CudaGraphRunner.run` (copy in, preprocess, network, decode + NMS, copy
   out, wait, boxes to source pixels), graph replay against the same work launched eagerly;
 - host cost of enqueuing one frame (RunResult.launch_seconds): one replay against every launch;
@@ -135,6 +138,43 @@ def _latency(
         "host_launch": _percentiles(launch),
         "detections_per_frame": detections / iterations,
     }
+
+
+LAYER_ROUNDS = 6
+
+
+def _layer_kernels(path: Path, frames: list[torch.Tensor], iterations: int) -> dict[str, Any]:
+    """`graph_cuda` with vdet's layer kernels ("auto", what the service runs) and without
+    ("off"), at rect and square, in LAYER_ROUNDS rounds alternating which goes first, so that
+    clocks and neighbours drifting through the run touch both alike; medians of the rounds."""
+    ops = _kernel_ops()
+    shapes: dict[str, Any] = {}
+    for label, input_hw in (("rect", RECT_HW), ("square", INPUT_HW)):
+        networks = {
+            variant: load_onnx_network(path, batch=1, input_hw=input_hw, layer_kernels=variant)
+            for variant in ("off", "auto")
+        }
+        p50: dict[str, list[float]] = {"off": [], "auto": []}
+        p99: dict[str, list[float]] = {"off": [], "auto": []}
+        detections: dict[str, float] = {}
+        for round_index in range(LAYER_ROUNDS):
+            order = ("off", "auto") if round_index % 2 == 0 else ("auto", "off")
+            for variant in order:
+                found = _latency(networks[variant], frames, True, iterations, ops, input_hw)
+                if not found["replayed"]:
+                    raise RuntimeError(f"{variant}: the runner did not replay its graph")
+                p50[variant].append(found["latency"]["p50_ms"])
+                p99[variant].append(found["latency"]["p99_ms"])
+                detections[variant] = found["detections_per_frame"]
+        shapes[label] = {
+            "input_hw": list(input_hw),
+            "p50_ms_median": {v: statistics.median(p50[v]) for v in p50},
+            "p99_ms_median": {v: statistics.median(p99[v]) for v in p99},
+            "p50_ms_rounds": p50,
+            "auto_over_off_p50": statistics.median(p50["auto"]) / statistics.median(p50["off"]),
+            "detections_per_frame": detections,
+        }
+    return {"rounds": LAYER_ROUNDS, "iterations": iterations, "shapes": shapes}
 
 
 def _memory_per_source(network: Any, frames: list[torch.Tensor]) -> dict[str, float]:
@@ -312,6 +352,7 @@ SECTIONS = (
     "eager",
     "graph_cuda",
     "graph_cuda_rect",
+    "layer_kernels",
     "eager_cuda",
     "ultralytics",
     "memory",
@@ -342,6 +383,8 @@ def _section(name: str, path: Path, iterations: int, seconds: float) -> dict[str
         result.update(_latency(network, frames, True, iterations, _kernel_ops()))
     elif name == "graph_cuda_rect":
         result.update(_latency(network, frames, True, iterations, _kernel_ops(), RECT_HW))
+    elif name == "layer_kernels":
+        result.update(_layer_kernels(path, frames, iterations))
     elif name == "eager_cuda":
         result.update(_latency(network, frames, False, iterations, _kernel_ops()))
     elif name == "ultralytics":
@@ -456,6 +499,12 @@ def _print_table(report: dict[str, Any]) -> None:
         ratio = rect_over_square(model)
         if ratio is not None:
             print(f"  rect / square p50 (graph_cuda): {ratio:.3f}")
+        for label, shape in model.get("layer_kernels", {}).get("shapes", {}).items():
+            p50 = shape["p50_ms_median"]
+            print(
+                f"  layer kernels at {label}: p50 {p50['auto']:.3f} ms, torch's layers "
+                f"{p50['off']:.3f} ms: {shape['auto_over_off_p50']:.3f}x"
+            )
         mem = model.get("memory", {})
         if "allocated_mib_per_source" in mem:
             print(f"  memory per source: {mem['allocated_mib_per_source']:.1f} MiB allocated")
@@ -483,6 +532,9 @@ def main() -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated")
     parser.add_argument("--model", type=Path, help="with --section: the ONNX file (demo)")
     parser.add_argument("--no-yolov8s", action="store_true", help="the demo model only")
+    parser.add_argument(
+        "--yolov8s", type=Path, help="a YOLOv8s ONNX to use instead of exporting one"
+    )
     parser.add_argument("--no-demo", action="store_true", help="the yolov8s model only")
     parser.add_argument(
         "--section-timeout", type=float, default=150.0, help="seconds per child process"
@@ -520,6 +572,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         if args.no_yolov8s:
             report["yolov8s_error"] = "--no-yolov8s"
+        elif args.yolov8s is not None:
+            paths.append(args.yolov8s.resolve())
         else:
             try:
                 extra = _yolov8s_onnx(Path(folder))

@@ -118,6 +118,26 @@ def test_compile_module_caches_cubins(tmp_path: Path) -> None:
     assert bytes([32]) == b" "
 
 
+@pytest.mark.parametrize("module", sorted(launch.MODULE_SOURCES))
+@pytest.mark.parametrize("arch", ["sm_86", "sm_90"])
+def test_every_module_compiles_cleanly(module: str, arch: str, tmp_path: Path) -> None:
+    """Each kernel module compiles for the A10's and the H200's architectures with an empty
+    log (no warnings), and its kernels are found by name."""
+    pytest.importorskip("cuda.bindings")
+    try:
+        compiled = launch.compile_module(module, arch, cache_dir=tmp_path)
+    except (CudaUnavailableError, OSError, RuntimeError) as exc:
+        pytest.skip(f"NVRTC unavailable: {exc}")
+    assert compiled.image and compiled.log == ""
+    source = kernel_sources()[launch.MODULE_SOURCES[module]]
+    kernels = re.findall(r"\b(vdet_\w+)\(", source.split('extern "C"', 1)[-1])
+    kernels = [k for k in kernels if k.startswith(("vdet_letterbox_", "vdet_layer_", "vdet_nms_"))
+               or k.startswith(("vdet_decode_", "vdet_select_"))]  # fmt: skip
+    assert kernels
+    for kernel in kernels:
+        assert launch._kernel_module(kernel) == module, kernel
+
+
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("VDET_KERNEL_CACHE", str(tmp_path / "k"))
     assert launch.default_cache_dir() == tmp_path / "k"

@@ -35,6 +35,7 @@ KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 MODULE_SOURCES: Mapping[str, str] = {
     "preprocess": "preprocess.cu",
     "decode_nms": "decode_nms.cu",
+    "layers": "layers.cu",
 }
 KERNEL_SUFFIXES = (".cu", ".cuh", ".h")
 
@@ -405,6 +406,8 @@ class Backend(Protocol):
 def _kernel_module(kernel: str) -> str:
     if kernel.startswith("vdet_letterbox_"):
         return "preprocess"
+    if kernel.startswith("vdet_layer_"):
+        return "layers"
     return "decode_nms"
 
 

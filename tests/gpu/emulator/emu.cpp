@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "decode_nms.cu"
+#include "layers.cu"
 #include "preprocess.cu"
 
 namespace {
@@ -35,6 +36,8 @@ const std::map<std::string, Entry>& registry() {
         {"vdet_select_topk_f16", entry(vdet_select_topk_f16)},
         {"vdet_nms_mask", entry(vdet_nms_mask)},
         {"vdet_nms_scan", entry(vdet_nms_scan)},
+        {"vdet_layer_bias_silu_f16", entry(vdet_layer_bias_silu_f16)},
+        {"vdet_layer_max_pool_nhwc_f16", entry(vdet_layer_max_pool_nhwc_f16)},
     };
     return kernels;
 }

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 import tempfile
 import threading
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import onnx
@@ -46,6 +47,11 @@ from ...types import FloatArray
 from ..model import ModelInfo, load_model_info
 from . import BackendSpec, register_backend
 from .base import InferenceBackend
+
+if TYPE_CHECKING:  # torch_layers imports torch, which the CPU image does not have
+    from .torch_layers import LayerKernels
+
+log = logging.getLogger(__name__)
 
 # onnx2torch modules whose tensor arguments (after the first) are only read on the host.
 _HOST_ARGUMENT_MODULES = frozenset(
@@ -291,11 +297,15 @@ def load_onnx_network(
     device: str = "cuda",
     fp16: bool = True,
     channels_last: bool = True,
+    layer_kernels: LayerKernels | Literal["auto", "off"] = "auto",
 ) -> Any:
     """An eval-mode torch module for a detection ONNX file at a fixed input (batch, 3, H, W).
 
     FP16 (`fp16`) weights and input; `channels_last` weights (feed it channels_last input for
     the fast convolutions). The module returns the raw head (batch, 4 + nc, N) in its dtype.
+    `layer_kernels`: conv bias + SiLU and max pools through vdet's own kernels
+    (vdet.pipeline.backends.torch_layers): "auto" does so on a CUDA device in FP16 and
+    channels_last where the kernels compile (cuda-python), "off" never, or the kernels to use.
     """
     import torch
 
@@ -304,6 +314,17 @@ def load_onnx_network(
     module = onnx2torch.convert(folded)
     _static_slices(module)
     _fuse_silu(module)
+    kernels = (
+        _layer_ops(torch.device(device), fp16 and channels_last)
+        if layer_kernels == "auto"
+        else None
+        if layer_kernels == "off"
+        else layer_kernels
+    )
+    if kernels is not None:
+        from .torch_layers import use_layer_kernels
+
+        use_layer_kernels(module, kernels)
     _host_constant_args(module)
     module = module.eval().requires_grad_(False)
     if fp16:
@@ -312,6 +333,31 @@ def load_onnx_network(
     if channels_last:
         module = module.to(memory_format=torch.channels_last)
     return module
+
+
+_LAYER_OPS: dict[int, LayerKernels] = {}
+_LAYER_OPS_LOCK = threading.Lock()
+
+
+def _layer_ops(device: Any, fp16_channels_last: bool) -> LayerKernels | None:
+    """The layer kernels for `device` (one per GPU, shared by its networks), or None where
+    they do not apply (not CUDA, not FP16 channels_last) or cannot run (no cuda-python)."""
+    if device.type != "cuda" or not fp16_channels_last:
+        return None
+    from vdet.plugins.launch import KernelError
+    from vdet.plugins.layer_ops import LayerOps
+
+    index = device.index if device.index is not None else 0
+    with _LAYER_OPS_LOCK:
+        found = _LAYER_OPS.get(index)
+        if found is None:
+            try:
+                found = LayerOps(device=index)
+            except KernelError as exc:  # no cuda-python or driver: torch's own layers then
+                log.warning("layer kernels unavailable on cuda:%d (%s): torch's layers", index, exc)
+                return None
+            _LAYER_OPS[index] = found
+    return found
 
 
 class TorchBackend(InferenceBackend):
