@@ -483,7 +483,9 @@ def _print_table(report: dict[str, Any]) -> None:
     modes = ("graph", "eager", "graph_cuda", "graph_cuda_rect", "eager_cuda", "ultralytics")
     for model in report["models"]:
         for mode in modes:
-            m = model.get(mode, {})
+            if mode not in model:
+                continue  # not asked for in this run
+            m = model[mode]
             if "skipped" in m:
                 continue
             if mode == "ultralytics" and "latency" in m:
