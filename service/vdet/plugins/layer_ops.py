@@ -11,11 +11,12 @@ vdet.plugins.launch's.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from .launch import Backend, CudaBackend, DeviceArray, stream_handle
+from .launch import Backend, CudaBackend, DeviceArray, KernelArg, stream_handle
 
 BLOCK = 256
 HALF = np.dtype(np.float16)
@@ -40,10 +41,6 @@ def nhwc_shape(view: DeviceArray, what: str) -> tuple[int, int, int, int]:
     return n, c, h, w
 
 
-def _grid(count: int) -> tuple[int, int, int]:
-    return ((count + BLOCK - 1) // BLOCK, 1, 1)
-
-
 class LayerOps:
     """The layer kernels on one GPU (or on a test backend)."""
 
@@ -65,20 +62,12 @@ class LayerOps:
                 f"{bias_view.shape} {bias_view.dtype}"
             )
         count = n * c * h * w
-        if count == 0:
-            return
-        self.backend.launch(
+        args = [ctypes.c_uint64(view.ptr), ctypes.c_uint64(bias_view.ptr)]
+        self._launch(
             "vdet_layer_bias_silu_f16",
-            _grid(count),
-            (BLOCK, 1, 1),
-            0,
-            stream_handle(stream),
-            [
-                ctypes.c_uint64(view.ptr),
-                ctypes.c_uint64(bias_view.ptr),
-                ctypes.c_uint64(count),
-                ctypes.c_int(c),
-            ],
+            count,
+            stream,
+            [*args, ctypes.c_uint64(count), ctypes.c_int(c)],
         )
 
     def max_pool_same(self, x: object, out: object, kernel: int, *, stream: object = None) -> None:
@@ -93,22 +82,13 @@ class LayerOps:
             raise ValueError(f"out must have the shape of x {view.shape}, got {out_view.shape}")
         if view.ptr < out_view.ptr + out_view.nbytes and out_view.ptr < view.ptr + view.nbytes:
             raise ValueError("out must not overlap x")
-        count = n * c * h * w
+        sizes = [ctypes.c_int(v) for v in (n, h, w, c, kernel)]
+        pointers = [ctypes.c_uint64(view.ptr), ctypes.c_uint64(out_view.ptr)]
+        self._launch("vdet_layer_max_pool_nhwc_f16", n * c * h * w, stream, [*pointers, *sizes])
+
+    def _launch(self, kernel: str, count: int, stream: object, args: Sequence[KernelArg]) -> None:
+        """One thread per element, BLOCK to a block; nothing for an empty tensor."""
         if count == 0:
             return
-        self.backend.launch(
-            "vdet_layer_max_pool_nhwc_f16",
-            _grid(count),
-            (BLOCK, 1, 1),
-            0,
-            stream_handle(stream),
-            [
-                ctypes.c_uint64(view.ptr),
-                ctypes.c_uint64(out_view.ptr),
-                ctypes.c_int(n),
-                ctypes.c_int(h),
-                ctypes.c_int(w),
-                ctypes.c_int(c),
-                ctypes.c_int(kernel),
-            ],
-        )
+        grid = ((count + BLOCK - 1) // BLOCK, 1, 1)
+        self.backend.launch(kernel, grid, (BLOCK, 1, 1), 0, stream_handle(stream), args)
