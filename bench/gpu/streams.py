@@ -304,6 +304,7 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
             batch=spec.get("batch") or 1,
             kernels="cuda",
             host_wait=_host_wait(spec),
+            layer_kernels=spec.get("layer_kernels", True),
         )
         pool = build_gpu_pool(
             settings, detector.backend, input_shape=spec.get("input_shape", "rect")
@@ -686,9 +687,10 @@ def _name(spec: dict[str, Any]) -> str:
     mps = " mps" if spec.get("mps") else ""
     sessions = " session-per-pass" if spec.get("session_per_pass") else ""
     shape = f" {spec['input_shape']}" if spec.get("input_shape") else ""
+    layers = " nolayers" if spec.get("layer_kernels") is False else ""
     return (
         f"{spec['system']} {pace} {spec['sources']}{batch}{procs}{mps}{sessions}{shape}{wait}"
-        f"{long_run}"
+        f"{layers}{long_run}"
     )
 
 
@@ -699,7 +701,8 @@ def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
     every pass over the looped clip, as before sessions lived through loops), a host wait
     (block, spin, yield, auto), the input shape (`rect`: each frame at its rectangular input,
     384x640 for the 1080p clip, the service's default; `square`: 640x640) and `diag`
-    (thread-stack and GIL diagnostics); `-` is no option."""
+    (thread-stack and GIL diagnostics), `nolayers` (gpu.layer_kernels false: torch's own conv
+    bias, SiLU and max pool kernels); `-` is no option."""
     plan = []
     for item in text.split():
         system, sources, pace, *options = item.split(":")
@@ -725,6 +728,8 @@ def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
                 spec["host_wait"] = option
             elif option in ("rect", "square"):
                 spec["input_shape"] = option
+            elif option == "nolayers":
+                spec["layer_kernels"] = False
             elif option.startswith("x") and option[1:].isdigit():
                 spec["processes"] = int(option[1:])
             elif option.lstrip("b").isdigit():

@@ -326,6 +326,12 @@ class GpuSettings(_Strict):
         description="Preprocess and decode+NMS ops: cuda (vdet's CUDA kernels, compiled by "
         "NVRTC), torch (reference torch ops), auto (cuda when cuda-python and NVRTC import).",
     )
+    layer_kernels: bool = Field(
+        default=True,
+        description="Torch networks: run each conv's bias + SiLU and SPPF's max pools through "
+        "vdet's own kernels (one pass each instead of torch's separate kernels; FP16 "
+        "channels_last on CUDA, where cuda-python compiles them). false: torch's own layers.",
+    )
     host_wait: Literal["block", "spin", "yield", "auto"] = Field(
         default="block",
         description="How threads wait for the GPU (NVDEC calls, each frame's result): block "

@@ -45,6 +45,7 @@ from vdet.ingest.nvdec_reader import select_reader
 from vdet.ingest.reader import SourceReader
 from vdet.input_shapes import COMMON_SOURCE_WH, InputShapes, has_rect_inputs
 from vdet.pipeline.backends.base import InferenceBackend
+from vdet.pipeline.backends.torch import TorchBackend
 from vdet.pipeline.gpu_ops import (
     DecodeNmsFn,
     Nv12Geometry,
@@ -429,6 +430,8 @@ def build_gpu_pool(
     for index in devices:
         _apply_host_wait(index, settings.host_wait)
         source: InferenceBackend = backend.replica(index)
+        if isinstance(source, TorchBackend):  # networks built from here on follow the setting
+            source.layer_kernels = settings.layer_kernels
         shapes = InputShapes(
             backend.info.input_hw,
             backend.info.stride,

@@ -91,3 +91,21 @@ def test_pools_that_are_not_same_and_convs_with_other_users_stay() -> None:
     counts = use_layer_kernels(module, ReferenceLayers())
     assert (counts.bias_silu, counts.max_pool) == (1, 0)
     assert module.shared.bias is not None  # its output feeds the add too: left as it was
+
+
+def test_the_gpu_setting_reaches_the_networks_the_backend_builds() -> None:
+    """gpu.layer_kernels false: build_gpu_pool sets the backend's flag, and network_for then
+    builds (and caches apart) networks without the rewrite. On the CPU the rewrite never
+    applies, so the flag is what is checked here; the GPU tests run both."""
+    from vdet.config import GpuSettings
+
+    assert GpuSettings().layer_kernels is True
+    assert GpuSettings(layer_kernels=False).layer_kernels is False
+    from vdet.pipeline.backends.torch import TorchBackend
+
+    backend = TorchBackend(DEMO, device="cpu", fp16=False, cuda_graph=False)
+    assert backend.layer_kernels
+    first = backend.network_for(1, (384, 640))
+    backend.layer_kernels = False
+    second = backend.network_for(1, (384, 640))
+    assert first is not second and backend.network_for(1, (384, 640)) is second

@@ -383,6 +383,7 @@ class TorchBackend(InferenceBackend):
         channels_last: bool = True,
         cuda_graph: bool = True,
         on_eager_fallback: Any = None,
+        layer_kernels: bool = True,
     ) -> None:
         import torch
 
@@ -400,7 +401,10 @@ class TorchBackend(InferenceBackend):
         self._on_eager_fallback = on_eager_fallback
         self._lock = threading.Lock()
         self._networks_lock = threading.Lock()
-        self._networks: dict[tuple[int, tuple[int, int]], Any] = {}
+        # Whether `network_for` builds networks with vdet's layer kernels (gpu.layer_kernels);
+        # networks are cached per (batch, shape, this).
+        self.layer_kernels = layer_kernels
+        self._networks: dict[tuple[int, tuple[int, int], bool], Any] = {}
         self.network: Any = self.network_for_batch(self._batch)
         H, W = self.info.input_hw
         self._input = torch.zeros((self._batch, 3, H, W), dtype=self.dtype, device=device)
@@ -436,8 +440,9 @@ class TorchBackend(InferenceBackend):
                 )
                 + f", not {hw}"
             )
+        key = (batch, hw, self.layer_kernels)
         with self._networks_lock:
-            found = self._networks.get((batch, hw))
+            found = self._networks.get(key)
             if found is None:
                 found = load_onnx_network(
                     self.info.path,
@@ -446,8 +451,9 @@ class TorchBackend(InferenceBackend):
                     device=str(self._torch_device),
                     fp16=self.fp16,
                     channels_last=self.channels_last,
+                    layer_kernels="auto" if self.layer_kernels else "off",
                 )
-                self._networks[(batch, hw)] = found
+                self._networks[key] = found
         return found
 
     @property
@@ -480,6 +486,7 @@ class TorchBackend(InferenceBackend):
             fp16=self.fp16,
             channels_last=self.channels_last,
             cuda_graph=False,
+            layer_kernels=self.layer_kernels,
         )
 
     def _takes_network_hw(self, hw: tuple[int, int]) -> bool:
