@@ -279,15 +279,13 @@ def main() -> None:
             except (EOFError, OSError):
                 return
             if isinstance(message, Published):
-                hub.publish_encoded(
-                    message.source_id, message.frame_index, message.encoded_tail, message.result
-                )
+                hub.publish_encoded(message.source_id, message.frame_index, message.encoded_tail)
                 metrics.observe(message.observed)
 
     def publish(message: object) -> None:  # WorkerPool._on_message's path for a result
         if isinstance(message, Published):
             runtime.hub.publish_encoded(
-                message.source_id, message.frame_index, message.encoded_tail, message.result
+                message.source_id, message.frame_index, message.encoded_tail
             )
             runtime.metrics.observe(message.observed)
 

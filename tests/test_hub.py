@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import gc
 import threading
-from collections.abc import Callable
 
 import pytest
 
@@ -37,13 +36,13 @@ def test_publish_numbers_results_and_keeps_latest_per_source() -> None:
     hub = ResultsHub()
     assert hub.last_seq == 0
     assert hub.oldest_seq is None
-    assert hub.latest("a") is None
+    assert hub.latest_encoded("a") is None
     first = hub.publish(result("a", 0))
     second = hub.publish(result("b", 0))
     third = hub.publish(result("a", 1))
     assert [first.seq, second.seq, third.seq] == [1, 2, 3]
-    assert hub.latest("a") == third
-    assert hub.latest("b") == second
+    assert hub.latest_encoded("a") == third
+    assert hub.latest_encoded("b") == second
     assert hub.last_seq == 3
     assert hub.oldest_seq == 1
 
@@ -88,9 +87,9 @@ async def test_remove_source_drops_latest_and_flags_a_gap_for_a_reused_id() -> N
     hub.publish(result("a"))
     hub.publish(result("b"))
     hub.remove_source("a")
-    assert hub.latest("a") is None
+    assert hub.latest_encoded("a") is None
     assert hub.since(0, "a") == []
-    assert hub.latest("b") is not None
+    assert hub.latest_encoded("b") is not None
     # A new stream with the old id: a client resuming from before the removal is told.
     hub.publish(result("a"))
     assert hub.since(0, "a")[0].seq == 3
@@ -313,7 +312,7 @@ def test_a_failing_on_publish_loses_no_result() -> None:
             sub.close()
 
     assert asyncio.run(subscribed()) == 1
-    assert hub.latest("a") is not None
+    assert hub.latest_encoded("a") is not None
 
 
 async def test_encoded_results_are_kept_compact_and_replayed_with_their_text() -> None:
@@ -322,7 +321,7 @@ async def test_encoded_results_are_kept_compact_and_replayed_with_their_text() -
     encoded = dataclasses.replace(result("a", 7), encoded_tail=',"x":1}}')
     numbered = hub.publish(encoded)
     hub.publish(result("a", 8))  # made in this process: kept whole
-    latest = hub.latest("a")
+    latest = hub.latest_encoded("a")
     assert latest is not None and latest.frame_index == 8
     gc.collect()  # a young collection untracks the kept tuple of an encoded result
     assert not gc.is_tracked(hub._history[0])
@@ -338,39 +337,25 @@ async def test_encoded_results_are_kept_compact_and_replayed_with_their_text() -
     replayed.close()
 
 
-async def test_encoded_results_share_the_numbering_and_load_the_latest_only_when_asked() -> None:
-    """A worker's result arrives as its wire text plus a way to load it whole: numbered and
-    fanned out like any other, loaded once, on the first `latest()` only."""
+async def test_encoded_results_share_the_numbering_and_keep_only_their_text() -> None:
+    """A worker's result arrives as its wire text (the worker keeps the result itself):
+    numbered and fanned out like any other, its text the source's latest."""
     hub = ResultsHub()
     sub = hub.subscribe(None, None)
-    loads: list[int] = []
-
-    def loader(index: int) -> Callable[[], DetectionResult]:
-        def load() -> DetectionResult:
-            loads.append(index)
-            return result("w", index)
-
-        return load
-
     hub.publish(result("local", 0))
     for index in range(3):
-        seq = hub.publish_encoded("w", index, f'"tail-{index}"}}', loader(index))
+        seq = hub.publish_encoded("w", index, f'"tail-{index}"}}')
         assert seq == index + 2
-    assert hub.latest_seq("w") == 4 and not loads
-    assert hub.latest_encoded("w") == EncodedResult(4, "w", 2, '"tail-2"}') and not loads
+    assert hub.latest_seq("w") == 4
+    assert hub.latest_encoded("w") == EncodedResult(4, "w", 2, '"tail-2"}')
     local = hub.latest_encoded("local")  # published whole, with no wire text: itself
     assert isinstance(local, DetectionResult) and local.seq == 1
     assert hub.latest_encoded("nobody") is None
-    latest = hub.latest("w")
-    assert latest is not None and (latest.seq, latest.frame_index) == (4, 2)
-    assert latest.encoded_tail == '"tail-2"}'
-    assert hub.latest("w") is latest and loads == [2]  # loaded once, kept loaded
-    assert hub.latest_encoded("w") == EncodedResult(4, "w", 2, '"tail-2"}')
     await asyncio.sleep(0)  # the outbox delivers
     got = [await sub.get() for _ in range(4)]
     assert [r.seq for r in got] == [1, 2, 3, 4]
     assert got[1] == EncodedResult(2, "w", 0, '"tail-0"}')
     assert hub.find("w", 1) == EncodedResult(3, "w", 1, '"tail-1"}')
     hub.remove_source("w")
-    assert hub.latest_seq("w") is None and hub.latest("w") is None
+    assert hub.latest_seq("w") is None and hub.latest_encoded("w") is None
     sub.close()

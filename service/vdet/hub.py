@@ -54,13 +54,12 @@ _Kept = tuple[int, str, int, str | DetectionResult]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class _Unloaded:
-    """A source's newest result as `publish_encoded` got it: loaded on the first `latest()`."""
+class _EncodedLatest:
+    """A source's newest result as `publish_encoded` got it: its number and wire text."""
 
     seq: int
     frame_index: int
     tail: str
-    load: Callable[[], DetectionResult]
 
 
 def _handed_out(kept: _Kept) -> HubResult:
@@ -256,8 +255,8 @@ class ResultsHub:
         # Highest seq per source that can no longer be replayed from its own history: a resume
         # from below it must be told about the gap.
         self._evicted_through: dict[str, int] = {}
-        # Each source's newest result, or its seq and how to load it (`publish_encoded`).
-        self._latest: dict[str, DetectionResult | _Unloaded] = {}
+        # Each source's newest result: whole (`publish`) or its wire text (`publish_encoded`).
+        self._latest: dict[str, DetectionResult | _EncodedLatest] = {}
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._on_publish: Callable[[DetectionResult], object] | None = None
 
@@ -299,16 +298,9 @@ class ResultsHub:
                 log.exception("on_publish failed for result %d", numbered.seq)
         return numbered
 
-    def publish_encoded(
-        self,
-        source_id: str,
-        frame_index: int,
-        encoded_tail: str,
-        load: Callable[[], DetectionResult],
-    ) -> int:
+    def publish_encoded(self, source_id: str, frame_index: int, encoded_tail: str) -> int:
         """Number, keep and hand out a result that arrives already encoded (from a stream
-        worker process); returns its seq. `load()` gives the whole result (seq 0) and is only
-        called if someone asks for the source's latest result."""
+        worker process, which keeps the result itself); returns its seq."""
         with self._lock:
             self._seq += 1
             seq = self._seq
@@ -320,7 +312,7 @@ class ResultsHub:
             if len(ring) >= self._capacity_per_source:
                 self._evicted_through[source_id] = ring.popleft()[0]
             ring.append(kept)
-            self._latest[source_id] = _Unloaded(seq, frame_index, encoded_tail, load)
+            self._latest[source_id] = _EncodedLatest(seq, frame_index, encoded_tail)
             for outbox in self._outboxes.values():
                 outbox.put_locked(kept)
         return seq
@@ -337,33 +329,22 @@ class ResultsHub:
         with self._lock:
             return self._history[0][0] if self._history else None
 
-    def latest(self, source_id: str) -> DetectionResult | None:
-        with self._lock:
-            latest = self._latest.get(source_id)
-        if not isinstance(latest, _Unloaded):
-            return latest
-        loaded = dataclasses.replace(latest.load(), seq=latest.seq, encoded_tail=latest.tail)
-        with self._lock:
-            if self._latest.get(source_id) is latest:  # nothing newer meanwhile: keep it loaded
-                self._latest[source_id] = loaded
-        return loaded
-
     def latest_encoded(self, source_id: str) -> HubResult | None:
-        """The source's newest result without loading it: its wire text (`EncodedResult`) when
-        the hub has it (the result came from a worker process), else the result itself; None
-        before the first. What `GET .../detections` serves with no unpickling."""
+        """The source's newest result: its wire text (`EncodedResult`) when the hub has it (the
+        result came from a worker process), else the result itself; None before the first.
+        What `GET .../detections` serves."""
         with self._lock:
             latest = self._latest.get(source_id)
         if latest is None:
             return None
-        if isinstance(latest, _Unloaded):
+        if isinstance(latest, _EncodedLatest):
             return EncodedResult(latest.seq, source_id, latest.frame_index, latest.tail)
         if latest.encoded_tail is not None:
             return EncodedResult(latest.seq, source_id, latest.frame_index, latest.encoded_tail)
         return latest
 
     def latest_seq(self, source_id: str) -> int | None:
-        """The seq of the source's newest result (None before its first), without loading it."""
+        """The seq of the source's newest result (None before its first)."""
         with self._lock:
             latest = self._latest.get(source_id)
         return None if latest is None else latest.seq

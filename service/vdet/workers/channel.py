@@ -5,8 +5,8 @@ replies and every published result the other. Keeping a stream's results and the
 removal on one ordered pipe means no result of a removed stream can arrive after the removal
 was confirmed. Messages are small frozen dataclasses, pickled by the pipe; frames never cross
 it (a snapshot crosses as JPEG). A result, the one message of every frame, is a flat tuple of
-what the API process uses for every frame (its wire text, what its metrics count), with the
-whole result pickled inside it, unpickled only when asked for.
+what the API process uses for every frame (its wire text, what its metrics count); the whole
+result stays in the worker.
 
 This module only defines the wire; it starts no process and owns no stream.
 """
@@ -67,17 +67,16 @@ class Published(NamedTuple):
     """Worker -> API: a result of the stream added with `handle`, in that stream's order.
 
     The API process does the same for each of thousands of results a second: number it, keep
-    its wire text for the WebSocket feeds, count it in the metrics. Those parts come as plain
-    fields (a tuple unpickles in about 1 us); the result itself (`result_pickle`, its
-    detection arrays and tracking) costs 20-25 us to unpickle and stays pickled until someone
-    asks for it whole (`ResultsHub.latest`; GET detections serves the wire text instead)."""
+    its wire text for the WebSocket feeds and GET detections, count it in the metrics. Those
+    parts come as plain fields (a tuple unpickles in about 1 us). The result itself (its
+    detection arrays and tracking) does not travel: nothing in the API process needs it whole,
+    and pickling it cost the worker and the pipe for every frame."""
 
     handle: int
     source_id: str
     frame_index: int
     encoded_tail: str  # vdet.api.schemas.encode_result_tail: the wire text after the seq
     observed: ResultObservation
-    result_pickle: bytes  # the DetectionResult, seq 0, without its encoded tail
 
     @classmethod
     def of(cls, handle: int, result: DetectionResult, encoded_tail: str) -> Published:
@@ -87,13 +86,7 @@ class Published(NamedTuple):
             result.frame_index,
             encoded_tail,
             ResultObservation.of(result),
-            pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL),
         )
-
-    def result(self) -> DetectionResult:
-        """The whole result, unpickled (seq 0)."""
-        result: DetectionResult = pickle.loads(self.result_pickle)
-        return result
 
 
 class Channel:

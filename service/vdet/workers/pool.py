@@ -676,13 +676,11 @@ class WorkerPool:
 
     def _on_result(self, message: Published) -> None:
         # Called for every frame of every worker: a dict read, no lock of ours, and nothing
-        # unpickled beyond the message's own fields (the result itself only if asked for).
+        # unpickled beyond the message's own fields.
         stream = self._streams.get(message.source_id)
         if stream is None or stream.handle != message.handle or stream.removing:
             return  # removed (or replaced) while this result was on its way
-        self._hub.publish_encoded(
-            message.source_id, message.frame_index, message.encoded_tail, message.result
-        )
+        self._hub.publish_encoded(message.source_id, message.frame_index, message.encoded_tail)
         self._metrics.observe(message.observed)
 
     # --- processes -------------------------------------------------------------------------
