@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.ingest import take_in_background
 from support.truth import SAMPLE
 from support.videos import write_damaged_packets_copy
 from support.waiting import wait_until
@@ -66,6 +67,7 @@ def test_no_frame_of_a_damaged_chain_is_handed_on(damaged_clip: Path) -> None:
 def _run_worker(url: str, options: IngestOptions) -> Iterator[SourceWorker]:
     worker = SourceWorker("cam", url, FrameMailbox(), options)
     worker.start()
+    take_in_background(worker.mailbox)  # a file not paced waits for its frames to be taken
     try:
         yield worker
     finally:

@@ -145,3 +145,55 @@ def test_gpu_frames_are_not_kept_and_close_lets_go_of_the_newest() -> None:
     assert newest is not None and newest.index == 3  # a pooled GPU surface is never held
     box.close()
     assert box.newest_on_host is None
+
+
+def test_a_lossless_put_waits_until_the_waiting_frame_is_taken() -> None:
+    box = FrameMailbox()
+    assert box.put(frame(0), keep_waiting=lambda: True)
+    second_put = threading.Thread(
+        target=box.put, args=(frame(1),), kwargs={"keep_waiting": lambda: True}
+    )
+    second_put.start()
+    second_put.join(0.3)
+    assert second_put.is_alive()  # frame 0 not taken yet: frame 1 waits, nothing dropped
+    first = box.get(timeout=1)
+    second_put.join(5)
+    assert not second_put.is_alive()
+    second = box.get(timeout=1)
+    assert first is not None and second is not None
+    assert (first.index, second.index) == (0, 1)
+    assert (box.dropped, box.delivered, box.put_count) == (0, 2, 2)
+
+
+def test_a_lossless_put_that_is_told_to_stop_waiting_replaces_the_frame() -> None:
+    box = FrameMailbox()
+    box.put(frame(0))
+    asked: list[float] = []
+
+    def keep_waiting() -> bool:
+        asked.append(time.monotonic())
+        return len(asked) < 3
+
+    started = time.monotonic()
+    assert box.put(frame(1), keep_waiting=keep_waiting)
+    assert len(asked) == 3
+    assert time.monotonic() - started < 2.0
+    got = box.get(timeout=0)
+    assert got is not None and got.index == 1
+    assert box.dropped == 1
+
+
+def test_closing_the_box_releases_a_waiting_lossless_put() -> None:
+    box = FrameMailbox()
+    box.put(frame(0))
+    results: list[bool] = []
+    waiting = threading.Thread(
+        target=lambda: results.append(box.put(frame(1), keep_waiting=lambda: True))
+    )
+    waiting.start()
+    time.sleep(0.05)
+    box.close()
+    waiting.join(5)
+    assert results == [False]
+    got = box.get(timeout=0)  # the frame put before close is still handed out
+    assert got is not None and got.index == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.ingest import Transition, drain, start_worker
+from support.ingest import Transition, drain, start_worker, take_in_background
 from support.waiting import wait_until
 
 from vdet.ingest.mailbox import FrameMailbox
@@ -113,6 +113,7 @@ def test_status_is_a_copy(
     workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     worker = start_worker(workers, str(h264_clip), fast_options)
+    take_in_background(worker.mailbox)
     worker.join(10)
     status = worker.status()
     status.history.clear()
@@ -121,19 +122,56 @@ def test_status_is_a_copy(
     assert worker.status().frames_decoded == 120
 
 
+def test_a_file_not_paced_hands_over_every_frame_at_the_pace_of_its_reader(
+    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+) -> None:
+    transitions: list[Transition] = []
+    worker = start_worker(workers, str(h264_clip), fast_options, transitions)
+    frames = []
+    while (taken := worker.mailbox.get(timeout=10)) is not None:
+        frames.append(taken)
+        if taken.index == 10:
+            # A reader slower than the stall timeout (1 s here) is not a stalled source.
+            time.sleep(1.5)
+        else:
+            time.sleep(0.002)
+    worker.join(5)
+    status = worker.status()
+    assert [f.index for f in frames] == list(range(120))
+    assert status.frames_dropped == 0
+    assert status.state is SourceState.STOPPED
+    assert SourceState.STALLED not in {t[2] for t in transitions}
+
+
+def test_stop_is_prompt_while_a_file_waits_for_its_reader(
+    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+) -> None:
+    worker = start_worker(workers, str(h264_clip), fast_options)
+    wait_until(lambda: worker.mailbox.pending, 10, what="a frame waiting")
+    time.sleep(0.2)  # nobody takes it: the worker waits to hand over the next
+    assert worker.status().frames_decoded <= 3
+    started = time.monotonic()
+    assert worker.stop(timeout=5)
+    assert time.monotonic() - started < 1.0
+    assert worker.status().state is SourceState.STOPPED
+
+
 def test_a_looping_file_streams_like_a_camera(
     workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     options = dataclasses.replace(fast_options, loop_files=True)
     worker = start_worker(workers, str(h264_clip), options)
-    wait_until(lambda: worker.status().frames_decoded > 300, 15, what="three loops")
+    frame = None
+    deadline = time.monotonic() + 15
+    while worker.status().frames_decoded <= 300 and time.monotonic() < deadline:
+        frame = worker.mailbox.get(timeout=5)
     status = worker.status()
+    assert status.frames_decoded > 300  # three loops
     assert status.state is SourceState.STREAMING
     assert status.attempts == 1
-    frame = worker.mailbox.get(timeout=5)
     assert frame is not None
     assert frame.pts_seconds is not None
-    assert frame.pts_seconds > 4.0
+    assert frame.pts_seconds > 4.0  # times go on rising across loops, as a camera's do
     started = time.monotonic()
     assert worker.stop(timeout=5)
     assert time.monotonic() - started < 1.0
@@ -156,6 +194,7 @@ def test_a_corrupt_file_records_errors_and_the_worker_goes_on(
     workers: list[SourceWorker], corrupt_clip: Path, fast_options: IngestOptions
 ) -> None:
     worker = start_worker(workers, str(corrupt_clip), fast_options)
+    take_in_background(worker.mailbox)
     worker.join(10)
     status = worker.status()
     assert status.state is SourceState.STOPPED
@@ -172,6 +211,7 @@ def test_too_many_consecutive_decode_errors_reconnect(
     options = dataclasses.replace(fast_options, loop_files=True, max_consecutive_decode_errors=3)
     transitions: list[Transition] = []
     worker = start_worker(workers, str(corrupt_clip), options, transitions)
+    take_in_background(worker.mailbox)
     wait_until(lambda: worker.status().attempts >= 3, 15, what="reconnects")
     assert ("cam", SourceState.STREAMING, SourceState.FAILED) in transitions
     assert ("cam", SourceState.FAILED, SourceState.BACKOFF) in transitions
@@ -242,6 +282,7 @@ def test_a_failing_state_callback_does_not_stop_the_worker(
     )
     workers.append(worker)
     worker.start()
+    take_in_background(worker.mailbox)
     worker.join(10)
     assert worker.status().frames_decoded == 120
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.worker import IngestOptions, SourceWorker
@@ -36,4 +37,12 @@ def drain(mailbox: FrameMailbox, timeout: float = 10.0) -> list[VideoFrame]:
     frames = []
     while (frame := mailbox.get(timeout=timeout)) is not None:
         frames.append(frame)
+    return frames
+
+
+def take_in_background(mailbox: FrameMailbox) -> list[VideoFrame]:
+    """Take every frame on a daemon thread, as a stream's pipeline does, into the list returned
+    (a file that is not paced waits for its frames to be taken)."""
+    frames: list[VideoFrame] = []
+    threading.Thread(target=lambda: frames.extend(drain(mailbox)), daemon=True).start()
     return frames

@@ -5,6 +5,11 @@ drops the connection or buffers seconds of latency. So the producer's `put` neve
 frame that nobody took before the next one arrived is replaced and counted as dropped, the way
 a live view skips frames rather than lagging. The consumer always gets the newest frame.
 
+A file that is not paced like a camera is another matter: nobody is waiting on the far end, and
+whoever analyses a recording wants every frame of it. Its producer passes `keep_waiting` to
+`put`, which then waits for the waiting frame to be taken first (lossless), so decoding runs at
+the speed of detection instead of racing ahead and throwing frames away.
+
 One producer (the source's worker) and any number of consumers; thread-safe. It does not know
 about sources' states or the pipeline's batching.
 
@@ -18,8 +23,12 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from vdet.types import DecodedFrame, VideoFrame
+
+# How often a lossless `put` asks its producer whether to keep waiting for the taker.
+_WAIT_CHECK_S = 0.1
 
 
 class FrameMailbox:
@@ -34,12 +43,19 @@ class FrameMailbox:
         self._dropped = 0
         self._delivered = 0
 
-    def put(self, frame: DecodedFrame) -> bool:
-        """Offer `frame` without blocking; False (and nothing stored) once the box is closed.
+    def put(self, frame: DecodedFrame, *, keep_waiting: Callable[[], bool] | None = None) -> bool:
+        """Offer `frame`; False (and nothing stored) once the box is closed.
 
-        A frame still waiting is replaced and counted in `dropped`.
+        Without `keep_waiting` it never blocks: a frame still waiting is replaced and counted in
+        `dropped`. With it, `put` first waits until the waiting frame has been taken, asking
+        `keep_waiting()` every `_WAIT_CHECK_S` whether to go on (the producer stopping says
+        no; then the frame replaces the waiting one as usual).
         """
         with self._cond:
+            if keep_waiting is not None:
+                while self._frame is not None and not self._closed:
+                    if not self._cond.wait(_WAIT_CHECK_S) and not keep_waiting():
+                        break
             if self._closed:
                 return False
             if self._frame is not None:
@@ -71,6 +87,7 @@ class FrameMailbox:
             if frame is not None:
                 self._frame = None
                 self._delivered += 1
+                self._cond.notify_all()  # a lossless producer waits for the slot to empty
             return frame
 
     def close(self) -> None:

@@ -14,8 +14,10 @@ Owns a source's reconnect state machine and its health numbers (`SourceStatus`):
     a file that cannot be opened or yields no frame --> failed, for good (no reconnect)
     stop()                                       --> stopped, from any state
 
-It hands frames to a `FrameMailbox` and never waits for whoever reads them. It does not
-decide which sources exist (the pipeline does) and does not interpret frames.
+It hands frames to a `FrameMailbox` and never waits for whoever reads them, except for a file
+that is not paced (`realtime` off), whose every frame is detected: then it waits for the last
+one to be taken. It does not decide which sources exist (the pipeline does) and does not
+interpret frames.
 
 Two daemon threads per source: the worker, which does all FFmpeg calls for its source, and a
 watchdog that notices a connection making no progress (packets but no frames, or a call that
@@ -112,7 +114,11 @@ class IngestOptions:
     )
     realtime: bool = field(
         default=False,
-        metadata={"doc": "Release a file's frames at its own frame rate, like a camera."},
+        metadata={
+            "doc": "Release a file's frames at its own frame rate, like a camera (newer frames "
+            "replace those detection has not taken). Off: as fast as detection takes them, "
+            "every frame."
+        },
     )
     max_consecutive_decode_errors: int = _bounded(
         50, 1, 1_000_000, "Reconnect after this many packets in a row fail to decode."
@@ -403,6 +409,9 @@ class SourceWorker:
         """Move frames to the mailbox; True when it had to give up on this connection."""
         limit = self.options.max_consecutive_decode_errors
         damaged_before = False
+        # A file not paced like a camera is analysed, not watched: every frame is detected,
+        # decoding waiting for detection to take the last one (vdet.ingest.mailbox).
+        keep_waiting = None if reader.live or self.options.realtime else self._wait_for_detection
         for item in reader.frames(first_index=self._next_index):
             if self._stop.is_set() or self._aborted():
                 return True
@@ -443,8 +452,18 @@ class SourceWorker:
                     expect=SourceState.CONNECTING,
                 )
             damaged_before = False
-            self.mailbox.put(item)
+            self.mailbox.put(item, keep_waiting=keep_waiting)
         return False
+
+    def _wait_for_detection(self) -> bool:
+        """Whether a lossless `put` should keep waiting for its frame to be taken: until the
+        worker stops. Waiting on detection is not a stalled source, so the watchdog's clock
+        restarts while it lasts."""
+        if self._stop.is_set() or self._aborted():
+            return False
+        with self._lock:
+            self._last_frame_mono = self._clock.monotonic()
+        return True
 
     def _on_damaged_frame(self, damaged: DamagedFrame) -> None:
         with self._lock:
