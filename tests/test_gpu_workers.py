@@ -177,6 +177,44 @@ def test_batched_worker_serves_several_streams_with_their_own_thresholds(
         pool.close()
 
 
+def test_a_batching_worker_takes_two_frames_of_a_stream_at_once_and_keeps_their_order(
+    cpu_backend: TorchBackend, detector: Detector
+) -> None:
+    worker = _worker(cpu_backend, batch=2, batch_wait_ms=20)
+    assert worker.frames_in_flight == 2
+    assert _worker(cpu_backend).frames_in_flight == 1  # a stream's own runner: one at a time
+    pool = GpuPool([worker])
+    in_detection: list[int] = []
+    most = 0
+    lock = threading.Lock()
+    detect = worker.detect
+
+    def counted(source_id: str, frame: GpuVideoFrame, params: Any) -> Any:
+        nonlocal most
+        with lock:
+            in_detection.append(frame.index)
+            most = max(most, len(in_detection))
+        try:
+            return detect(source_id, frame, params)
+        finally:
+            with lock:
+                in_detection.remove(frame.index)
+
+    worker.detect = counted  # type: ignore[method-assign]
+    manager, hub, _ = _manager(detector, pool)
+    try:
+        manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False))
+        wait_until(lambda: manager.get("cam").frames_processed >= 8, 180, what="8 results")
+        published = [result.frame_index for result in hub.since(0, "cam")]
+    finally:
+        manager.close()
+        pool.close()
+    assert most == 2
+    assert published == sorted(published)
+    # Not paced: every frame is detected, in order, none skipped.
+    assert published[:8] == list(range(8))
+
+
 def test_streams_spread_over_gpus_and_pinned_streams_stay_where_asked(
     cpu_backend: TorchBackend, detector: Detector
 ) -> None:

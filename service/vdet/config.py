@@ -319,6 +319,14 @@ class GpuSettings(_Strict):
         le=100.0,
         description="With batch > 1: how long a batch waits for more frames once it has one.",
     )
+    batch_frames_per_stream: int = Field(
+        default=2,
+        ge=1,
+        le=4,
+        description="With batch > 1: frames of one stream in detection at once. 2 lets a "
+        "stream's next frame be staged into the next batch while its last one runs, so batches "
+        "follow each other without the GPU waiting for results to reach the streams.",
+    )
     cuda_graphs: bool = Field(
         default=True, description="Capture each frame's work in a CUDA graph (else eager)."
     )

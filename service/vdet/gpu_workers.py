@@ -229,6 +229,16 @@ class GpuWorker:
             result = self._runner(source_id, input_hw).run_frame(frame, params)
         return result.detections, StageTimings(inference=result.seconds)
 
+    @property
+    def frames_in_flight(self) -> int:
+        """Frames of one stream to hand this worker at once. Batching: `gpu.
+        batch_frames_per_stream` (2: one in the batch on the GPU and the next staged into the
+        batch after it, so that a process's batches run back to back; with one frame per
+        stream every batch waited for the last one's results to reach its streams' threads
+        before it could fill, and the GPU idled meanwhile). Without batching 1: a stream's
+        runner runs its frames one at a time anyway."""
+        return self.settings.batch_frames_per_stream if self.settings.batch > 1 else 1
+
     def to_bgr(self, frame: GpuVideoFrame) -> ImageArray:
         """A decoded frame as a BGR host image (snapshots)."""
         return frame_to_bgr(frame)

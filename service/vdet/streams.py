@@ -93,6 +93,9 @@ class GpuWorkerLike(Protocol):
 
     def memory_bytes(self) -> int: ...
 
+    @property
+    def frames_in_flight(self) -> int: ...
+
 
 class GpuSide(Protocol):
     """What the manager needs of the GPU workers (vdet.gpu_workers.GpuPool)."""
@@ -584,9 +587,14 @@ class StreamManager:
 
         With `parallel_frames` > 1, frames decoded on the CPU go to the detector from a pool of
         that many threads, so the next frame is taken (and detected) while earlier ones are
-        still in detection; results are tracked and published in the order frames were taken.
+        still in detection; so do a GPU stream's frames when its worker takes more than one
+        at a time (`frames_in_flight`: a batching worker). Results are tracked and published in
+        the order frames were taken.
         """
-        depth = self._parallel_frames
+        with stream.lock:
+            gpu_worker = stream.gpu_worker
+        gpu_depth = gpu_worker.frames_in_flight if gpu_worker is not None else 1
+        depth = max(self._parallel_frames, gpu_depth)
         if depth == 1:
             self._pipeline_loop(stream, None, 1)
             return
@@ -614,14 +622,16 @@ class StreamManager:
     def _start_detection(
         self, stream: _Stream, frame: DecodedFrame, pool: ThreadPoolExecutor | None
     ) -> _InFlight:
-        """Detect `frame` with the stream's current settings: in `pool` when given and the
-        frame is in host memory, else here and now."""
+        """Detect `frame` with the stream's current settings: in `pool` when given, else here
+        and now."""
         with stream.lock:
             params, gpu_worker = stream.params, stream.gpu_worker
             tracking, zones = stream.spec.tracking, stream.zones
         result: Future[tuple[Detections, StageTimings]]
         if isinstance(frame, VideoFrame) and pool is not None:
             result = pool.submit(self._detect_one, frame.image_bgr, params)
+        elif gpu_worker is not None and pool is not None:
+            result = pool.submit(gpu_worker.detect, stream.spec.id, frame, params)
         else:
             result = Future()
             try:
