@@ -305,6 +305,7 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
             kernels="cuda",
             host_wait=_host_wait(spec),
             layer_kernels=spec.get("layer_kernels", True),
+            batch_frames_per_stream=spec.get("frames_per_stream", 2),
         )
         pool = build_gpu_pool(
             settings, detector.backend, input_shape=spec.get("input_shape", "rect")
@@ -669,6 +670,8 @@ def _run_sharded(
         merged["readers"] = {
             key: sum(r["readers"][key] for r in results) for key in results[0]["readers"]
         }
+    if "diagnosis" in results[0]:
+        merged["diagnosis_first_process"] = results[0]["diagnosis"]
     if all("decoded_fps" in r for r in results):
         merged["decoded_fps"] = sum(r["decoded_fps"] for r in results)
         decoded = sum(r["decoded_fps"] * r["duration_s"] for r in results)
@@ -688,9 +691,10 @@ def _name(spec: dict[str, Any]) -> str:
     sessions = " session-per-pass" if spec.get("session_per_pass") else ""
     shape = f" {spec['input_shape']}" if spec.get("input_shape") else ""
     layers = " nolayers" if spec.get("layer_kernels") is False else ""
+    per_stream = f" inflight{spec['frames_per_stream']}" if spec.get("frames_per_stream") else ""
     return (
         f"{spec['system']} {pace} {spec['sources']}{batch}{procs}{mps}{sessions}{shape}{wait}"
-        f"{layers}{long_run}"
+        f"{layers}{per_stream}{long_run}"
     )
 
 
@@ -702,7 +706,8 @@ def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
     (block, spin, yield, auto), the input shape (`rect`: each frame at its rectangular input,
     384x640 for the 1080p clip, the service's default; `square`: 640x640) and `diag`
     (thread-stack and GIL diagnostics), `nolayers` (gpu.layer_kernels false: torch's own conv
-    bias, SiLU and max pool kernels); `-` is no option."""
+    bias, SiLU and max pool kernels), `inflightN` (gpu.batch_frames_per_stream N, batched
+    runs); `-` is no option."""
     plan = []
     for item in text.split():
         system, sources, pace, *options = item.split(":")
@@ -730,6 +735,8 @@ def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
                 spec["input_shape"] = option
             elif option == "nolayers":
                 spec["layer_kernels"] = False
+            elif option.startswith("inflight") and option[8:].isdigit():
+                spec["frames_per_stream"] = int(option[8:])
             elif option.startswith("x") and option[1:].isdigit():
                 spec["processes"] = int(option[1:])
             elif option.lstrip("b").isdigit():
@@ -986,6 +993,12 @@ def main() -> int:
             **({"mps": True} if spec.get("mps") else {}),
             **({"session_per_pass": True} if spec.get("session_per_pass") else {}),
             **({"input_shape": spec["input_shape"]} if spec.get("input_shape") else {}),
+            **({"layer_kernels": False} if spec.get("layer_kernels") is False else {}),
+            **(
+                {"batch_frames_per_stream": spec["frames_per_stream"]}
+                if spec.get("frames_per_stream")
+                else {}
+            ),
             **({"gpu_utilization": utilization} if utilization else {}),
             **result,
         }
