@@ -240,7 +240,8 @@ def _build_parser() -> argparse.ArgumentParser:
         default=None,
         help="pipeline: also run Ultralytics' predict on the same model and clip, alternating "
         "with vdet in blocks of frames; frames/s of each, their ratio and box agreement "
-        "(needs the train extra; onnxruntime backend, rect inputs)",
+        "(needs the train extra; onnxruntime backend, rect inputs); serve: run that for "
+        "--frames frames before and after the variants, for a same-run baseline",
     )
     p.add_argument("--output", type=Path, default=None)
     from vdet.bench_serve.options import add_arguments as add_serve_arguments

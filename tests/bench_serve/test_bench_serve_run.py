@@ -57,3 +57,37 @@ def test_one_stream_through_a_real_server_and_its_report(
     markdown = (tmp_path / "report" / "serve.md").read_text()
     assert "| one-process | 1 |" in markdown and "VDET_WORKERS__PER_GPU=8" in markdown
     assert any(p.endswith("serve-streams_scaling.png") for p in written)
+
+
+def test_unpaced_streams_go_as_fast_as_detected_beside_ultralytics_before_and_after(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--unpaced: the stream analyses the clip frame by frame (none dropped, no rate to
+    expect, no extra stream added by the control calls); --baseline ultralytics brackets the
+    server with Ultralytics' predict on the same clip, and the report gives the ratio."""
+    pytest.importorskip("ultralytics")
+    clip = write_h264_clip(tmp_path / "clip.mp4", seconds=2.0, size_wh=(320, 180))
+    out = tmp_path / "serve.json"
+    argv = ["bench", "serve", "--streams", "1", "--duration", "2", "--warmup-seconds", "0.5"]
+    argv += ["--clip", str(clip), "--backend", "onnxruntime", "--output", str(out)]
+    argv += ["--unpaced", "--baseline", "ultralytics", "--frames", "4", "--control-interval", "0.1"]
+    assert main(argv) == 0
+
+    result = ServeBenchResult.model_validate_json(out.read_text())
+    assert result.options.unpaced
+    ((step,),) = [v.steps for v in result.variants]
+    assert step.error is None and step.expected_results_per_s is None and not step.real_time
+    assert step.counters is not None and step.counters.dropped == 0
+    assert step.results_per_s is not None and step.results_per_s > 0
+    assert step.control.post_ms is None and step.control.delete_ms is None  # GETs only
+    assert [u.when for u in result.ultralytics_baselines] == ["before", "after"]
+    for baseline in result.ultralytics_baselines:
+        assert baseline.error is None and baseline.frames == 4
+        assert baseline.ultralytics_fps is not None and baseline.ultralytics_fps > 0
+        assert baseline.boxes_matched is not None and baseline.boxes_matched >= 0.99
+
+    capsys.readouterr()
+    assert main(["bench", "report", str(out), "--out-dir", str(tmp_path / "report")]) == 0
+    markdown = (tmp_path / "report" / "serve.md").read_text()
+    assert "Ultralytics predict before the variants" in markdown
+    assert "results/s over Ultralytics' frames/s" in markdown

@@ -1,6 +1,7 @@
 """The REST side of the benchmark: streams added and removed, and control calls timed under load.
 
-Streams are paced, looping file streams added with `POST /v1/streams` as a user adds cameras.
+Streams are paced, looping file streams added with `POST /v1/streams` as a user adds cameras
+(or, unpaced, files analysed frame by frame as fast as the server detects).
 While a step is measured, a control loop makes the calls an operator or an orchestrator makes
 on a loaded server and times each round trip at the client: `GET /v1/streams/{id}/detections`
 of a measured stream every tick, and every fourth tick a `POST` of one extra stream or the
@@ -25,9 +26,10 @@ _ADD_CONCURRENCY = 8
 _MUTATE_EVERY = 4
 
 
-def stream_spec(stream_id: str, clip: str) -> dict[str, Any]:
-    """A looping file stream paced at the clip's frame rate, like a camera."""
-    return {"id": stream_id, "url": clip, "loop": True, "realtime": True}
+def stream_spec(stream_id: str, clip: str, realtime: bool = True) -> dict[str, Any]:
+    """A looping file stream paced at the clip's frame rate, like a camera; not `realtime`:
+    analysed frame by frame as fast as detection goes."""
+    return {"id": stream_id, "url": clip, "loop": True, "realtime": realtime}
 
 
 @dataclass
@@ -52,15 +54,16 @@ class CallLog:
         return response
 
 
-async def add_streams(http: httpx.AsyncClient, ids: Sequence[str], clip: str, log: CallLog) -> int:
+async def add_streams(
+    http: httpx.AsyncClient, ids: Sequence[str], clip: str, log: CallLog, realtime: bool = True
+) -> int:
     """POST every stream, a few at a time; how many were added."""
     gate = asyncio.Semaphore(_ADD_CONCURRENCY)
 
     async def add(stream_id: str) -> bool:
         async with gate:
-            response = await log.call(
-                "add", http, "POST", "/v1/streams", json=stream_spec(stream_id, clip)
-            )
+            spec = stream_spec(stream_id, clip, realtime)
+            response = await log.call("add", http, "POST", "/v1/streams", json=spec)
         return response is not None and response.status_code == 201
 
     return sum(await asyncio.gather(*(add(i) for i in ids)))
@@ -116,10 +119,12 @@ async def control_loop(
     interval_s: float,
     until: float,
     seed: int = 0,
+    mutate: bool = True,
 ) -> CallLog:
     """Timed control calls until the wall-clock time `until`; the extra stream is removed at
     the end. Ticks are spaced `interval_s` from the start of each call, so a slow call delays
-    the next one rather than piling calls up."""
+    the next one rather than piling calls up. Without `mutate` only the GETs: no extra stream
+    takes detection away from the measured ones (a throughput run)."""
     log = CallLog()
     rng = random.Random(seed)
     extra: str | None = None
@@ -131,7 +136,7 @@ async def control_loop(
         await log.call(
             "get_detections", http, "GET", f"/v1/streams/{rng.choice(measured)}/detections"
         )
-        if tick % _MUTATE_EVERY == _MUTATE_EVERY - 1:
+        if mutate and tick % _MUTATE_EVERY == _MUTATE_EVERY - 1:
             if extra is None:
                 candidate = f"{extra_prefix}{next(counter)}"
                 response = await log.call(

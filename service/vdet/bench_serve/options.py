@@ -61,6 +61,9 @@ class ServeBenchOptions:
     output: Path | None = None
     shards_harness: str | None = None
     pipeline_frames: int = 0
+    unpaced: bool = False
+    ultralytics: bool = False
+    ultralytics_frames: int = 150
     control_interval_s: float = 0.25
     start_timeout_s: float = 180.0
     stop_timeout_s: float = 15.0
@@ -178,6 +181,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "stream, no service: the same-run ceiling on a shared machine); 0: not",
     )
     group.add_argument(
+        "--unpaced",
+        action="store_true",
+        help="serve: add the streams with realtime false, so each analyses the clip frame by "
+        "frame as fast as the server detects (none dropped): results/s is the throughput; the "
+        "control calls are GETs only (no extra stream added and removed)",
+    )
+    group.add_argument(
         "--control-interval",
         type=float,
         default=0.25,
@@ -245,6 +255,9 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         output=args.output,
         shards_harness=args.shards_harness,
         pipeline_frames=args.pipeline_frames,
+        unpaced=args.unpaced,
+        ultralytics=getattr(args, "baseline", None) == "ultralytics",
+        ultralytics_frames=getattr(args, "frames", 150),
         control_interval_s=_positive("--control-interval", args.control_interval),
         start_timeout_s=_positive("--start-timeout", args.start_timeout),
         stop_timeout_s=_positive("--stop-timeout", args.stop_timeout),

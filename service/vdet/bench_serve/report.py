@@ -81,6 +81,16 @@ def _cutoffs(step: Mapping[str, Any]) -> str:
     return f"{count} ({', '.join(sorted(why))})" if why else count
 
 
+def _ultralytics_mean(data: Mapping[str, Any]) -> float | None:
+    """Ultralytics' frames/s averaged over the baselines that ran; None without one."""
+    rates = [
+        rate
+        for u in _mapping_list(data.get("ultralytics_baselines"))
+        if (rate := _number(u.get("ultralytics_fps"))) is not None
+    ]
+    return sum(rates) / len(rates) if rates else None
+
+
 def _results_rows(data: Mapping[str, Any]) -> list[list[str]]:
     first = next(iter(_mapping_list(data.get("variants"))), {})
     baseline = {
@@ -256,6 +266,31 @@ def render_serve_markdown(
                     f"{_fixed(_get(pipeline, 'latency_ms', 'inference', 'p50'), 1)} ms"
                     + (f"; error: {_text(pipeline.get('error'))}" if pipeline.get("error") else ""),
                 )
+            ]
+        )
+    lines += _bullets(
+        [
+            (
+                f"Ultralytics predict {_text(u.get('when'))} the variants, same clip and model "
+                "(vdet bench pipeline --baseline ultralytics: no service)",
+                f"{_fixed(u.get('ultralytics_fps'), 2)} fps (vdet's pipeline alternating with "
+                f"it: {_fixed(u.get('vdet_pipeline_fps'), 2)} fps; boxes matched "
+                f"{_fixed(u.get('boxes_matched'), 4)})"
+                + (f"; error: {_text(u.get('error'))}" if u.get("error") else ""),
+            )
+            for u in _mapping_list(data.get("ultralytics_baselines"))
+        ]
+    )
+    ultralytics_fps = _ultralytics_mean(data)
+    if ultralytics_fps is not None:
+        lines += _bullets(
+            [
+                (
+                    f"{_text(variant.get('name'))}, {_fixed(step.get('streams'), 0)} "
+                    "stream(s): results/s over Ultralytics' frames/s (mean of before and after)",
+                    _ratio(step.get("results_per_s"), ultralytics_fps),
+                )
+                for variant, step in _steps(data)
             ]
         )
     notes = data.get("notes")

@@ -219,7 +219,9 @@ class StepResult(_Model):
     added: int
     add_seconds: float
     all_publishing: bool = Field(description="Every stream published before the warm-up.")
-    expected_results_per_s: float = Field(description="streams x the clip's frame rate.")
+    expected_results_per_s: float | None = Field(
+        description="streams x the clip's frame rate; None unpaced (as fast as it goes)."
+    )
     window_s: float
     results_per_s: float | None = Field(description="The slowest client's rate.")
     latency_ms: LatencyMs | None = Field(description="The worst client's latency figures.")
@@ -293,6 +295,22 @@ class PipelineBaseline(_Model):
     error: str | None = None
 
 
+class UltralyticsBaseline(_Model):
+    """`vdet bench pipeline --baseline ultralytics` on the same clip in the same run:
+    Ultralytics' default `predict` (ONNX Runtime, the same model) and vdet's pipeline
+    alternating in blocks of frames, no service."""
+
+    when: Literal["before", "after"]
+    frames: int
+    ultralytics_fps: float | None = None
+    vdet_pipeline_fps: float | None = None
+    boxes_matched: float | None = Field(
+        default=None, description="Ultralytics' boxes vdet's pipeline found too (IoU >= 0.5)."
+    )
+    load_average_1m: float | None = None
+    error: str | None = None
+
+
 class ClipInfo(_Model):
     path: str
     width: int | None
@@ -313,6 +331,9 @@ class Machine(_Model):
 
 class RunOptions(_Model):
     streams: list[int]
+    unpaced: bool = Field(
+        default=False, description="Streams added with realtime false: as fast as detected."
+    )
     duration_s: float
     warmup_s: float
     clients: int
@@ -336,4 +357,5 @@ class ServeBenchResult(_Model):
     variants: list[VariantResult]
     shards: ShardsResult | None = None
     pipeline_baseline: PipelineBaseline | None = None
+    ultralytics_baselines: list[UltralyticsBaseline] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)

@@ -28,7 +28,7 @@ from importlib import metadata
 from importlib.resources import files
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -52,6 +52,7 @@ from vdet.bench_serve.results import (
     ServerExitOut,
     ServerUse,
     StepResult,
+    UltralyticsBaseline,
     VariantResult,
     WorkerKill,
 )
@@ -301,9 +302,10 @@ async def _run_step(
     ids = [f"{prefix}{i}" for i in range(n)]
     setup = control.CallLog()
     started = time.monotonic()
-    added = await control.add_streams(http, ids, clip.path, setup)
+    added = await control.add_streams(http, ids, clip.path, setup, realtime=not opts.unpaced)
     add_seconds = time.monotonic() - started
-    expected = n * (clip.fps or 30.0)
+    # Unpaced, a stream goes as fast as it is detected: no rate to expect.
+    expected = None if opts.unpaced else n * (clip.fps or 30.0)
     error = None
     if added < n:
         error = f"only {added} of {n} streams were added: {dict(setup.errors)}"
@@ -336,7 +338,13 @@ async def _run_step(
             )
         )
     calls = await control.control_loop(
-        http, ids, extra_prefix, clip.path, opts.control_interval_s, until=window_end
+        http,
+        ids,
+        extra_prefix,
+        clip.path,
+        opts.control_interval_s,
+        until=window_end,
+        mutate=not opts.unpaced,
     )
     await asyncio.sleep(max(0.0, window_end - time.time()))
     tree1, cpu1, t1 = server.note_tree(), time.process_time(), time.monotonic()
@@ -413,6 +421,7 @@ async def _run_step(
     )
     real_time = (
         error is None
+        and expected is not None
         and rate is not None
         and rate >= REAL_TIME_FRACTION * expected
         and not dropped
@@ -462,9 +471,11 @@ async def _run_step(
 def _step_line(variant: str, step: StepResult) -> str:
     latency = step.latency_ms
     p = f"p50 {latency.p50:.1f} / p99 {latency.p99:.1f} ms" if latency else "no latency"
-    rate = f"{step.results_per_s:.0f}" if step.results_per_s is not None else "-"
+    rate = f"{step.results_per_s:.1f}" if step.results_per_s is not None else "-"
+    expected = step.expected_results_per_s
+    of = f" of {expected:.0f}" if expected is not None else " (unpaced)"
     return (
-        f"{variant} N={step.streams}: {rate} of {step.expected_results_per_s:.0f} results/s, "
+        f"{variant} N={step.streams}: {rate}{of} results/s, "
         f"{p}, dropped {step.dropped} (server {step.server_dropped}), cut off {step.cutoffs}"
         + _load_line(step)
         + (f"; {_kill_line(step.kill)}" if step.kill is not None else "")
@@ -632,11 +643,16 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
             vdet_executable(), Path(clip.path), opts.backend, opts.model, opts.pipeline_frames
         )
         progress(f"pipeline alone: {baseline.throughput_fps} fps {baseline.error or ''}")
+    ultralytics = []
+    if opts.ultralytics:
+        ultralytics.append(_ultralytics_baseline(opts, clip, "before", progress))
     variants = []
     with tempfile.TemporaryDirectory(prefix="vdet-bench-serve-") as tmp:
         for i, variant in enumerate(opts.variants):
             workdir = Path(tmp) / f"{i}-{variant.name}"
             variants.append(run_variant(variant, opts, clip, workdir, progress))
+    if opts.ultralytics:
+        ultralytics.append(_ultralytics_baseline(opts, clip, "after", progress))
     shards = None
     if opts.shards_harness is not None:
         from vdet.bench import gpu_script
@@ -661,6 +677,7 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
         packages=packages(),
         options=RunOptions(
             streams=list(opts.streams),
+            unpaced=opts.unpaced,
             duration_s=opts.duration_s,
             warmup_s=opts.warmup_s,
             clients=opts.clients,
@@ -674,5 +691,19 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
         variants=variants,
         shards=shards,
         pipeline_baseline=baseline,
+        ultralytics_baselines=ultralytics,
         notes=notes,
     )
+
+
+def _ultralytics_baseline(
+    opts: ServeBenchOptions, clip: ClipInfo, when: Literal["before", "after"], progress: Progress
+) -> UltralyticsBaseline:
+    from vdet.bench_serve.ultralytics_baseline import run_ultralytics_baseline
+
+    progress(f"Ultralytics predict {when} the variants: {opts.ultralytics_frames} frames")
+    done = run_ultralytics_baseline(
+        vdet_executable(), Path(clip.path), opts.model, opts.ultralytics_frames, when
+    )
+    progress(f"Ultralytics predict: {done.ultralytics_fps} fps {done.error or ''}")
+    return done
