@@ -116,11 +116,26 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=17)
     p.set_defaults(func=_cmd_export)
 
-    p = sub.add_parser("quantize", help="INT8 calibration into a Q/DQ ONNX (TensorRT explicit)")
+    p = sub.add_parser(
+        "quantize", help="INT8 calibration into a Q/DQ ONNX (TensorRT, or ONNX Runtime on the CPU)"
+    )
     p.add_argument("source", help="calibration images folder, video file, stream URL or .npy")
     p.add_argument("--model", type=Path, default=None, help="FP32 ONNX (default: demo model)")
     p.add_argument("--output", type=Path, required=True, help="Q/DQ ONNX to write")
-    p.add_argument("--method", choices=["entropy", "max"], default="entropy")
+    p.add_argument(
+        "--target",
+        choices=["tensorrt", "cpu"],
+        default="tensorrt",
+        help="tensorrt: symmetric int8 for TensorRT's explicit quantization (ModelOpt); cpu: "
+        "uint8 activations and per-channel int8 conv weights, what ONNX Runtime's CPU kernels "
+        "run fast",
+    )
+    p.add_argument(
+        "--method",
+        choices=["entropy", "max"],
+        default=None,
+        help="calibration (default: entropy for tensorrt, max for cpu)",
+    )
     p.add_argument("--frames", type=int, default=500, help="calibration frames")
     p.add_argument("--every", type=int, default=None, help="take every k-th frame/file")
     p.add_argument("--allow-fewer", action="store_true", help="accept fewer frames than asked")
@@ -539,6 +554,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         QuantizeError,
         collect_calibration_frames,
         quantize_onnx,
+        quantize_onnx_for_cpu,
         save_calibration_frames,
     )
     from vdet.pipeline.model import ModelError, load_model_info
@@ -552,14 +568,19 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         )
         if args.save_frames:
             save_calibration_frames(frames, args.save_frames)
-        result = quantize_onnx(
-            model,
-            args.output,
-            frames,
-            method=args.method,
-            nodes_to_exclude=excluded,
-            high_precision=args.high_precision,
-        )
+        if args.target == "cpu":
+            result = quantize_onnx_for_cpu(
+                model, args.output, frames, method=args.method or "max", nodes_to_exclude=excluded
+            )
+        else:
+            result = quantize_onnx(
+                model,
+                args.output,
+                frames,
+                method=args.method or "entropy",
+                nodes_to_exclude=excluded,
+                high_precision=args.high_precision,
+            )
     except (FileNotFoundError, ModelError, QuantizeError) as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(result.to_dict()))

@@ -1,0 +1,131 @@
+"""`vdet quantize --target cpu`: ONNX Runtime's static quantization of the demo model, in the form
+its CPU kernels run fast (uint8 activations, int8 weights per output channel, convolutions only,
+the sensitive head layers left float), and that the result detects what the FP32 model does."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+from support.truth import SAMPLE
+
+from vdet.cli import main
+from vdet.engines import quantize as q
+from vdet.ingest.reader import SourceReader
+from vdet.pipeline.detector import Detector
+from vdet.pipeline.model import load_model_info
+from vdet.types import ImageArray, VideoFrame
+
+DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def demo_cpu_int8(tmp_path_factory: pytest.TempPathFactory) -> q.QuantizeResult:
+    frames = q.collect_calibration_frames(SAMPLE, load_model_info(DEMO).input_hw, 16)
+    out = tmp_path_factory.mktemp("cpu-int8") / "demo.cpu-int8.onnx"
+    return q.quantize_onnx_for_cpu(DEMO, out, frames)
+
+
+def _sample_frames(count: int) -> list[ImageArray]:
+    images = []
+    with SourceReader(str(SAMPLE)) as reader:
+        reader.open()
+        for item in reader.frames():
+            if isinstance(item, VideoFrame) and item.index % 30 == 0:
+                images.append(item.image_bgr)
+            if len(images) == count:
+                break
+    return images
+
+
+def test_convs_are_uint8_activations_and_per_channel_int8_weights(
+    demo_cpu_int8: q.QuantizeResult,
+) -> None:
+    model = onnx.load(str(demo_cpu_int8.output))
+    inits = {t.name: t for t in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    excluded = [
+        c.name for c in convs if any(re.match(p, c.name) for p in q.DEFAULT_NODES_TO_EXCLUDE)
+    ]
+    assert excluded and set(demo_cpu_int8.summary.float_convs) == set(excluded)
+    assert len(demo_cpu_int8.summary.quantized_convs) == len(convs) - len(excluded)
+    for conv in convs:
+        if conv.name in excluded:
+            continue
+        activation, weight = producers[conv.input[0]], producers[conv.input[1]]
+        assert activation.op_type == weight.op_type == "DequantizeLinear"
+        assert inits[activation.input[2]].data_type == TensorProto.UINT8
+        assert inits[weight.input[0]].data_type == TensorProto.INT8
+        scales = numpy_helper.to_array(inits[weight.input[1]])
+        assert scales.shape == (inits[weight.input[0]].dims[0],)  # one per output channel
+    # Only convolutions are quantized (their inputs and outputs, so ONNX Runtime runs each as
+    # one QLinearConv): every Q/DQ pair is a conv's input or output, and the head's output
+    # (boxes and scores side by side) is never put on one uint8 scale.
+    for dq in (n for n in model.graph.node if n.op_type == "DequantizeLinear"):
+        readers = [n.op_type for n in model.graph.node if dq.output[0] in n.input]
+        quantizer = producers.get(dq.input[0])
+        source = None if quantizer is None else producers.get(quantizer.input[0])
+        assert "Conv" in readers or (source is not None and source.op_type == "Conv")
+    assert producers[model.graph.output[0].name].op_type != "DequantizeLinear"
+    provenance = json.loads(
+        next(p.value for p in model.metadata_props if p.key == "vdet_quantization")
+    )
+    assert provenance["target"] == "cpu" and provenance["method"] == "max"
+    assert load_model_info(demo_cpu_int8.output).names == load_model_info(DEMO).names
+
+
+def test_the_cpu_int8_model_finds_what_fp32_finds_at_rect_inputs(
+    demo_cpu_int8: q.QuantizeResult,
+) -> None:
+    """On sample frames (not the calibration ones: every 30th), at the 384x640 rect input:
+    each clear FP32 box (score >= 0.5) has an INT8 box of its class at IoU >= 0.7."""
+    images = _sample_frames(6)
+    with (
+        Detector.open(DEMO, "onnxruntime", input_shape="rect") as fp32,
+        Detector.open(demo_cpu_int8.output, "onnxruntime", input_shape="rect") as int8,
+    ):
+        assert int8.input_hw((1920, 1080)) == (384, 640)
+        clear = found = 0
+        for image in images:
+            ((want, _),) = fp32.detect([image])
+            ((got, _),) = int8.detect([image])
+            for box, cls, score in zip(want.xyxy, want.class_ids, want.scores, strict=True):
+                if score < 0.5:
+                    continue
+                clear += 1
+                same = got.xyxy[got.class_ids == cls]
+                found += bool(len(same)) and float(_iou(box, same).max()) >= 0.7
+    assert clear >= 20
+    assert found == clear
+
+
+def _iou(box: Any, boxes: Any) -> Any:
+    x1 = np.maximum(box[0], boxes[:, 0])
+    y1 = np.maximum(box[1], boxes[:, 1])
+    x2 = np.minimum(box[2], boxes[:, 2])
+    y2 = np.minimum(box[3], boxes[:, 3])
+    inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+    area = (box[2] - box[0]) * (box[3] - box[1])
+    areas = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    return inter / (area + areas - inter)
+
+
+def test_cli_target_cpu_writes_and_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cli.onnx"
+    argv = ["quantize", str(SAMPLE), "--target", "cpu", "--frames", "4", "--output", str(out)]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["method"] == "max" and report["frames"] == 4 and out.is_file()
+    assert report["quantized_convs"] > 50 and report["float_convs"]
+    assert not list(tmp_path.glob(".*"))  # no temporary file left beside the output
