@@ -1,13 +1,20 @@
 """The service's detector on the CPU: two ONNX Runtime sessions where there are two cores,
-configured or chosen by `auto`, so each stream keeps two frames in detection."""
+configured or chosen by `auto`, so each stream keeps two frames in detection; the bundled demo
+model as its INT8 build unless `cpu_int8_demo` is off, a model of one's own as it is."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+import onnx
 import pytest
 
 from vdet import runtime
 from vdet.cli import asset_path
-from vdet.config import Settings
+from vdet.config import Settings, demo_cpu_int8_path
+from vdet.pipeline.model import file_sha256, load_model_info
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "auto"])
@@ -38,3 +45,38 @@ def test_cpu_sessions_setting_wins(backend: str) -> None:
 def test_cpu_sessions_bounds(value: int) -> None:
     with pytest.raises(ValueError, match="cpu_sessions"):
         Settings(cpu_sessions=value)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "auto"])
+def test_the_bundled_demo_runs_as_its_int8_build_on_onnxruntime(backend: str) -> None:
+    with runtime.default_detector_factory(Settings(backend=backend)) as detector:
+        if detector.backend.name != "onnxruntime":
+            pytest.skip(f"auto chose {detector.backend.name} here")
+        assert detector.info.path.name == "demo.cpu-int8.onnx"
+        assert detector.parallel_frames == runtime.cpu_sessions(Settings())
+    with runtime.default_detector_factory(Settings(backend=backend, cpu_int8_demo=False)) as fp32:
+        assert fp32.info.path.name == "demo.onnx"
+
+
+def test_a_model_of_ones_own_is_never_swapped(tmp_path: Path) -> None:
+    own = tmp_path / "mine.onnx"
+    shutil.copyfile(asset_path("demo.onnx"), own)
+    settings = Settings(model_path=own, backend="onnxruntime")
+    assert runtime.on_cpu(settings) is settings
+    with runtime.default_detector_factory(settings) as detector:
+        assert detector.info.path == own
+
+
+def test_the_int8_build_is_of_the_bundled_demo_model() -> None:
+    """Made by `vdet quantize --target cpu` from this very demo.onnx: a new demo model needs a
+    new INT8 build (docs/quantization.md says how)."""
+    int8 = onnx.load(str(demo_cpu_int8_path()), load_external_data=False)
+    provenance = json.loads(
+        next(p.value for p in int8.metadata_props if p.key == "vdet_quantization")
+    )
+    assert provenance["target"] == "cpu"
+    assert provenance["source_model_sha256"] == file_sha256(asset_path("demo.onnx"))
+    assert (
+        load_model_info(demo_cpu_int8_path()).names
+        == load_model_info(asset_path("demo.onnx")).names
+    )

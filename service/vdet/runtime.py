@@ -20,7 +20,13 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from vdet.config import DetectionDefaults, Settings, StreamSpec
+from vdet.config import (
+    DetectionDefaults,
+    Settings,
+    StreamSpec,
+    default_model_path,
+    demo_cpu_int8_path,
+)
 from vdet.hub import ResultsHub
 from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
@@ -79,17 +85,38 @@ def default_detector_factory(settings: Settings) -> Detector:
     bench/results/2026-12-03-cpu-vs-ultralytics.md)."""
     sessions = cpu_sessions(settings)
     if settings.backend == "onnxruntime":
-        return open_detector(settings, sessions=sessions)
+        return open_detector(on_cpu(settings), sessions=sessions)
     detector = open_detector(settings)
     backend = detector.backend
-    if backend.name != "onnxruntime" or backend.parallel_calls == sessions:
+    cpu = on_cpu(settings)
+    if backend.name != "onnxruntime" or (
+        backend.parallel_calls == sessions and cpu.model_path == settings.model_path
+    ):
         return detector
-    # `auto` chose ONNX Runtime: the other backends take no `sessions`, so it could not be
-    # asked for up front. Loading the model again costs a fraction of a second, once.
+    # `auto` chose ONNX Runtime: the other backends take no `sessions` (nor the CPU's model),
+    # so it could not be asked for up front. Loading again costs a fraction of a second, once.
     detector.close()
-    reopened = open_detector(settings, "onnxruntime", sessions=sessions)
+    reopened = open_detector(cpu, "onnxruntime", sessions=sessions)
     reopened.backend.selection = backend.selection
     return reopened
+
+
+def on_cpu(settings: Settings) -> Settings:
+    """The settings to open ONNX Runtime with: the bundled demo model becomes its INT8 build
+    (`cpu_int8_demo`), the one that keeps the demo stream near real time on 2 cores (FP32 24.7
+    of 30 frames/s, INT8 29.8: bench/results/2026-12-04-cpu-int8.md); any other model as is."""
+    int8 = demo_cpu_int8_path()
+    if not (settings.cpu_int8_demo and int8.is_file() and _is_bundled_demo(settings.model_path)):
+        return settings
+    log.info("ONNX Runtime runs the bundled demo model's INT8 build %s (cpu_int8_demo)", int8.name)
+    return settings.model_copy(update={"model_path": int8})
+
+
+def _is_bundled_demo(path: os.PathLike[str] | str) -> bool:
+    try:
+        return os.path.samefile(path, default_model_path())
+    except OSError:
+        return False
 
 
 def _cores() -> int:

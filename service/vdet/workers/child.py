@@ -29,7 +29,7 @@ from vdet.api.schemas import encode_result_tail
 from vdet.config import Settings, StreamSpec
 from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
-from vdet.runtime import LocalStreams, default_detector_factory, open_detector
+from vdet.runtime import LocalStreams, default_detector_factory, on_cpu, open_detector
 from vdet.types import DetectionResult
 from vdet.workers.channel import Call, Channel, Fatal, Published, Ready, Reply, Stop, portable_error
 
@@ -204,7 +204,7 @@ def _detector_factory(cpu_threads: int | None) -> Callable[[Settings], Detector]
     def open_cpu_detector(settings: Settings) -> Detector:
         if settings.backend not in ("auto", "onnxruntime"):
             return default_detector_factory(settings)
-        return open_detector(settings, "onnxruntime", threads=cpu_threads)
+        return open_detector(on_cpu(settings), "onnxruntime", threads=cpu_threads)
 
     return open_cpu_detector
 
