@@ -129,3 +129,14 @@ def test_cli_target_cpu_writes_and_reports(
     assert report["method"] == "max" and report["frames"] == 4 and out.is_file()
     assert report["quantized_convs"] > 50 and report["float_convs"]
     assert not list(tmp_path.glob(".*"))  # no temporary file left beside the output
+
+
+def test_it_works_in_a_process_where_modelopt_patched_onnxruntime(tmp_path: Path) -> None:
+    """ModelOpt (`vdet quantize`'s TensorRT target) patches ONNX Runtime's calibrators for the
+    rest of the process, after which they refuse this model; the CPU target calibrates in a
+    process of its own."""
+    ort_patching = pytest.importorskip("modelopt.onnx.quantization.ort_patching")
+    ort_patching.patch_ort_modules()
+    frames = q.collect_calibration_frames(SAMPLE, load_model_info(DEMO).input_hw, 2)
+    result = q.quantize_onnx_for_cpu(DEMO, tmp_path / "after-modelopt.onnx", frames)
+    assert result.summary.quantized_convs

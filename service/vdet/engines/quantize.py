@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import multiprocessing
 import os
 import re
 import secrets
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -320,29 +322,20 @@ def quantize_onnx(
     Nothing is left at `output` unless the whole run and its checks succeed.
     """
     start = time.perf_counter()
-    if method not in CALIBRATION_METHODS:
-        raise QuantizeError(f"unknown calibration method {method!r}; use {CALIBRATION_METHODS}")
     if high_precision not in HIGH_PRECISION_TYPES:
         raise QuantizeError(f"high precision must be one of {HIGH_PRECISION_TYPES}")
-    model_path, output_path = Path(model), Path(output)
-    info = _model_info(model_path)
-    proto = onnx.load(str(model_path))
-    _check_unquantized(proto, model_path)
-    _check_frames(frames, info)
-    _check_output_path(output_path, model_path)
-    patterns = _exclusion_patterns(proto, nodes_to_exclude)
-    batch = _whole_batches(frames.batch, info.batch)
-    input_name = _input_name(proto)
+    job = _Job.checked(model, output, frames, method)
+    patterns = _exclusion_patterns(job.proto, nodes_to_exclude)
 
     with tempfile.TemporaryDirectory(prefix="vdet-quantize-") as work:
         # ModelOpt writes intermediate files beside its input; keep them out of the user's
         # folders (and out of read-only package assets).
         source = Path(work) / "model.onnx"
         quantized = Path(work) / "model.int8.onnx"
-        shutil.copyfile(model_path, source)
+        shutil.copyfile(job.model, source)
         cache = None if calibration_cache is None else str(Path(calibration_cache).resolve())
         _run_modelopt(
-            source, quantized, {input_name: batch}, method, patterns, high_precision, cache
+            source, quantized, {job.input_name: job.batch}, method, patterns, high_precision, cache
         )
         result = onnx.load(str(quantized))
 
@@ -350,27 +343,13 @@ def quantize_onnx(
         "tool": "nvidia-modelopt",
         "tool_version": _version("nvidia-modelopt"),
         "method": method,
-        "frames": len(batch),
+        "frames": len(job.batch),
         "calibration_source": frames.source,
         "excluded_patterns": list(patterns),
         "high_precision": high_precision,
-        "source_model_sha256": info.sha256,
+        "source_model_sha256": job.info.sha256,
     }
-    _copy_metadata(proto, result, {_METADATA_KEY: json.dumps(provenance, sort_keys=True)})
-    summary = check_qdq_model(result)
-    _smoke_run(result, input_name, batch[:1], info)
-    with _atomic_path(output_path) as tmp:
-        onnx.save(result, str(tmp))
-    return QuantizeResult(
-        output=output_path,
-        sha256=file_sha256(output_path),
-        method=method,
-        frames=len(batch),
-        excluded_patterns=patterns,
-        summary=summary,
-        seconds=round(time.perf_counter() - start, 2),
-        metadata=provenance,
-    )
+    return job.write(result, check_qdq_model(result), patterns, provenance, start)
 
 
 def quantize_onnx_for_cpu(
@@ -392,69 +371,28 @@ def quantize_onnx_for_cpu(
     "max" (min/max of each tensor over the frames) or "entropy". Written atomically.
     """
     start = time.perf_counter()
-    if method not in CALIBRATION_METHODS:
-        raise QuantizeError(f"unknown calibration method {method!r}; use {CALIBRATION_METHODS}")
-    model_path, output_path = Path(model), Path(output)
-    info = _model_info(model_path)
-    proto = onnx.load(str(model_path))
-    _check_unquantized(proto, model_path)
-    _check_frames(frames, info)
-    _check_output_path(output_path, model_path)
-    batch = _whole_batches(frames.batch, info.batch)
-    input_name = _input_name(proto)
-    try:
-        from onnxruntime.quantization import (
-            CalibrationDataReader,
-            CalibrationMethod,
-            QuantFormat,
-            QuantType,
-            quantize_static,
-        )
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-    except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency
-        raise QuantizeError(f"ONNX Runtime's quantization tools do not import: {exc}") from exc
-    step = info.batch or 1
-
-    class _Frames(CalibrationDataReader):  # type: ignore[misc]
-        def __init__(self) -> None:
-            self._next = 0
-
-        def get_next(self) -> dict[str, FloatArray] | None:
-            if self._next >= len(batch):
-                return None
-            chunk = batch[self._next : self._next + step]
-            self._next += step
-            return {input_name: chunk}
-
+    job = _Job.checked(model, output, frames, method)
     with tempfile.TemporaryDirectory(prefix="vdet-quantize-cpu-") as work:
         source = Path(work) / "model.onnx"
         prepared = Path(work) / "model.prepared.onnx"
         quantized = Path(work) / "model.int8.onnx"
-        shutil.copyfile(model_path, source)
-        # ONNX Runtime's recommended pre-pass (shapes, and the graph fused as it will run);
-        # the symbolic shape pass is skipped: it rejects the dynamic height and width.
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
-        prepared_proto = onnx.load(str(prepared))
-        patterns = _exclusion_patterns(prepared_proto, nodes_to_exclude)
-        excluded = [
-            node.name
-            for node in prepared_proto.graph.node
-            if any(re.match(pattern, node.name) for pattern in patterns)
-        ]
-        quantize_static(
-            str(prepared),
-            str(quantized),
-            _Frames(),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=["Conv"],
-            per_channel=True,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=excluded,
-            calibrate_method=(
-                CalibrationMethod.MinMax if method == "max" else CalibrationMethod.Entropy
-            ),
-        )
+        frames_file = Path(work) / "frames.npy"
+        shutil.copyfile(job.model, source)
+        np.save(frames_file, job.batch)
+        # In a fresh process: ModelOpt (`quantize_onnx`) patches ONNX Runtime's calibrators
+        # for the rest of any process it ran in, and they then refuse this model.
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            patterns = pool.submit(
+                _ort_quantize_static,
+                source,
+                prepared,
+                quantized,
+                frames_file,
+                job.input_name,
+                job.info.batch or 1,
+                None if nodes_to_exclude is None else tuple(nodes_to_exclude),
+                method,
+            ).result()
         result = onnx.load(str(quantized))
 
     provenance = {
@@ -462,14 +400,13 @@ def quantize_onnx_for_cpu(
         "tool_version": _version("onnxruntime"),
         "target": "cpu",
         "method": method,
-        "frames": len(batch),
+        "frames": len(job.batch),
         "calibration_source": frames.source,
         "excluded_patterns": list(patterns),
         "activations": "uint8 per tensor",
         "weights": "int8 per output channel",
-        "source_model_sha256": info.sha256,
+        "source_model_sha256": job.info.sha256,
     }
-    _copy_metadata(proto, result, {_METADATA_KEY: json.dumps(provenance, sort_keys=True)})
     convs = [node for node in result.graph.node if node.op_type == "Conv"]
     producers = {out: node for node in result.graph.node for out in node.output}
     quantized_convs = tuple(
@@ -484,20 +421,126 @@ def quantize_onnx_for_cpu(
         float_convs=tuple(n.name for n in convs if n.name not in set(quantized_convs)),
     )
     if not quantized_convs:
-        raise QuantizeError(f"{model_path}: no convolution was quantized")
-    _smoke_run(result, input_name, batch[:1], info)
-    with _atomic_path(output_path) as tmp:
-        onnx.save(result, str(tmp))
-    return QuantizeResult(
-        output=output_path,
-        sha256=file_sha256(output_path),
-        method=method,
-        frames=len(batch),
-        excluded_patterns=patterns,
-        summary=summary,
-        seconds=round(time.perf_counter() - start, 2),
-        metadata=provenance,
+        raise QuantizeError(f"{job.model}: no convolution was quantized")
+    return job.write(result, summary, patterns, provenance, start)
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One quantization's checked inputs, and how every target writes its result."""
+
+    model: Path
+    output: Path
+    method: str
+    info: ModelInfo
+    proto: onnx.ModelProto
+    batch: FloatArray  # the calibration frames, whole batches of a static-batch model
+    input_name: str
+
+    @classmethod
+    def checked(
+        cls,
+        model: str | os.PathLike[str],
+        output: str | os.PathLike[str],
+        frames: CalibrationFrames,
+        method: str,
+    ) -> _Job:
+        if method not in CALIBRATION_METHODS:
+            raise QuantizeError(f"unknown calibration method {method!r}; use {CALIBRATION_METHODS}")
+        model_path, output_path = Path(model), Path(output)
+        info = _model_info(model_path)
+        proto = onnx.load(str(model_path))
+        _check_unquantized(proto, model_path)
+        _check_frames(frames, info)
+        _check_output_path(output_path, model_path)
+        batch = _whole_batches(frames.batch, info.batch)
+        return cls(model_path, output_path, method, info, proto, batch, _input_name(proto))
+
+    def write(
+        self,
+        result: onnx.ModelProto,
+        summary: QdqSummary,
+        patterns: tuple[str, ...],
+        provenance: dict[str, Any],
+        started: float,
+    ) -> QuantizeResult:
+        """Stamp the source's metadata and the provenance on `result`, check that ONNX Runtime
+        runs it, and write it atomically."""
+        _copy_metadata(self.proto, result, {_METADATA_KEY: json.dumps(provenance, sort_keys=True)})
+        _smoke_run(result, self.input_name, self.batch[:1], self.info)
+        with _atomic_path(self.output) as tmp:
+            onnx.save(result, str(tmp))
+        return QuantizeResult(
+            output=self.output,
+            sha256=file_sha256(self.output),
+            method=self.method,
+            frames=len(self.batch),
+            excluded_patterns=patterns,
+            summary=summary,
+            seconds=round(time.perf_counter() - started, 2),
+            metadata=provenance,
+        )
+
+
+def _ort_quantize_static(
+    source: Path,
+    prepared: Path,
+    output: Path,
+    frames_file: Path,
+    input_name: str,
+    step: int,
+    nodes_to_exclude: tuple[str, ...] | None,
+    method: str,
+) -> tuple[str, ...]:
+    """ONNX Runtime's pre-pass and static quantization of `source` into `output`, calibrated
+    on the frames in `frames_file` (`step` at a time); the exclusion patterns that applied."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
     )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    batch = np.load(frames_file)
+
+    class _Frames(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._next = 0
+
+        def get_next(self) -> dict[str, FloatArray] | None:
+            if self._next >= len(batch):
+                return None
+            chunk = batch[self._next : self._next + step]
+            self._next += step
+            return {input_name: chunk}
+
+    # ONNX Runtime's recommended pre-pass (shapes, and the graph fused as it will run); the
+    # symbolic shape pass is skipped: it rejects the dynamic height and width.
+    quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+    prepared_proto = onnx.load(str(prepared))
+    patterns = _exclusion_patterns(prepared_proto, nodes_to_exclude)
+    excluded = [
+        node.name
+        for node in prepared_proto.graph.node
+        if any(re.match(pattern, node.name) for pattern in patterns)
+    ]
+    quantize_static(
+        str(prepared),
+        str(output),
+        _Frames(),
+        quant_format=QuantFormat.QDQ,
+        op_types_to_quantize=["Conv"],
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        nodes_to_exclude=excluded,
+        calibrate_method=(
+            CalibrationMethod.MinMax if method == "max" else CalibrationMethod.Entropy
+        ),
+    )
+    return patterns
 
 
 def convert_fp16(model: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
