@@ -53,9 +53,10 @@ def test_the_bundled_demo_runs_as_its_int8_build_on_onnxruntime(backend: str) ->
         if detector.backend.name != "onnxruntime":
             pytest.skip(f"auto chose {detector.backend.name} here")
         assert detector.info.path.name == "demo.cpu-int8.onnx"
+        assert detector.backend.precision == "int8"  # what /readyz and vdet_backend say
         assert detector.parallel_frames == runtime.cpu_sessions(Settings())
     with runtime.default_detector_factory(Settings(backend=backend, cpu_int8_demo=False)) as fp32:
-        assert fp32.info.path.name == "demo.onnx"
+        assert fp32.info.path.name == "demo.onnx" and fp32.backend.precision == "fp32"
 
 
 def test_a_model_of_ones_own_is_never_swapped(tmp_path: Path) -> None:

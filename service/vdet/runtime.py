@@ -207,7 +207,7 @@ class LocalStreams:
             backend=backend.name,
             device=str(backend.device),
             model=f"{info.path.name}@{info.sha256[:12]}",
-            # Not every backend states its precision; ONNX Runtime on the CPU runs fp32.
+            # Not every backend states its precision; those that do not run fp32.
             precision=str(getattr(backend, "precision", "fp32")),
             class_names=tuple(info.names),
             data_path="gpu" if backend.gpu_data_path else "cpu",

@@ -19,6 +19,9 @@ from ..model import load_model_info
 from . import BackendSpec, register_backend
 from .base import InferenceBackend
 
+# The metadata entry `vdet quantize` stamps on the models it writes (vdet.engines.quantize).
+_QUANTIZATION_KEY = "vdet_quantization"
+
 
 class OnnxRuntimeBackend(InferenceBackend):
     """CPU `InferenceSession`s with every graph optimisation enabled.
@@ -65,12 +68,21 @@ class OnnxRuntimeBackend(InferenceBackend):
         self._output_name: str = session.get_outputs()[0].name
         # Half-precision exports take float16; the contract with callers stays float32.
         self._input_dtype = np.float16 if model_input.type == "tensor(float16)" else np.float32
+        quantized = _QUANTIZATION_KEY in session.get_modelmeta().custom_metadata_map
+        self._precision = (
+            "int8" if quantized else "fp16" if self._input_dtype == np.float16 else "fp32"
+        )
 
     @property
     def device(self) -> str:
         threads = "default" if self._threads is None else str(self._threads)
         sessions = f"{self._sessions} sessions x " if self._sessions > 1 else ""
         return f"cpu (onnxruntime {ort.__version__}, {sessions}{threads} threads)"
+
+    @property
+    def precision(self) -> str:
+        """int8 for a model `vdet quantize` wrote, fp16 for a half-precision export, else fp32."""
+        return self._precision
 
     @property
     def parallel_calls(self) -> int:
