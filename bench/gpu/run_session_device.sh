@@ -157,13 +157,17 @@ serve)
   # $VDET_SERVE_KILL_AFTER seconds (default 3) into the window; either one empty: no kill.
   # $VDET_SERVE_VARIANTS: the server configurations, ';'-separated `vdet bench serve --variant`
   # texts (default: worker processes, `auto`); $VDET_WORKERS_TESTS_S=0 skips the tests.
+  # $VDET_SERVE_UNPACED=1: the streams are added unpaced (`--unpaced`: each analyses the clip
+  # as fast as the server detects), after the decode-only ceiling at the first stream count
+  # (bench/gpu/streams.py, NVDEC alone over 8 processes) in the same call.
   # This script's knobs are read here and dropped: vdet serve refuses unknown VDET_ variables.
   budget=${VDET_SERVE_BUDGET:-500} tests_s=${VDET_WORKERS_TESTS_S:-200}
   variants=${VDET_SERVE_VARIANTS:-workers:workers.processes=auto}
   streams=${VDET_SERVE_STREAMS:-64,96} shards=${VDET_SHARDS_HARNESS-b1:x8:mps}
   kill_after=${VDET_SERVE_KILL_AFTER-3} kill_streams=${VDET_SERVE_KILL_STREAMS-64}
+  unpaced=${VDET_SERVE_UNPACED:-0}
   unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SHARDS_HARNESS \
-    VDET_SERVE_KILL_AFTER VDET_SERVE_KILL_STREAMS VDET_SERVE_VARIANTS
+    VDET_SERVE_KILL_AFTER VDET_SERVE_KILL_STREAMS VDET_SERVE_VARIANTS VDET_SERVE_UNPACED
   variant_args=()
   IFS=';' read -ra variant_list <<<"$variants"
   for v in "${variant_list[@]}"; do variant_args+=(--variant "$v"); done
@@ -183,8 +187,13 @@ serve)
     grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" |
       tail -n 12
   fi
+  pace_args=()
+  if [ "$unpaced" = 1 ]; then
+    stream_runs 90 "decode_only:${streams%%,*}:u:x8" 3
+    pace_args=(--unpaced)
+  fi
   timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch \
-    --streams "$streams" --duration 10 --clients 4 \
+    --streams "$streams" --duration 10 --clients 4 "${pace_args[@]}" \
     "${variant_args[@]}" ${shards:+--shards-harness "$shards"} \
     "${kill_args[@]}" --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
   echo "bench serve rc=$? ($((SECONDS - started)) s)"
