@@ -82,3 +82,37 @@ def test_a_result_that_fails_to_publish_is_logged_and_publishing_goes_on(
         assert failed.is_set() and "publishing a result of cam failed" in caplog.text
     finally:
         manager.close()
+
+
+class _StuckMetrics(Metrics):
+    """The publisher's last step stops until told to go on: a publisher falling behind (as
+    one relaying results to another process can)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go_on = threading.Event()
+
+    def observe_result(self, result: DetectionResult) -> None:
+        self.go_on.wait(30)
+        super().observe_result(result)
+
+
+def test_a_publisher_that_falls_behind_holds_the_pipeline_back_instead_of_queueing() -> None:
+    """An unpaced file behind a stuck publisher: decoding stops after a bounded number of
+    frames (the outbox's share, the mailbox, the frame in detection), and everything resumes,
+    none lost, once the publisher goes on."""
+    hub = ResultsHub(capacity_per_source=4096, capacity_total=8192)
+    metrics = _StuckMetrics()
+    manager = StreamManager(_NoBoxes(), ("a", "b"), hub, metrics, max_streams=1)
+    try:
+        manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False))
+        wait_until(lambda: manager.get("cam").status.frames_decoded >= 3, 30, what="decoding")
+        threading.Event().wait(1.0)  # unbounded, this fast detector would go through ~100
+        held = manager.get("cam").status.frames_decoded
+        assert held <= 4 + 1 + 1 + 1 + 1  # outbox, mailbox, in detection, publishing, decoder
+        metrics.go_on.set()
+        wait_until(lambda: manager.get("cam").frames_processed >= 60, 60, what="60 results")
+        assert [r.frame_index for r in hub.since(0, "cam")][:60] == list(range(60))
+    finally:
+        metrics.go_on.set()
+        manager.close()

@@ -17,6 +17,7 @@ call it from a thread, never from the event loop.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -58,6 +59,8 @@ _POLL_S = 0.2
 _IN_FLIGHT_POLL_S = 0.002
 # Counters from the worker are folded into metrics at most this often per stream.
 _METRICS_SYNC_S = 0.5
+# Results waiting for the publisher thread, per stream the manager may hold.
+_OUTBOX_PER_STREAM = 4
 
 
 class DetectorLike(Protocol):
@@ -290,7 +293,13 @@ class StreamManager:
         # lock (it numbers results in order) then has one writer. A lock that dozens of
         # pipeline threads take per frame serialises them at the rate each waiting thread
         # wins the GIL back (~250/s with 32 streams: measured, see docs/gpu-data-path.md).
-        self._outbox: queue.SimpleQueue[_Outgoing | None] = queue.SimpleQueue()
+        # Bounded: a publisher that falls behind (a slow result sink) holds the pipelines back,
+        # so paced sources drop at their mailboxes and unpaced files decode slower, instead of
+        # results piling up here without limit, each holding its frame (a 1080p frame is 3 MB
+        # of GPU memory) and each later than the last (seen with 64 unpaced streams).
+        self._outbox: queue.Queue[_Outgoing | None] = queue.Queue(
+            maxsize=_OUTBOX_PER_STREAM * max(1, max_streams)
+        )
         self._publisher = threading.Thread(
             target=self._publish_loop, name="vdet-publisher", daemon=True
         )
@@ -409,7 +418,8 @@ class StreamManager:
             self._stop(stream)
         self._metrics.streams.set(0)
         if first:
-            self._outbox.put(None)
+            with contextlib.suppress(queue.Full):  # a wedged publisher is not waited for
+                self._outbox.put(None, timeout=5.0)
             self._publisher.join(5.0)
 
     # --- queries and changes ---------------------------------------------------------------
