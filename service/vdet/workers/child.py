@@ -128,8 +128,8 @@ class _Forwarder:
     def publish(self, result: DetectionResult) -> DetectionResult:
         handle = self._handles.get(result.source_id)
         if handle is not None:
-            # Encoded here, on this stream's thread, rather than by the API process, whose one
-            # interpreter carries every worker's results.
+            # Encoded here, on this worker process's publisher thread, rather than by the API
+            # process, whose one interpreter carries every worker's results.
             tail = encode_result_tail(result, self.class_names)
             self._channel.send(Published.of(handle, result, tail))
         return result
