@@ -414,11 +414,12 @@ def quantize_onnx_for_cpu(
         for n in convs
         if (w := producers.get(n.input[1])) is not None and w.op_type == "DequantizeLinear"
     )
+    quantized_names = set(quantized_convs)
     summary = QdqSummary(
         activation_pairs=sum(1 for node in result.graph.node if node.op_type == "QuantizeLinear"),
         weight_dequantizers=len(quantized_convs),
         quantized_convs=quantized_convs,
-        float_convs=tuple(n.name for n in convs if n.name not in set(quantized_convs)),
+        float_convs=tuple(n.name for n in convs if n.name not in quantized_names),
     )
     if not quantized_convs:
         raise QuantizeError(f"{job.model}: no convolution was quantized")
