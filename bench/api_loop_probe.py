@@ -2,7 +2,8 @@
 and WebSocket client latency at paced result rates, for variants of the loop's settings.
 
 Real parts: K producer processes stand for the stream worker processes and send what a worker
-sends (`Channel.send(Published.of(handle, result, tail))`, real pickles of 1080p-shaped
+sends (`Channel.send(PublishedBatch((Published.of(handle, result, tail),)))`: a paced worker's
+batch holds one result; real pickles of 1080p-shaped
 results with 10 detections and their encoded tail) into real pipes at a paced total rate; in
 the API process the product's reader (`vdet.workers.inbox.Inbox` on the server's event loop, as in
 `vdet serve`) hands each result to what `WorkerPool` does with it (`ResultsHub.publish_encoded`,
@@ -93,7 +94,7 @@ def _produce(index: int, data: Connection, control: Connection) -> None:
     second until the wall-clock time `until`; None ends it."""
     import dataclasses
 
-    from vdet.workers.channel import Channel, Published
+    from vdet.workers.channel import Channel, Published, PublishedBatch
 
     channel = Channel(data)
     results = _messages(index * 16, 256)
@@ -114,7 +115,7 @@ def _produce(index: int, data: Connection, control: Connection) -> None:
             now_result = dataclasses.replace(
                 result, published_time=now, frame_index=sent, encoded_tail=None
             )
-            channel.send(Published.of(1, now_result, tail))
+            channel.send(PublishedBatch((Published.of(1, now_result, tail),)))
             sent += 1
             n += 1
         control.send(n)
@@ -215,7 +216,7 @@ def main() -> None:
     from vdet.api.server import server_config
     from vdet.config import Settings, WorkerSettings
     from vdet.types import SourceState
-    from vdet.workers.channel import Published
+    from vdet.workers.channel import PublishedBatch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[1000.0, 2000.0])
@@ -278,16 +279,18 @@ def main() -> None:
                 message = channel.recv()
             except (EOFError, OSError):
                 return
-            if isinstance(message, Published):
-                hub.publish_encoded(message.source_id, message.frame_index, message.encoded_tail)
-                metrics.observe(message.observed)
+            if isinstance(message, PublishedBatch):
+                for result in message.results:
+                    hub.publish_encoded(result.source_id, result.frame_index, result.encoded_tail)
+                    metrics.observe(result.observed)
 
     def publish(message: object) -> None:  # WorkerPool._on_message's path for a result
-        if isinstance(message, Published):
-            runtime.hub.publish_encoded(
-                message.source_id, message.frame_index, message.encoded_tail
-            )
-            runtime.metrics.observe(message.observed)
+        if isinstance(message, PublishedBatch):
+            for result in message.results:
+                runtime.hub.publish_encoded(
+                    result.source_id, result.frame_index, result.encoded_tail
+                )
+                runtime.metrics.observe(result.observed)
 
     producers = []
     pipes = []

@@ -109,10 +109,51 @@ def test_a_publisher_that_falls_behind_holds_the_pipeline_back_instead_of_queuei
         wait_until(lambda: manager.get("cam").status.frames_decoded >= 3, 30, what="decoding")
         threading.Event().wait(1.0)  # unbounded, this fast detector would go through ~100
         held = manager.get("cam").status.frames_decoded
-        assert held <= 4 + 1 + 1 + 1 + 1  # outbox, mailbox, in detection, publishing, decoder
+        # the run the publisher took (at most the outbox's 4), the outbox, the mailbox, the
+        # frame in detection, the decoder's
+        assert held <= 4 + 4 + 1 + 1 + 1
         metrics.go_on.set()
         wait_until(lambda: manager.get("cam").frames_processed >= 60, 60, what="60 results")
         assert [r.frame_index for r in hub.since(0, "cam")][:60] == list(range(60))
     finally:
         metrics.go_on.set()
         manager.close()
+
+
+class _FlushCountingHub(ResultsHub):
+    """A hub that notes how many results each `flush` followed (a worker's sink sends them
+    as one message on flush)."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity_per_source=4096, capacity_total=8192)
+        self.published = 0
+        self.since_flush = 0
+        self.flushed: list[int] = []
+
+    def publish(self, result: DetectionResult) -> DetectionResult:
+        self.published += 1
+        self.since_flush += 1
+        return super().publish(result)
+
+    def flush(self) -> None:
+        if self.since_flush:
+            self.flushed.append(self.since_flush)
+            self.since_flush = 0
+
+
+def test_the_publisher_flushes_its_sink_once_per_run_of_waiting_results() -> None:
+    """Results that queued while the publisher was busy are published together and flushed
+    once; every published result is flushed by the time the manager has closed."""
+    hub = _FlushCountingHub()
+    metrics = _StuckMetrics()
+    manager = StreamManager(_NoBoxes(), ("a", "b"), hub, metrics, max_streams=1)
+    try:
+        manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False))
+        wait_until(lambda: manager.get("cam").status.frames_decoded >= 6, 30, what="a backlog")
+        metrics.go_on.set()
+        wait_until(lambda: manager.get("cam").frames_processed >= 30, 60, what="30 results")
+    finally:
+        metrics.go_on.set()
+        manager.close()
+    assert max(hub.flushed) > 1  # the backlog went out in runs, not one flush per result
+    assert hub.since_flush == 0 and sum(hub.flushed) == hub.published >= 30

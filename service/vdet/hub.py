@@ -298,6 +298,10 @@ class ResultsHub:
                 log.exception("on_publish failed for result %d", numbered.seq)
         return numbered
 
+    def flush(self) -> None:
+        """Nothing to do: `publish` hands each result out at once (the stream manager's
+        `ResultSink` protocol has this for sinks that batch)."""
+
     def publish_encoded(self, source_id: str, frame_index: int, encoded_tail: str) -> int:
         """Number, keep and hand out a result that arrives already encoded (from a stream
         worker process, which keeps the result itself); returns its seq."""

@@ -61,6 +61,8 @@ _IN_FLIGHT_POLL_S = 0.002
 _METRICS_SYNC_S = 0.5
 # Results waiting for the publisher thread, per stream the manager may hold.
 _OUTBOX_PER_STREAM = 4
+# Results the publisher thread takes from the outbox at once before flushing the sink.
+_PUBLISH_BATCH = 64
 
 
 class DetectorLike(Protocol):
@@ -76,6 +78,10 @@ class ResultSink(Protocol):
     process) the channel to the API process's hub (vdet.workers.child)."""
 
     def publish(self, result: DetectionResult) -> DetectionResult: ...
+
+    def flush(self) -> None:
+        """Hand on what `publish` has kept back: called after each run of results the
+        publisher thread took at once (a worker process's sink sends them as one message)."""
 
     def remove_source(self, source_id: str) -> None: ...
 
@@ -692,15 +698,30 @@ class StreamManager:
 
     def _publish_loop(self) -> None:
         """The publisher thread: results -> hub, snapshot, counts and metrics, in the order
-        each stream produced them, until close()."""
+        each stream produced them, until close(). It takes every result waiting (up to
+        `_PUBLISH_BATCH`) and flushes the sink once after them, so a sink that sends (a worker
+        process's pipe) pays for a system call, and the GIL wait after it, once per run of
+        results instead of once per result."""
         while True:
-            item = self._outbox.get()
-            if item is None:
-                return
-            try:
-                self._publish(item)
-            except Exception:  # one bad result must not stop every stream's publishing
-                log.exception("publishing a result of %s failed", item.stream.spec.id)
+            batch = [self._outbox.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < _PUBLISH_BATCH:
+                    batch.append(self._outbox.get_nowait())
+            for item in batch:
+                if item is None:
+                    self._flush()
+                    return
+                try:
+                    self._publish(item)
+                except Exception:  # one bad result must not stop every stream's publishing
+                    log.exception("publishing a result of %s failed", item.stream.spec.id)
+            self._flush()
+
+    def _flush(self) -> None:
+        try:
+            self._hub.flush()
+        except Exception:  # e.g. the API process has gone; keep serving what remains
+            log.exception("handing published results on failed")
 
     def _publish(self, item: _Outgoing) -> None:
         stream, frame = item.stream, item.frame

@@ -31,7 +31,17 @@ from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
 from vdet.runtime import LocalStreams, default_detector_factory, on_cpu, open_detector
 from vdet.types import DetectionResult
-from vdet.workers.channel import Call, Channel, Fatal, Published, Ready, Reply, Stop, portable_error
+from vdet.workers.channel import (
+    Call,
+    Channel,
+    Fatal,
+    Published,
+    PublishedBatch,
+    Ready,
+    Reply,
+    Stop,
+    portable_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -115,11 +125,16 @@ def _answer(calls: _Calls, channel: Channel, call: Call) -> None:
 class _Forwarder:
     """The stream manager's result sink in a worker: each result goes down the pipe tagged with
     its stream's handle, which lets the API process drop results of a stream it has removed
-    (or replaced by a new stream of the same id)."""
+    (or replaced by a new stream of the same id).
+
+    `publish` only encodes and keeps the result; `flush` sends what was kept as one
+    `PublishedBatch`. The stream manager's publisher thread calls both (it flushes after each
+    run of results it took at once), and no other thread does."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._handles: dict[str, int] = {}
+        self._pending: list[Published] = []
         self.class_names: Sequence[str] = ()  # set once the model is loaded
 
     def bind(self, source_id: str, handle: int) -> None:
@@ -131,8 +146,13 @@ class _Forwarder:
             # Encoded here, on this worker process's publisher thread, rather than by the API
             # process, whose one interpreter carries every worker's results.
             tail = encode_result_tail(result, self.class_names)
-            self._channel.send(Published.of(handle, result, tail))
+            self._pending.append(Published.of(handle, result, tail))
         return result
+
+    def flush(self) -> None:
+        if self._pending:
+            batch, self._pending = PublishedBatch(tuple(self._pending)), []
+            self._channel.send(batch)
 
     def remove_source(self, source_id: str) -> None:
         self._handles.pop(source_id, None)

@@ -69,7 +69,7 @@ from vdet.types import (
     StageTimings,
 )
 from vdet.workers import child
-from vdet.workers.channel import Call, Channel, Fatal, Published, Ready, Reply, Stop
+from vdet.workers.channel import Call, Channel, Fatal, Published, PublishedBatch, Ready, Reply, Stop
 from vdet.workers.inbox import Inbox
 from vdet.workers.mps import MpsDaemon, start_mps
 from vdet.workers.plan import WorkerPlan, child_visible_devices
@@ -805,8 +805,9 @@ class WorkerPool:
 
     def _on_message(self, proc: _Process, message: object) -> None:
         """One message from `proc`'s pipe, on the inbox's thread."""
-        if isinstance(message, Published):
-            self._on_result(message)
+        if isinstance(message, PublishedBatch):
+            for result in message.results:
+                self._on_result(result)
         elif isinstance(message, Reply):
             proc.reply(message)
         elif isinstance(message, Ready):
