@@ -80,6 +80,7 @@ def test_convs_are_uint8_activations_and_per_channel_int8_weights(
         next(p.value for p in model.metadata_props if p.key == "vdet_quantization")
     )
     assert provenance["target"] == "cpu" and provenance["method"] == "max"
+    assert provenance["fused_silu"] == 57 and provenance["fused_dfl"] == 1  # cpu_fusions
     assert load_model_info(demo_cpu_int8.output).names == load_model_info(DEMO).names
 
 
