@@ -94,6 +94,7 @@ def _fuse_dfl(graph: onnx.GraphProto) -> int:
     initializers = {t.name: t for t in graph.initializer}
     changed_tensors: set[str] = set()
     replaced: dict[int, onnx.NodeProto] = {}  # id(Conv) -> its MatMul
+    added: set[str] = set()  # the bins initializers written here
     for softmax in graph.node:
         if softmax.op_type != "Softmax" or _int_attribute(softmax, "axis") != 1:
             continue
@@ -121,11 +122,16 @@ def _fuse_dfl(graph: onnx.GraphProto) -> int:
             _ints_attribute(conv, key) not in ([], [1, 1]) for key in ("strides", "dilations")
         ):
             continue
-        # [B, 1, 4, A] and [B, 4, A, 1] hold the same values in the same order; only readers
-        # that look at it as flat data (Reshape) may follow.
-        after = readers[conv.output[0]]
-        if not all(r.op_type == "Reshape" and r.input[0] == conv.output[0] for r in after):
+        if _ints_attribute(conv, "pads") not in ([], [0, 0, 0, 0]):
             continue
+        # [B, 1, 4, A] and [B, 4, A, 1] hold the same values in the same order; only readers
+        # that look at it as flat data may follow: Reshapes to a constant shape that copies
+        # no dimension but the batch (a 0 at index 0).
+        if not all(_flat_reshape(r, conv.output[0], initializers) for r in readers[conv.output[0]]):
+            continue
+        bins_name = f"{conv.input[1]}/bins"
+        if bins_name in initializers and bins_name not in added:
+            continue  # the model has a tensor of that name already
         for attribute in transpose.attribute:
             if attribute.name == "perm":
                 del attribute.ints[:]
@@ -133,10 +139,13 @@ def _fuse_dfl(graph: onnx.GraphProto) -> int:
         for attribute in softmax.attribute:
             if attribute.name == "axis":
                 attribute.i = -1
-        bins_name = f"{conv.input[1]}/bins"
-        graph.initializer.append(
-            numpy_helper.from_array(bins.reshape(bins.shape[1], 1).astype(np.float32), bins_name)
-        )
+        if bins_name not in added:  # (two heads may share one weight)
+            added.add(bins_name)
+            graph.initializer.append(
+                numpy_helper.from_array(
+                    bins.reshape(bins.shape[1], 1).astype(np.float32), bins_name
+                )
+            )
         name = conv.name.removesuffix("/conv/Conv") + "/MatMul" if conv.name else ""
         replaced[id(conv)] = helper.make_node(
             "MatMul", [softmax.output[0], bins_name], [conv.output[0]], name=name
@@ -154,6 +163,18 @@ def _fuse_dfl(graph: onnx.GraphProto) -> int:
     del graph.value_info[:]
     graph.value_info.extend(kept)
     return len(replaced)
+
+
+def _flat_reshape(
+    node: onnx.NodeProto, data: str, initializers: dict[str, onnx.TensorProto]
+) -> bool:
+    if node.op_type != "Reshape" or node.input[0] != data or len(node.input) < 2:
+        return False
+    shape = initializers.get(node.input[1])
+    if shape is None or _int_attribute(node, "allowzero", 0):
+        return False
+    dims = numpy_helper.to_array(shape).tolist()
+    return 0 not in dims[1:]
 
 
 def _drop_unread(graph: onnx.GraphProto, names: set[str]) -> None:
