@@ -1,13 +1,14 @@
 """The messages between the API process and a stream worker process, and the pipe they use.
 
 One duplex `multiprocessing` pipe per worker carries everything: control calls one way, their
-replies and every published result the other. Keeping a stream's results and the reply to its
-removal on one ordered pipe means no result of a removed stream can arrive after the removal
-was confirmed. Messages are small frozen dataclasses, pickled by the pipe; frames never cross
-it (a snapshot crosses as JPEG). A result is a flat tuple of what the API process uses for
-every frame (its wire text, what its metrics count); the whole result stays in the worker.
-Results travel in batches (`PublishedBatch`): whatever the worker's publisher thread took from
-its queue at once goes as one message.
+replies and every published result the other. Messages are small frozen dataclasses,
+pickled by the pipe; frames never cross it (a snapshot crosses as JPEG). A result is a flat
+tuple of what the API process uses for every frame (its wire text, what its metrics count); the
+whole result stays in the worker. Results travel in batches (`PublishedBatch`): whatever the
+worker's publisher thread took from its queue at once goes as one message, so a result taken
+just before its stream's removal may arrive after the reply that confirmed it; every result
+carries its stream's handle, and the API process drops those of a stream it has removed (or
+replaced by a new stream of the same id).
 
 This module only defines the wire; it starts no process and owns no stream.
 """
