@@ -54,6 +54,7 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_frames_decoded": "counter",
         "vdet_frames_processed": "counter",
         "vdet_frames_dropped": "counter",
+        "vdet_frames_skipped": "counter",
         "vdet_source_reconnects": "counter",
         "vdet_decode_errors": "counter",
         "vdet_frames_damaged": "counter",
@@ -144,13 +145,14 @@ def test_sync_source_turns_totals_into_increments() -> None:
     metrics.add_source("cam", SourceState.CONNECTING)
     status = SourceStatus(frames_decoded=10, frames_dropped=2, reconnects=1, last_frame_time=100.0)
     metrics.sync_source("cam", status, now=100.5)
-    status.frames_decoded, status.frames_dropped = 25, 3
+    status.frames_decoded, status.frames_dropped, status.frames_skipped = 25, 3, 12
     metrics.sync_source("cam", status, now=101.0)
     metrics.sync_source("cam", status, now=101.0)  # no change, no increment
     s = samples(metrics)
     cam = (("source", "cam"),)
     assert s[("vdet_frames_decoded_total", cam)] == 25.0
     assert s[("vdet_frames_dropped_total", cam)] == 3.0
+    assert s[("vdet_frames_skipped_total", cam)] == 12.0
     assert s[("vdet_source_reconnects_total", cam)] == 1.0
     assert s[("vdet_source_last_frame_age_seconds", cam)] == 1.0
 

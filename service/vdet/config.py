@@ -70,6 +70,14 @@ IouThreshold = Annotated[
 MaxDet = Annotated[
     int, Field(ge=1, le=10_000, description="Most detections kept per frame, best first.")
 ]
+DetectFps = Annotated[
+    float,
+    Field(
+        gt=0.0,
+        le=1000.0,
+        description="Detect on at most this many frames per second of video, evenly spaced.",
+    ),
+]
 # Strict: a JSON `false` or `1.0` is neither a name nor an id (lax parsing made false class 0).
 ClassRef = Annotated[
     Annotated[str, Field(strict=True, min_length=1, max_length=256)]
@@ -126,6 +134,15 @@ class StreamSpec(_Strict):
     )
     max_det: MaxDet | None = Field(
         default=None, description="Most detections per frame; null: default."
+    )
+    detect_fps: DetectFps | None = Field(
+        default=None,
+        description="Detect on at most this many frames per second, evenly spaced by the "
+        "frames' timestamps (a 30 fps camera at 10: every third frame); the others are "
+        "decoded but not detected, and counted as skipped, not dropped. For cameras that need "
+        "fewer detections than frames, or a machine that cannot detect every frame. Null: "
+        "every frame.",
+        examples=[10],
     )
     gpu: int | None = Field(
         default=None,

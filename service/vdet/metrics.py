@@ -109,6 +109,7 @@ class _SourceTotals:
     reconnects: int = 0
     decode_errors: int = 0
     damaged: int = 0
+    skipped: int = 0
     gpu: str = "cpu"
     series: _FrameSeries | None = None
     zone_series: set[tuple[str, str]] = field(default_factory=set)  # (zone, class) gauges set
@@ -153,6 +154,13 @@ class Metrics:
         self.frames_dropped = Counter(
             "vdet_frames_dropped_total",
             "Decoded frames skipped because detection was still busy with an earlier one.",
+            ["source"],
+            registry=r,
+        )
+        self.frames_skipped = Counter(
+            "vdet_frames_skipped_total",
+            "Decoded frames left out of detection by the stream's detect_fps (by design: "
+            "frames_dropped counts those lost to a busy detector).",
             ["source"],
             registry=r,
         )
@@ -410,6 +418,7 @@ class Metrics:
                 self.frames_decoded,
                 self.frames_processed,
                 self.frames_dropped,
+                self.frames_skipped,
                 self.source_reconnects,
             ):
                 counter.labels(source_id)
@@ -444,7 +453,9 @@ class Metrics:
                 (self.source_reconnects, status.reconnects - totals.reconnects),
                 (self.decode_errors, status.decode_errors - totals.decode_errors),
                 (self.frames_damaged, status.frames_damaged - totals.damaged),
+                (self.frames_skipped, status.frames_skipped - totals.skipped),
             )
+            totals.skipped = max(totals.skipped, status.frames_skipped)
             totals.decode_errors = max(totals.decode_errors, status.decode_errors)
             totals.damaged = max(totals.damaged, status.frames_damaged)
             totals.decoded = max(totals.decoded, status.frames_decoded)
@@ -479,6 +490,7 @@ class Metrics:
                 self.frames_decoded,
                 self.frames_processed,
                 self.frames_dropped,
+                self.frames_skipped,
                 self.source_reconnects,
                 self.decode_errors,
                 self.frames_damaged,

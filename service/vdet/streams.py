@@ -35,6 +35,7 @@ from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.rates import RateMeter
+from vdet.sampling import FrameSampler
 from vdet.tracking.specs import TrackingSpec, ZoneSpec
 from vdet.tracking.stream_tracking import StreamTracking
 from vdet.tracking.zones import Zone, check_in_frame, resolve_zones
@@ -229,6 +230,9 @@ class _Stream:
         self.tracking = StreamTracking()
         self.closed = False
         self.frames_processed = 0
+        # Frames left out by the spec's detect_fps; the sampler is the pipeline thread's own.
+        self.frames_skipped = 0
+        self.sampler = FrameSampler(spec.detect_fps)
         self.processed_rate = RateMeter()
         self.snapshot: Snapshot | None = None
         self.pipeline_error: str | None = None
@@ -494,13 +498,21 @@ class StreamManager:
 
     def update_params(self, stream_id: str, **changes: Any) -> StreamView:
         """Change a running stream's conf_threshold / iou_threshold / max_det / classes /
-        tracking / zones.
+        tracking / zones / detect_fps.
 
         A key given as None resets that field to the server default (classes: all classes;
         tracking: default settings; zones: none); keys not given are kept. Takes effect from
         the next frame. Raises ValueError for unknown class names or fields, UnknownStreamError.
         """
-        allowed = {"conf_threshold", "iou_threshold", "max_det", "classes", "tracking", "zones"}
+        allowed = {
+            "conf_threshold",
+            "iou_threshold",
+            "max_det",
+            "classes",
+            "tracking",
+            "zones",
+            "detect_fps",
+        }
         if unknown := set(changes) - allowed:
             raise ValueError(f"cannot change {sorted(unknown)}; changeable: {sorted(allowed)}")
         stream = self._stream(stream_id)
@@ -570,10 +582,10 @@ class StreamManager:
 
     def _view(self, stream: _Stream) -> StreamView:
         with stream.lock:
-            spec, params, worker = stream.spec, stream.params, stream.worker
+            spec, params = stream.spec, stream.params
             processed, error = stream.frames_processed, stream.pipeline_error
             fps_processed = stream.processed_rate.rate(time.monotonic())
-        status = worker.status() if worker is not None else SourceStatus()
+        status = self._status(stream)
         age = None
         if status.last_frame_time is not None:
             age = max(0.0, self._clock() - status.last_frame_time)
@@ -587,6 +599,13 @@ class StreamManager:
             fps_processed=fps_processed,
         )
 
+    def _status(self, stream: _Stream) -> SourceStatus:
+        """The stream's source status: its worker's, with the frames detect_fps left out."""
+        with stream.lock:
+            worker, skipped = stream.worker, stream.frames_skipped
+        status = worker.status() if worker is not None else SourceStatus()
+        return dataclasses.replace(status, frames_skipped=skipped)
+
     def _on_state_change(self, source_id: str, old: SourceState, new: SourceState) -> None:
         # Called on the worker's thread. Metrics ignore sources already removed.
         log.info("source %s: %s -> %s", source_id, old, new)
@@ -594,9 +613,9 @@ class StreamManager:
 
     def _sync_stream_metrics(self, stream: _Stream) -> None:
         with stream.lock:
-            worker = stream.worker
-        if worker is not None:
-            self._metrics.sync_source(stream.spec.id, worker.status(), now=self._clock())
+            started = stream.worker is not None
+        if started:
+            self._metrics.sync_source(stream.spec.id, self._status(stream), now=self._clock())
 
     def _run_pipeline(self, stream: _Stream) -> None:
         """The stream's pipeline thread: mailbox -> detector -> hub + metrics, until stopped.
@@ -633,7 +652,22 @@ class StreamManager:
                 if stream.mailbox.closed and not in_flight:
                     break
                 continue
+            if not self._sampled(stream, frame):
+                continue
             in_flight.append(self._start_detection(stream, frame, pool))
+
+    def _sampled(self, stream: _Stream, frame: DecodedFrame) -> bool:
+        """Whether `frame` is detected under the stream's detect_fps; counts those that are not.
+        A frame not taken is let go here: for an NVDEC frame, its GPU memory."""
+        with stream.lock:
+            fps = stream.spec.detect_fps
+        stream.sampler.set_rate(fps)
+        clock = frame.pts_seconds if frame.pts_seconds is not None else frame.arrival_time
+        if stream.sampler.take(clock):
+            return True
+        with stream.lock:
+            stream.frames_skipped += 1
+        return False
 
     def _start_detection(
         self, stream: _Stream, frame: DecodedFrame, pool: ThreadPoolExecutor | None

@@ -253,6 +253,7 @@ class SourceStatus:
     frames_dropped: int = 0
     decode_errors: int = 0  # packets the decoder rejected
     frames_damaged: int = 0  # frames of damaged reference chains (dropped unless passed)
+    frames_skipped: int = 0  # decoded frames the stream's detect_fps left out of detection
     width: int | None = None
     height: int | None = None
     fps: float | None = None  # decoded frames per second, measured over the last seconds

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -241,6 +242,9 @@ def test_unknown_stream_is_404(client: TestClient, method: str, path: str, body:
         {"iou_threshold": -1},
         {"max_det": 0},
         {"classes": []},
+        {"detect_fps": 0},
+        {"detect_fps": -5},
+        {"detect_fps": "fast"},
         {"url": "rtsp://other/stream"},
         {"loop": True},
     ],
@@ -341,3 +345,44 @@ def test_delete_and_re_add_under_concurrency_leaves_a_consistent_stream(
             assert 'vdet_frames_processed_total{source="cam"}' in metrics
         client.delete("/v1/streams/cam")
         assert client.get("/v1/streams").json() == {"streams": []}
+
+
+def _pts_steps(ws: Any, n: int) -> list[float]:
+    """The steps between the presentation times of the next `n` results (within each pass of
+    the looping clip: it starts over at 0)."""
+    pts: list[float] = []
+    while len(pts) < n:
+        message = ws.receive_json()
+        assert message["type"] == "result", message
+        pts.append(message["result"]["pts_s"])
+    return [round(b - a, 4) for a, b in itertools.pairwise(pts) if b > a]
+
+
+def test_detect_fps_detects_evenly_spaced_frames_and_counts_the_rest_as_skipped(
+    client: TestClient, clip: Path
+) -> None:
+    # The clip is 30 fps; analysed unpaced (every frame decoded, as fast as detection goes)
+    # at detect_fps 10, every third frame is detected: by the frames' timestamps, not the clock.
+    r = client.post("/v1/streams", json=stream_body(clip, detect_fps=10, realtime=False))
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["detect_fps"] == 10
+    with client.websocket_connect("/v1/streams/cam/events?after=0") as ws:
+        steps = _pts_steps(ws, 25)
+    assert steps and all(step == pytest.approx(0.1, abs=0.002) for step in steps), steps
+    status = client.get("/v1/streams/cam").json()["status"]
+    assert status["frames_skipped"] >= 2 * (status["frames_processed"] - 2)
+    assert status["frames_dropped"] == 0
+    skipped = [
+        line
+        for line in client.get("/metrics").text.splitlines()
+        if line.startswith('vdet_frames_skipped_total{source="cam"}')
+    ]
+    assert len(skipped) == 1 and float(skipped[0].split()[-1]) > 0
+
+    # Changed on the running stream; null goes back to every frame.
+    r = client.patch("/v1/streams/cam", json={"detect_fps": None})
+    assert r.status_code == 200, r.text
+    assert r.json()["spec"]["detect_fps"] is None
+    with client.websocket_connect("/v1/streams/cam/events") as ws:
+        steps = _pts_steps(ws, 40)
+    assert any(step == pytest.approx(1 / 30, abs=0.002) for step in steps), steps

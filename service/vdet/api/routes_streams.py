@@ -71,6 +71,7 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
             frames_dropped=s.frames_dropped,
             decode_errors=s.decode_errors,
             frames_damaged=s.frames_damaged,
+            frames_skipped=s.frames_skipped,
         ),
     )
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vdet.api.schemas_tracking import ZoneEventOut, events_out
-from vdet.config import ClassRef, ConfThreshold, IouThreshold, MaxDet, StreamSpec
+from vdet.config import ClassRef, ConfThreshold, DetectFps, IouThreshold, MaxDet, StreamSpec
 from vdet.hub import EncodedResult, HubResult
 from vdet.tracking.specs import TrackingSpec, ZoneList
 from vdet.types import NO_TRACK, DetectionResult, Detections, SourceState, StageTimings
@@ -140,6 +140,9 @@ class StreamStatusOut(BaseModel):
         description="Frames of damaged reference chains (after a decode error, until the "
         "next keyframe): not detected on, unless the server passes them.",
     )
+    frames_skipped: int = Field(
+        default=0, description="Decoded frames the stream's detect_fps left out of detection."
+    )
 
 
 class StreamOut(BaseModel):
@@ -166,6 +169,9 @@ class StreamPatch(BaseModel):
     iou_threshold: IouThreshold | None = None
     max_det: MaxDet | None = None
     classes: list[ClassRef] | None = Field(default=None, min_length=1, max_length=1000)
+    detect_fps: DetectFps | None = Field(
+        default=None, description="Detections per second at most; null: every frame."
+    )
     tracking: TrackingSpec | None = Field(
         default=None, description="Tracker settings (replaced whole); null: the defaults."
     )
