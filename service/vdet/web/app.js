@@ -162,6 +162,7 @@ function renderStreams() {
     cell(row, fmt(st.fps), "num");
     cell(row, fmt(detectFps.get(s.id)), "num");
     cell(row, String(st.frames_dropped), "num");
+    cell(row, String(st.frames_skipped ?? 0), "num");
     cell(row, String(st.reconnects), "num");
     cell(row, gpuOf.get(s.id) ?? (s.spec.gpu ?? "–"));
     cell(row, st.pipeline_error || st.last_error || "", "err");
@@ -263,7 +264,9 @@ function setupAddForm() {
     const conf = numberOrNull(f.conf_threshold.value);
     const iou = numberOrNull(f.iou_threshold.value);
     const classes = classesOrNull(f.classes.value);
+    const detectFps = numberOrNull(f.detect_fps.value);
     if (conf !== null) body.conf_threshold = conf;
+    if (detectFps !== null) body.detect_fps = detectFps;
     if (iou !== null) body.iou_threshold = iou;
     if (classes !== null) body.classes = classes;
     try {
@@ -289,6 +292,7 @@ function setupParamsForm() {
       iou_threshold: numberOrNull(f.iou_threshold.value),
       max_det: numberOrNull(f.max_det.value),
       classes: classesOrNull(f.classes.value),
+      detect_fps: numberOrNull(f.detect_fps.value),
     };
     try {
       const updated = await api(`/v1/streams/${encodeURIComponent(live.id)}`, {
@@ -311,6 +315,7 @@ function fillParams(stream) {
   f.iou_threshold.value = e.iou_threshold;
   f.max_det.value = e.max_det;
   f.classes.value = e.classes ? e.classes.join(", ") : "";
+  f.detect_fps.value = stream.spec.detect_fps ?? "";
 }
 
 // --- the live view ----------------------------------------------------------------------------
