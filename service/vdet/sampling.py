@@ -11,8 +11,8 @@ file analysed faster than real time still gets `detect_fps` detections per secon
 else the arrival time. Every frame is still decoded (a video's frames depend on each other);
 a frame that is not picked costs its decode only.
 
-This module knows nothing of streams or threads: one `FrameSampler` per stream, called from
-the thread that takes its frames.
+This module knows nothing of streams or threads: one `FrameSampler` per stream, in its
+mailbox (vdet.ingest.mailbox), which calls it under its lock.
 """
 
 from __future__ import annotations

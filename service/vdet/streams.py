@@ -35,7 +35,6 @@ from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.rates import RateMeter
-from vdet.sampling import FrameSampler
 from vdet.tracking.specs import TrackingSpec, ZoneSpec
 from vdet.tracking.stream_tracking import StreamTracking
 from vdet.tracking.zones import Zone, check_in_frame, resolve_zones
@@ -219,6 +218,7 @@ class _Stream:
         self.spec = spec
         self.url = url
         self.mailbox = FrameMailbox()
+        self.mailbox.set_detect_fps(spec.detect_fps)
         self.stop = threading.Event()
         self.worker: SourceWorker | None = None
         self.gpu_worker: GpuWorkerLike | None = None
@@ -230,9 +230,6 @@ class _Stream:
         self.tracking = StreamTracking()
         self.closed = False
         self.frames_processed = 0
-        # Frames left out by the spec's detect_fps; the sampler is the pipeline thread's own.
-        self.frames_skipped = 0
-        self.sampler = FrameSampler(spec.detect_fps)
         self.processed_rate = RateMeter()
         self.snapshot: Snapshot | None = None
         self.pipeline_error: str | None = None
@@ -525,6 +522,7 @@ class StreamManager:
             spec = StreamSpec.model_validate(merged)
             params, zones = self._params_for(spec), self._zones_for(spec.zones, frame_wh)
             stream.params, stream.zones, stream.spec = params, zones, spec
+            stream.mailbox.set_detect_fps(spec.detect_fps)
         return self._view(stream)
 
     def sync_metrics(self) -> None:
@@ -582,10 +580,10 @@ class StreamManager:
 
     def _view(self, stream: _Stream) -> StreamView:
         with stream.lock:
-            spec, params = stream.spec, stream.params
+            spec, params, worker = stream.spec, stream.params, stream.worker
             processed, error = stream.frames_processed, stream.pipeline_error
             fps_processed = stream.processed_rate.rate(time.monotonic())
-        status = self._status(stream)
+        status = worker.status() if worker is not None else SourceStatus()
         age = None
         if status.last_frame_time is not None:
             age = max(0.0, self._clock() - status.last_frame_time)
@@ -599,13 +597,6 @@ class StreamManager:
             fps_processed=fps_processed,
         )
 
-    def _status(self, stream: _Stream) -> SourceStatus:
-        """The stream's source status: its worker's, with the frames detect_fps left out."""
-        with stream.lock:
-            worker, skipped = stream.worker, stream.frames_skipped
-        status = worker.status() if worker is not None else SourceStatus()
-        return dataclasses.replace(status, frames_skipped=skipped)
-
     def _on_state_change(self, source_id: str, old: SourceState, new: SourceState) -> None:
         # Called on the worker's thread. Metrics ignore sources already removed.
         log.info("source %s: %s -> %s", source_id, old, new)
@@ -613,9 +604,9 @@ class StreamManager:
 
     def _sync_stream_metrics(self, stream: _Stream) -> None:
         with stream.lock:
-            started = stream.worker is not None
-        if started:
-            self._metrics.sync_source(stream.spec.id, self._status(stream), now=self._clock())
+            worker = stream.worker
+        if worker is not None:
+            self._metrics.sync_source(stream.spec.id, worker.status(), now=self._clock())
 
     def _run_pipeline(self, stream: _Stream) -> None:
         """The stream's pipeline thread: mailbox -> detector -> hub + metrics, until stopped.
@@ -652,22 +643,7 @@ class StreamManager:
                 if stream.mailbox.closed and not in_flight:
                     break
                 continue
-            if not self._sampled(stream, frame):
-                continue
             in_flight.append(self._start_detection(stream, frame, pool))
-
-    def _sampled(self, stream: _Stream, frame: DecodedFrame) -> bool:
-        """Whether `frame` is detected under the stream's detect_fps; counts those that are not.
-        A frame not taken is let go here: for an NVDEC frame, its GPU memory."""
-        with stream.lock:
-            fps = stream.spec.detect_fps
-        stream.sampler.set_rate(fps)
-        clock = frame.pts_seconds if frame.pts_seconds is not None else frame.arrival_time
-        if stream.sampler.take(clock):
-            return True
-        with stream.lock:
-            stream.frames_skipped += 1
-        return False
 
     def _start_detection(
         self, stream: _Stream, frame: DecodedFrame, pool: ThreadPoolExecutor | None

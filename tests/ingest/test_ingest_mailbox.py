@@ -197,3 +197,31 @@ def test_closing_the_box_releases_a_waiting_lossless_put() -> None:
     assert results == [False]
     got = box.get(timeout=0)  # the frame put before close is still handed out
     assert got is not None and got.index == 0
+
+
+def test_detect_fps_lets_unwanted_frames_go_without_dropping_the_wanted_one() -> None:
+    # 30 fps frames at detect_fps 10: frames 1 and 2 are let go at once (skipped), so they
+    # cannot replace frame 0 while nobody has taken it yet; frame 3 then does (dropped).
+    box = FrameMailbox()
+    box.set_detect_fps(10)
+    assert all(box.put(frame(i)) for i in range(3))
+    assert (box.skipped, box.dropped, box.put_count) == (2, 0, 1)
+    assert box.newest_on_host is not None and box.newest_on_host.index == 2  # the live view
+    got = box.get(timeout=0)
+    assert got is not None and got.index == 0
+    assert all(box.put(frame(i)) for i in range(3, 9))
+    assert (box.skipped, box.dropped, box.put_count) == (6, 1, 3)
+    got = box.get(timeout=0)
+    assert got is not None and got.index == 6
+
+
+def test_a_lossless_put_of_an_unwanted_frame_does_not_wait() -> None:
+    box = FrameMailbox()
+    box.set_detect_fps(10)
+    assert box.put(frame(0), keep_waiting=lambda: True)
+    started = time.monotonic()
+    assert box.put(frame(1), keep_waiting=lambda: True)  # frame 0 still waiting: no matter
+    assert time.monotonic() - started < 0.05
+    box.set_detect_fps(None)  # every frame again, from the next put
+    assert box.put(frame(2), keep_waiting=lambda: False)
+    assert (box.skipped, box.dropped) == (1, 1)

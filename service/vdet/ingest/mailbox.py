@@ -13,6 +13,11 @@ the speed of detection instead of racing ahead and throwing frames away.
 One producer (the source's worker) and any number of consumers; thread-safe. It does not know
 about sources' states or the pipeline's batching.
 
+A stream may ask for fewer detections than frames (`set_detect_fps`): the box then takes only
+evenly spaced frames (vdet.sampling) and lets the others go at once, counted as `skipped`, not
+`dropped`. Deciding here, where frames change hands, means a frame that is not wanted never
+occupies the slot: it cannot push out one that is, nor hold a lossless producer up.
+
 The box also keeps a reference to the newest frame in host memory ever put, taken or not, so a
 live view can show decoded frames at its own rate rather than only those detection got to. It
 costs no copy (ingest makes a fresh array per frame) and at most one frame's memory. Frames in
@@ -25,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from vdet.sampling import FrameSampler
 from vdet.types import DecodedFrame, VideoFrame
 
 # How often a lossless `put` asks its producer whether to keep waiting for the taker.
@@ -42,6 +48,8 @@ class FrameMailbox:
         self._put = 0
         self._dropped = 0
         self._delivered = 0
+        self._skipped = 0
+        self._sampler = FrameSampler()
 
     def put(self, frame: DecodedFrame, *, keep_waiting: Callable[[], bool] | None = None) -> bool:
         """Offer `frame`; False (and nothing stored) once the box is closed.
@@ -49,9 +57,18 @@ class FrameMailbox:
         Without `keep_waiting` it never blocks: a frame still waiting is replaced and counted in
         `dropped`. With it, `put` first waits until the waiting frame has been taken, asking
         `keep_waiting()` every `_WAIT_CHECK_S` whether to go on (the producer stopping says
-        no; then the frame replaces the waiting one as usual).
+        no; then the frame replaces the waiting one as usual). A frame that `set_detect_fps`
+        does not want is let go at once and counted in `skipped` (True: accepted, not lost).
         """
         with self._cond:
+            if self._closed:
+                return False
+            if isinstance(frame, VideoFrame):
+                self._newest_on_host = frame
+            clock = frame.pts_seconds if frame.pts_seconds is not None else frame.arrival_time
+            if not self._sampler.take(clock):
+                self._skipped += 1
+                return True
             if keep_waiting is not None:
                 while self._frame is not None and not self._closed:
                     if not self._cond.wait(_WAIT_CHECK_S) and not keep_waiting():
@@ -61,8 +78,6 @@ class FrameMailbox:
             if self._frame is not None:
                 self._dropped += 1
             self._frame = frame
-            if isinstance(frame, VideoFrame):
-                self._newest_on_host = frame
             self._put += 1
             self._cond.notify()
             return True
@@ -90,6 +105,11 @@ class FrameMailbox:
                 self._cond.notify_all()  # a lossless producer waits for the slot to empty
             return frame
 
+    def set_detect_fps(self, fps: float | None) -> None:
+        """Take at most `fps` frames a second from the next `put` on (None: every frame)."""
+        with self._cond:
+            self._sampler.set_rate(fps)
+
     def close(self) -> None:
         """Refuse further frames and wake every waiting `get`. Idempotent."""
         with self._cond:
@@ -116,7 +136,8 @@ class FrameMailbox:
 
     @property
     def put_count(self) -> int:
-        """Frames accepted by `put` (delivered + dropped + the one pending, if any)."""
+        """Frames accepted by `put` (delivered + dropped + the one pending, if any; not the
+        skipped)."""
         with self._cond:
             return self._put
 
@@ -125,6 +146,12 @@ class FrameMailbox:
         """Frames replaced by a newer one before anybody took them."""
         with self._cond:
             return self._dropped
+
+    @property
+    def skipped(self) -> int:
+        """Frames let go because `set_detect_fps` did not want them."""
+        with self._cond:
+            return self._skipped
 
     @property
     def delivered(self) -> int:

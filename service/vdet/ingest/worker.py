@@ -173,7 +173,8 @@ class SourceWorker:
 
     Counters in `status()`: ``attempts`` is every connection attempt since `start()`;
     ``reconnects`` counts the times frames flowed again after the source had streamed and
-    been lost; ``frames_dropped`` is the mailbox's count of frames replaced unread;
+    been lost; ``frames_dropped`` is the mailbox's count of frames replaced unread, and
+    ``frames_skipped`` of those its detect_fps let go;
     ``decode_errors`` and ``frames_damaged`` count rejected packets and frames of damaged
     reference chains. ``last_error`` (with ``last_error_time``) is the current problem: it
     is cleared when frames flow cleanly again (a reconnect streams, or an intact keyframe
@@ -282,6 +283,7 @@ class SourceWorker:
                 fps=self._decoded_rate.rate(self._clock.monotonic()),
             )
         snapshot.frames_dropped = self.mailbox.dropped
+        snapshot.frames_skipped = self.mailbox.skipped
         return snapshot
 
     @property
