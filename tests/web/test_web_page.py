@@ -202,10 +202,12 @@ def test_zones_are_drawn_when_the_server_has_them(server: Server, page: Page) ->
     pairs = wait_until(lambda: page.evaluate(_ZONE_PIXELS_JS), 30, what="zones drawn")
 
     def lightened(drawn: list[int], raw: list[int]) -> bool:
-        # 12% white over the frame (a box or label may cover a few of these points).
+        # 12% white over the frame.
         return all(abs(d - (0.88 * r + 0.12 * 255)) <= 4 for d, r in zip(drawn, raw, strict=True))
 
-    assert sum(lightened(d, r) for d, r in pairs) >= 0.8 * len(pairs)
+    # The boxes and labels of the frame's detections are drawn over the zone and can cover a
+    # row of these points (6 of 25 once, on a loaded machine); a zone not drawn lightens none.
+    assert sum(lightened(d, r) for d, r in pairs) >= 0.6 * len(pairs)
 
 
 def test_track_ids_are_drawn_when_results_carry_them(server: Server, page: Page) -> None:
