@@ -66,3 +66,44 @@ def test_parallel_frames_must_be_positive() -> None:
     hub = ResultsHub(capacity_per_source=16, capacity_total=16)
     with pytest.raises(ValueError, match="parallel_frames"):
         StreamManager(_UnevenDetector(), ("a",), hub, Metrics(), max_streams=1, parallel_frames=0)
+
+
+class _GatedDetector:
+    """Finds nothing; every call waits until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self._lock = threading.Lock()
+        self.started = 0
+
+    def detect(
+        self, images: Sequence[ImageArray], params: PostprocessParams | None = None
+    ) -> list[tuple[Detections, StageTimings]]:
+        with self._lock:
+            self.started += 1
+        self.gate.wait(30)
+        empty = Detections(
+            np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
+        )
+        return [(empty, StageTimings(inference=0.001)) for _ in images]
+
+
+def test_one_more_host_frame_is_taken_to_start_when_a_detection_ends() -> None:
+    # Both detections busy: the next frame is taken from the mailbox anyway (so a frame that
+    # arrives after it does not overwrite it there), and it is the only one.
+    hub = ResultsHub(capacity_per_source=4096, capacity_total=8192)
+    detector = _GatedDetector()
+    manager = StreamManager(detector, ("a", "b"), hub, Metrics(), max_streams=1, parallel_frames=2)
+    try:
+        manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False, loop=True))
+        mailbox = manager._stream("cam").mailbox
+        wait_until(lambda: detector.started == 2 and mailbox.pending, 60, what="two running")
+        time.sleep(0.3)
+        assert (detector.started, mailbox.delivered) == (2, 3)
+        detector.gate.set()
+        wait_until(lambda: manager.get("cam").frames_processed >= 10, 60, what="10 results")
+        results = hub.since(0, "cam")
+        assert [r.frame_index for r in results] == sorted(r.frame_index for r in results)
+    finally:
+        detector.gate.set()
+        manager.close()

@@ -63,6 +63,12 @@ _METRICS_SYNC_S = 0.5
 _OUTBOX_PER_STREAM = 4
 # Results the publisher thread takes from the outbox at once before flushing the sink.
 _PUBLISH_BATCH = 64
+# Host frames a stream detecting several at once (CPU sessions side by side) may take from its
+# mailbox beyond those in detection, to start as soon as a detection ends. Near full load two
+# frames often come while every detection is busy; with only the mailbox's slot the first is
+# overwritten. One more costs at most a frame interval of latency and saved 58-91% of the
+# drops on the 2-core machine's demo stream (bench/results/2026-12-04-serve-queued-frame-cpu.md).
+_QUEUED_HOST_FRAMES = 1
 
 
 class DetectorLike(Protocol):
@@ -624,14 +630,18 @@ class StreamManager:
         if depth == 1:
             self._pipeline_loop(stream, None, 1)
             return
+        # A GPU stream's frames hold decoder surfaces: none is taken before it can start.
+        taken = depth + (_QUEUED_HOST_FRAMES if gpu_worker is None else 0)
         with ThreadPoolExecutor(depth, thread_name_prefix=f"vdet-detect-{stream.spec.id}") as pool:
-            self._pipeline_loop(stream, pool, depth)
+            self._pipeline_loop(stream, pool, taken)
 
-    def _pipeline_loop(self, stream: _Stream, pool: ThreadPoolExecutor | None, depth: int) -> None:
+    def _pipeline_loop(self, stream: _Stream, pool: ThreadPoolExecutor | None, taken: int) -> None:
+        """Take frames while fewer than `taken` are in detection or waiting for it; finish
+        (track, hand to the publisher) each in the order taken."""
         in_flight: collections.deque[_InFlight] = collections.deque()
         next_sync = 0.0
         while not stream.stop.is_set():
-            if in_flight and (len(in_flight) >= depth or in_flight[0].result.done()):
+            if in_flight and (len(in_flight) >= taken or in_flight[0].result.done()):
                 self._finish(stream, in_flight.popleft())
                 continue
             frame = stream.mailbox.get(timeout=_IN_FLIGHT_POLL_S if in_flight else _POLL_S)
