@@ -115,7 +115,7 @@ class StreamSpec(_Strict):
     realtime: bool = Field(
         default=True,
         description="Pace file sources at their native frame rate, like a camera: frames "
-        "detection cannot keep up with are skipped. False: analyse the file as fast as detection "
+        "detection cannot keep up with are dropped. False: analyse the file as fast as detection "
         "goes, every frame (none dropped). Live sources are real time anyway.",
     )
     conf_threshold: ConfThreshold | None = Field(

@@ -153,7 +153,7 @@ class Metrics:
         )
         self.frames_dropped = Counter(
             "vdet_frames_dropped_total",
-            "Decoded frames skipped because detection was still busy with an earlier one.",
+            "Decoded frames lost because detection was still busy with an earlier one.",
             ["source"],
             registry=r,
         )

@@ -132,7 +132,7 @@ class StreamStatusOut(BaseModel):
     frames_decoded: int
     frames_processed: int
     frames_dropped: int = Field(
-        description="Decoded frames skipped because detection was busy with an earlier one."
+        description="Decoded frames lost because detection was busy with an earlier one."
     )
     decode_errors: int = Field(default=0, description="Packets the decoder rejected.")
     frames_damaged: int = Field(

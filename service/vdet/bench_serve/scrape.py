@@ -1,7 +1,7 @@
 """The server's own per-stream counters, read from its Prometheus /metrics.
 
 They are the server's side of what the WebSocket clients see: frames decoded, processed and
-dropped (decoded but skipped because detection was busy), summed over the streams whose id
+dropped (decoded but lost because detection was busy), summed over the streams whose id
 starts with a prefix, or per stream (a killed worker's streams apart from the others).
 Counters of a stream are removed with it, so a step is read before its streams are deleted.
 Every series of a family counts, whatever other labels (a worker) it has.
