@@ -21,6 +21,11 @@ from vdet.streams import StreamManager
 from vdet.types import Detections, ImageArray, StageTimings
 
 
+def _nothing_found(count: int) -> list[tuple[Detections, StageTimings]]:
+    empty = Detections(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))
+    return [(empty, StageTimings(inference=0.001)) for _ in range(count)]
+
+
 class _UnevenDetector:
     """Finds nothing; every other call takes longer, so a later frame can finish first. Counts
     the calls that ran at once."""
@@ -42,10 +47,7 @@ class _UnevenDetector:
         time.sleep(0.03 if slow else 0.005)
         with self._lock:
             self._running -= 1
-        empty = Detections(
-            np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
-        )
-        return [(empty, StageTimings(inference=0.001)) for _ in images]
+        return _nothing_found(len(images))
 
 
 def test_frames_in_detection_at_once_publish_in_frame_order() -> None:
@@ -82,10 +84,7 @@ class _GatedDetector:
         with self._lock:
             self.started += 1
         self.gate.wait(30)
-        empty = Detections(
-            np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
-        )
-        return [(empty, StageTimings(inference=0.001)) for _ in images]
+        return _nothing_found(len(images))
 
 
 def test_one_more_host_frame_is_taken_to_start_when_a_detection_ends() -> None:

@@ -143,6 +143,14 @@ def test_control_calls_keep_their_statuses_across_processes(
         status, out = service.send("PATCH", "/v1/streams/c", {"conf_threshold": 0.5})
         assert status == 200 and out["effective"]["conf_threshold"] == 0.5
         assert service.get("/v1/streams/c")[1]["effective"]["conf_threshold"] == 0.5
+        # detect_fps reaches the worker's mailbox; its skipped count comes back in the status.
+        status, out = service.send("PATCH", "/v1/streams/c", {"detect_fps": 5})
+        assert status == 200 and out["spec"]["detect_fps"] == 5
+        wait_until(
+            lambda: service.get("/v1/streams/c")[1]["status"]["frames_skipped"] > 0,
+            30,
+            what="frames skipped in the worker process",
+        )
         # Detections and the snapshot come from the owning worker, numbered by the hub.
         wait_until(lambda: service.get("/v1/streams/c/detections")[0] == 200, 30, what="result")
         status, jpeg = http_get(service.base + "/v1/streams/c/snapshot.jpg", timeout=10)
