@@ -130,12 +130,17 @@ def test_add_change_and_remove_a_stream_through_the_forms(server: Server, page: 
     assert "1" in conf_error.inner_text()
 
     form.locator('input[name="conf_threshold"]').fill("0.4")
+    form.locator('input[name="detect_fps"]').fill("10")
     form.locator('input[name="id"]').fill("added")
     form.locator('input[name="loop"]').check()
     form.locator('button[type="submit"]').click()
     wait_streaming(page, "added")
     spec = http_json(f"{server.base_url}/v1/streams/added")["spec"]
-    assert spec["conf_threshold"] == 0.4 and spec["loop"] is True
+    assert spec["conf_threshold"] == 0.4 and spec["loop"] is True and spec["detect_fps"] == 10
+    # The frames detect_fps leaves out show in the stream's row, apart from the dropped.
+    headers = [h.inner_text() for h in page.locator("#streams thead th").all()]
+    skipped_cell = row(page, "added").locator("td").nth(headers.index("skipped"))
+    wait_until(lambda: int(skipped_cell.inner_text()) > 0, 15, what="skipped frames shown")
 
     # Thresholds: open its live view, send a bad value (422 by the field), then a good one.
     row(page, "added").locator("td").first.locator("button").click()
@@ -144,10 +149,13 @@ def test_add_change_and_remove_a_stream_through_the_forms(server: Server, page: 
     params.locator('button[type="submit"]').click()
     iou_error = params.locator('[data-error-for="iou_threshold"]')
     wait_until(lambda: iou_error.inner_text(), 10, what="the iou_threshold error")
+    assert params.locator('input[name="detect_fps"]').input_value() == "10"
     params.locator('input[name="iou_threshold"]').fill("0.6")
+    params.locator('input[name="detect_fps"]').fill("")  # empty: every frame again
     params.locator('button[type="submit"]').click()
     wait_until(lambda: params.locator("[data-done]").inner_text() == "applied", 10)
-    assert http_json(f"{server.base_url}/v1/streams/added")["effective"]["iou_threshold"] == 0.6
+    added = http_json(f"{server.base_url}/v1/streams/added")
+    assert added["effective"]["iou_threshold"] == 0.6 and added["spec"]["detect_fps"] is None
 
     # Remove: two clicks (the first arms the button).
     remove = row(page, "added").locator("button.danger")
