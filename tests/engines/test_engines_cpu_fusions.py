@@ -73,9 +73,11 @@ def test_the_bundled_cpu_int8_build_is_fused() -> None:
     provenance = json.loads(
         next(p.value for p in model.metadata_props if p.key == "vdet_quantization")
     )
-    assert provenance["fused_silu"] == 57 and provenance["fused_dfl"] == 1
+    # The backbone's and neck's 45 SiLUs run on uint8 (vdet.engines.quantize.CPU_QUANTIZED_OPS);
+    # the Detect head's 12 are the float ones fused.
+    assert provenance["fused_silu"] == 12 and provenance["fused_dfl"] == 1
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count("QuickGelu") == 57 and "Softmax" in ops and ops.count("Mul") < 10
+    assert ops.count("QuickGelu") == 12 and "Softmax" in ops
 
 
 def _graph(nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto]) -> onnx.ModelProto:

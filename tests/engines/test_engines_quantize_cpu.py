@@ -1,6 +1,7 @@
 """`vdet quantize --target cpu`: ONNX Runtime's static quantization of the demo model, in the form
-its CPU kernels run fast (uint8 activations, int8 weights per output channel, convolutions only,
-the sensitive head layers left float), and that the result detects what the FP32 model does."""
+its CPU kernels run fast (uint8 activations, int8 weights per output channel, the operators
+between convolutions on uint8 too, the Detect head's own operators and its sensitive layers left
+float), and that the result detects what the FP32 model does."""
 
 from __future__ import annotations
 
@@ -67,21 +68,56 @@ def test_convs_are_uint8_activations_and_per_channel_int8_weights(
         assert inits[weight.input[0]].data_type == TensorProto.INT8
         scales = numpy_helper.to_array(inits[weight.input[1]])
         assert scales.shape == (inits[weight.input[0]].dims[0],)  # one per output channel
-    # Only convolutions are quantized (their inputs and outputs, so ONNX Runtime runs each as
-    # one QLinearConv): every Q/DQ pair is a conv's input or output, and the head's output
-    # (boxes and scores side by side) is never put on one uint8 scale.
+    # Between convolutions every operator of `CPU_QUANTIZED_OPS` reads dequantized uint8 (ONNX
+    # Runtime runs it as its QLinear* form). In the Detect head only convolutions are: a Q/DQ
+    # pair there is a conv's input or output, so the head's output (boxes and scores side by
+    # side) is never put on one uint8 scale.
+    head = re.compile(q.CPU_FLOAT_HEAD)
+    tensors = {i.name for i in model.graph.input} | set(inits)
+    for node in model.graph.node:
+        if node.op_type in q.CPU_QUANTIZED_OPS and not head.match(node.name):
+            inputs = [producers.get(n) for n in node.input if n and n not in tensors]
+            assert inputs and all(
+                p is not None and p.op_type == "DequantizeLinear" for p in inputs
+            ), node.name
     for dq in (n for n in model.graph.node if n.op_type == "DequantizeLinear"):
-        readers = [n.op_type for n in model.graph.node if dq.output[0] in n.input]
         quantizer = producers.get(dq.input[0])
         source = None if quantizer is None else producers.get(quantizer.input[0])
-        assert "Conv" in readers or (source is not None and source.op_type == "Conv")
+        if source is None or not head.match(source.name):
+            continue
+        readers = [n.op_type for n in model.graph.node if dq.output[0] in n.input]
+        assert source.op_type == "Conv" or readers == ["Conv"] * len(readers), source.name
     assert producers[model.graph.output[0].name].op_type != "DequantizeLinear"
     provenance = json.loads(
         next(p.value for p in model.metadata_props if p.key == "vdet_quantization")
     )
     assert provenance["target"] == "cpu" and provenance["method"] == "max"
-    assert provenance["fused_silu"] == 57 and provenance["fused_dfl"] == 1  # cpu_fusions
+    assert provenance["quantized_ops"] == list(q.CPU_QUANTIZED_OPS)
+    assert provenance["float_head"] == q.CPU_FLOAT_HEAD
+    # cpu_fusions: the head's 12 SiLUs are the float ones left (the backbone's 45 run on uint8)
+    assert provenance["fused_silu"] == 12 and provenance["fused_dfl"] == 1
     assert load_model_info(demo_cpu_int8.output).names == load_model_info(DEMO).names
+
+
+def test_a_model_without_the_detect_head_gets_only_its_convolutions_quantized(
+    tmp_path: Path,
+) -> None:
+    """The demo model with its head's nodes renamed: nothing says where the outputs' float
+    operators are, so only convolutions go to uint8 (every SiLU stays float and is fused)."""
+    model = onnx.load(str(DEMO))
+    for node in model.graph.node:
+        node.name = node.name.replace("/model.22/", "/detect/")
+    renamed = tmp_path / "renamed.onnx"
+    onnx.save(model, str(renamed))
+    frames = q.collect_calibration_frames(SAMPLE, load_model_info(DEMO).input_hw, 4)
+    result = q.quantize_onnx_for_cpu(renamed, tmp_path / "renamed.int8.onnx", frames)
+    built = onnx.load(str(result.output))
+    provenance = json.loads(
+        next(p.value for p in built.metadata_props if p.key == "vdet_quantization")
+    )
+    assert provenance["quantized_ops"] == ["Conv"] and provenance["float_head"] is None
+    assert provenance["fused_silu"] == 57
+    assert not [n for n in built.graph.node if n.op_type == "Sigmoid" and "act" in n.name]
 
 
 def test_the_cpu_int8_model_finds_what_fp32_finds_at_rect_inputs(

@@ -70,6 +70,26 @@ DEFAULT_NODES_TO_EXCLUDE: tuple[str, ...] = (
     r"/model\.22/cv2\.\d+/cv2\.\d+\.2/",  # the box branch's last 1x1 convs (-1.5 points)
 )
 
+# What `quantize_onnx_for_cpu` puts on uint8 besides the convolutions: the operators between
+# them (each SiLU's Sigmoid and Mul, the C2f blocks' Split, Add and Concat, SPPF's pools, the
+# neck's upsampling), which ONNX Runtime then runs as QLinearSigmoid, QLinearMul,
+# QLinearConcat... on the uint8 tensors instead of dequantizing, computing in float and
+# quantizing again around each of them (3.9 + 2.9 ms of Q/DQ and 5.3 ms of SiLU a 384x640
+# frame, one thread). Only where the Detect head can be told apart (`CPU_FLOAT_HEAD`): its own
+# operators stay float, as its outputs put box coordinates and class scores side by side, which
+# one uint8 scale would ruin (every score rounds to 0).
+CPU_QUANTIZED_OPS: tuple[str, ...] = (
+    "Conv",
+    "Sigmoid",
+    "Mul",
+    "Add",
+    "Concat",
+    "Split",
+    "MaxPool",
+    "Resize",
+)
+CPU_FLOAT_HEAD = r"/model\.22/"  # the Ultralytics YOLOv8 Detect head's node names
+
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _INT8 = onnx.TensorProto.INT8
 _METADATA_KEY = "vdet_quantization"
@@ -365,13 +385,14 @@ def quantize_onnx_for_cpu(
     TensorRT's model (`quantize_onnx`: symmetric int8 everywhere) runs slower than FP32 in ONNX
     Runtime on a CPU without VNNI (0.75x on the 2-core AVX2 machine of docs/quantization.md).
     What its CPU kernels are fast at is uint8 activations (asymmetric, a zero point per tensor)
-    with int8 weights per output channel, each Q/DQ'd Conv folded into a QLinearConv. Only
-    convolutions are quantized: quantizing the head's last Concat too would put the box
-    coordinates and the class scores on one uint8 scale, where every score rounds to 0. The
-    same layers as `quantize_onnx` stay float (`nodes_to_exclude`, same rules). The SiLUs and
-    the DFL expectation are then rewritten into forms ONNX Runtime runs in fewer passes
-    (vdet.engines.cpu_fusions; outputs unchanged). `method`: "max" (min/max of each tensor over
-    the frames) or "entropy". Written atomically.
+    with int8 weights per output channel, each Q/DQ'd Conv folded into a QLinearConv, and the
+    operators between convolutions run on uint8 too (`CPU_QUANTIZED_OPS`). The Detect head's
+    own operators stay float (`CPU_FLOAT_HEAD`; a model without it gets its convolutions
+    quantized and nothing else), and the same layers as `quantize_onnx` stay float
+    (`nodes_to_exclude`, same rules). The SiLUs left float and the DFL expectation are then
+    rewritten into forms ONNX Runtime runs in fewer passes (vdet.engines.cpu_fusions; outputs
+    unchanged). `method`: "max" (min/max of each tensor over the frames) or "entropy". Written
+    atomically.
     """
     start = time.perf_counter()
     job = _Job.checked(model, output, frames, method)
@@ -385,7 +406,7 @@ def quantize_onnx_for_cpu(
         # In a fresh process: ModelOpt (`quantize_onnx`) patches ONNX Runtime's calibrators
         # for the rest of any process it ran in, and they then refuse this model.
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            patterns = pool.submit(
+            patterns, quantized_ops, float_head = pool.submit(
                 _ort_quantize_static,
                 source,
                 prepared,
@@ -408,6 +429,8 @@ def quantize_onnx_for_cpu(
         "calibration_source": frames.source,
         "excluded_patterns": list(patterns),
         "activations": "uint8 per tensor",
+        "quantized_ops": list(quantized_ops),
+        "float_head": float_head,
         "weights": "int8 per output channel",
         # vdet.engines.cpu_fusions: same outputs, fewer passes over each feature map
         "fused_silu": fusions.silu,
@@ -499,9 +522,11 @@ def _ort_quantize_static(
     step: int,
     nodes_to_exclude: tuple[str, ...] | None,
     method: str,
-) -> tuple[str, ...]:
+) -> tuple[tuple[str, ...], tuple[str, ...], str | None]:
     """ONNX Runtime's pre-pass and static quantization of `source` into `output`, calibrated
-    on the frames in `frames_file` (`step` at a time); the exclusion patterns that applied."""
+    on the frames in `frames_file` (`step` at a time). Returns the exclusion patterns that
+    applied, the operator types quantized, and the head pattern whose operators stayed float
+    (None: no head found, convolutions only)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -529,17 +554,22 @@ def _ort_quantize_static(
     quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
     prepared_proto = onnx.load(str(prepared))
     patterns = _exclusion_patterns(prepared_proto, nodes_to_exclude)
+    head = re.compile(CPU_FLOAT_HEAD)
+    nodes = prepared_proto.graph.node
+    float_head = CPU_FLOAT_HEAD if any(head.match(node.name) for node in nodes) else None
+    quantized_ops = CPU_QUANTIZED_OPS if float_head is not None else ("Conv",)
     excluded = [
         node.name
-        for node in prepared_proto.graph.node
+        for node in nodes
         if any(re.match(pattern, node.name) for pattern in patterns)
+        or (float_head is not None and node.op_type != "Conv" and head.match(node.name))
     ]
     quantize_static(
         str(prepared),
         str(output),
         _Frames(),
         quant_format=QuantFormat.QDQ,
-        op_types_to_quantize=["Conv"],
+        op_types_to_quantize=list(quantized_ops),
         per_channel=True,
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
@@ -548,7 +578,7 @@ def _ort_quantize_static(
             CalibrationMethod.MinMax if method == "max" else CalibrationMethod.Entropy
         ),
     )
-    return patterns
+    return patterns, quantized_ops, float_head
 
 
 def convert_fp16(model: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
