@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from vdet.cli import main
@@ -62,6 +63,19 @@ def test_export_round_trip(
         with torch.no_grad():
             expected = net(torch.from_numpy(x))[0].numpy()
     np.testing.assert_allclose(raw, expected, rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize(("model", "head"), [("yolov8n.yaml", "22"), ("yolo11n.yaml", "23")])
+def test_the_cpu_quantizer_finds_the_detect_head_of_an_export(
+    capsys: pytest.CaptureFixture[str], model: str, head: str
+) -> None:
+    """`vdet quantize --target cpu` keeps the detection head's own operators float; it finds
+    the head as the Ultralytics module that produces the output, which is not always 22."""
+    from vdet.engines.quantize import detect_head
+
+    rc, _, _ = _export([model, "--output", "model.onnx", "--imgsz", "320"], capsys)
+    assert rc == 0
+    assert detect_head(onnx.load("model.onnx")) == rf"/model\.{head}/"
 
 
 def test_export_rejects_a_classification_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -72,7 +72,7 @@ def test_convs_are_uint8_activations_and_per_channel_int8_weights(
     # Runtime runs it as its QLinear* form). In the Detect head only convolutions are: a Q/DQ
     # pair there is a conv's input or output, so the head's output (boxes and scores side by
     # side) is never put on one uint8 scale.
-    head = re.compile(q.CPU_FLOAT_HEAD)
+    head = re.compile(r"/model\.22/")  # YOLOv8's Detect
     tensors = {i.name for i in model.graph.input} | set(inits)
     for node in model.graph.node:
         if node.op_type in q.CPU_QUANTIZED_OPS and not head.match(node.name):
@@ -93,7 +93,7 @@ def test_convs_are_uint8_activations_and_per_channel_int8_weights(
     )
     assert provenance["target"] == "cpu" and provenance["method"] == "max"
     assert provenance["quantized_ops"] == list(q.CPU_QUANTIZED_OPS)
-    assert provenance["float_head"] == q.CPU_FLOAT_HEAD
+    assert provenance["float_head"] == r"/model\.22/"
     # cpu_fusions: the head's 12 SiLUs are the float ones left (the backbone's 45 run on uint8)
     assert provenance["fused_silu"] == 12 and provenance["fused_dfl"] == 1
     assert load_model_info(demo_cpu_int8.output).names == load_model_info(DEMO).names
@@ -102,8 +102,10 @@ def test_convs_are_uint8_activations_and_per_channel_int8_weights(
 def test_a_model_without_the_detect_head_gets_only_its_convolutions_quantized(
     tmp_path: Path,
 ) -> None:
-    """The demo model with its head's nodes renamed: nothing says where the outputs' float
-    operators are, so only convolutions go to uint8 (every SiLU stays float and is fused)."""
+    """The demo model with its head's nodes renamed: nothing says where the output's float
+    operators are (the output's producer is not an Ultralytics `/model.N/` node; taking the
+    last such module would take the neck's), so only convolutions go to uint8 (every SiLU
+    stays float and is fused)."""
     model = onnx.load(str(DEMO))
     for node in model.graph.node:
         node.name = node.name.replace("/model.22/", "/detect/")

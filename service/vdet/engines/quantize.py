@@ -75,8 +75,8 @@ DEFAULT_NODES_TO_EXCLUDE: tuple[str, ...] = (
 # neck's upsampling), which ONNX Runtime then runs as QLinearSigmoid, QLinearMul,
 # QLinearConcat... on the uint8 tensors instead of dequantizing, computing in float and
 # quantizing again around each of them (3.9 + 2.9 ms of Q/DQ and 5.3 ms of SiLU a 384x640
-# frame, one thread). Only where the Detect head can be told apart (`CPU_FLOAT_HEAD`): its own
-# operators stay float, as its outputs put box coordinates and class scores side by side, which
+# frame, one thread). Only where the detection head can be told apart (`detect_head`): its own
+# operators stay float, as its output puts box coordinates and class scores side by side, which
 # one uint8 scale would ruin (every score rounds to 0).
 CPU_QUANTIZED_OPS: tuple[str, ...] = (
     "Conv",
@@ -88,7 +88,7 @@ CPU_QUANTIZED_OPS: tuple[str, ...] = (
     "MaxPool",
     "Resize",
 )
-CPU_FLOAT_HEAD = r"/model\.22/"  # the Ultralytics YOLOv8 Detect head's node names
+_ULTRALYTICS_MODULE = re.compile(r"/model\.\d+/")  # how an Ultralytics export names nodes
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _INT8 = onnx.TensorProto.INT8
@@ -387,8 +387,8 @@ def quantize_onnx_for_cpu(
     What its CPU kernels are fast at is uint8 activations (asymmetric, a zero point per tensor)
     with int8 weights per output channel, each Q/DQ'd Conv folded into a QLinearConv, and the
     operators between convolutions run on uint8 too (`CPU_QUANTIZED_OPS`). The Detect head's
-    own operators stay float (`CPU_FLOAT_HEAD`; a model without it gets its convolutions
-    quantized and nothing else), and the same layers as `quantize_onnx` stay float
+    own operators stay float (`detect_head`; a model where it cannot be told apart gets its
+    convolutions quantized and nothing else), and the same layers as `quantize_onnx` stay float
     (`nodes_to_exclude`, same rules). The SiLUs left float and the DFL expectation are then
     rewritten into forms ONNX Runtime runs in fewer passes (vdet.engines.cpu_fusions; outputs
     unchanged). `method`: "max" (min/max of each tensor over the frames) or "entropy". Written
@@ -554,15 +554,13 @@ def _ort_quantize_static(
     quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
     prepared_proto = onnx.load(str(prepared))
     patterns = _exclusion_patterns(prepared_proto, nodes_to_exclude)
-    head = re.compile(CPU_FLOAT_HEAD)
-    nodes = prepared_proto.graph.node
-    float_head = CPU_FLOAT_HEAD if any(head.match(node.name) for node in nodes) else None
+    float_head = detect_head(prepared_proto)
     quantized_ops = CPU_QUANTIZED_OPS if float_head is not None else ("Conv",)
     excluded = [
         node.name
-        for node in nodes
+        for node in prepared_proto.graph.node
         if any(re.match(pattern, node.name) for pattern in patterns)
-        or (float_head is not None and node.op_type != "Conv" and head.match(node.name))
+        or (float_head is not None and node.op_type != "Conv" and re.match(float_head, node.name))
     ]
     quantize_static(
         str(prepared),
@@ -579,6 +577,19 @@ def _ort_quantize_static(
         ),
     )
     return patterns, quantized_ops, float_head
+
+
+def detect_head(proto: onnx.ModelProto) -> str | None:
+    """A node-name pattern for the detection head: the Ultralytics module (`/model.N/`: 22 in
+    YOLOv8, 23 in YOLO11) whose node produces the model's output. None when the producer is not
+    named that way (another exporter): the head cannot be told apart."""
+    producers = {out: node for node in proto.graph.node for out in node.output}
+    for output in proto.graph.output:
+        node = producers.get(output.name)
+        module = None if node is None else _ULTRALYTICS_MODULE.match(node.name)
+        if module is not None:
+            return re.escape(module.group(0))
+    return None
 
 
 def convert_fp16(model: str | os.PathLike[str], output: str | os.PathLike[str]) -> Path:
