@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -69,13 +70,21 @@ def test_export_round_trip(
 def test_the_cpu_quantizer_finds_the_detect_head_of_an_export(
     capsys: pytest.CaptureFixture[str], model: str, head: str
 ) -> None:
-    """`vdet quantize --target cpu` keeps the detection head's own operators float; it finds
-    the head as the Ultralytics module that produces the output, which is not always 22."""
-    from vdet.engines.quantize import detect_head
+    """`vdet quantize` finds the head as the Ultralytics module that produces the output (not
+    always 22): the CPU target keeps its own operators float, and both targets keep its DFL and
+    box-branch convs (DEFAULT_NODES_TO_EXCLUDE) float there."""
+    from vdet.engines.quantize import default_nodes_to_exclude, detect_head
 
     rc, _, _ = _export([model, "--output", "model.onnx", "--imgsz", "320"], capsys)
     assert rc == 0
-    assert detect_head(onnx.load("model.onnx")) == rf"/model\.{head}/"
+    proto = onnx.load("model.onnx")
+    assert detect_head(proto) == rf"/model\.{head}/"
+    patterns = default_nodes_to_exclude(proto)
+    names = [node.name for node in proto.graph.node]
+    assert len(patterns) == 2
+    for pattern in patterns:
+        assert pattern.startswith(rf"/model\.{head}/")
+        assert any(re.match(pattern, name) for name in names), pattern
 
 
 def test_export_rejects_a_classification_model(capsys: pytest.CaptureFixture[str]) -> None:

@@ -63,8 +63,9 @@ IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".
 FRAMES_SUFFIX = ".npy"
 
 # Node-name patterns (re.match) kept in higher precision by default, for the Ultralytics YOLOv8
-# graph; chosen by the layer sensitivity study in docs/quantization.md. Patterns that match no
-# node of another model are ignored.
+# graph; chosen by the layer sensitivity study in docs/quantization.md. For an export whose
+# head is another module (YOLO11's is 23) they are moved onto it (`default_nodes_to_exclude`).
+# Patterns that match no node of another model are ignored.
 DEFAULT_NODES_TO_EXCLUDE: tuple[str, ...] = (
     r"/model\.22/dfl/",  # DFL: softmax over 16 box bins, then a fixed 1x1 conv (-4.7 points)
     r"/model\.22/cv2\.\d+/cv2\.\d+\.2/",  # the box branch's last 1x1 convs (-1.5 points)
@@ -89,6 +90,7 @@ CPU_QUANTIZED_OPS: tuple[str, ...] = (
     "Resize",
 )
 _ULTRALYTICS_MODULE = re.compile(r"/model\.\d+/")  # how an Ultralytics export names nodes
+_YOLOV8_HEAD = r"/model\.22/"
 
 _QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _INT8 = onnx.TensorProto.INT8
@@ -336,10 +338,11 @@ def quantize_onnx(
     """Calibrate `model` on `frames` and write the Q/DQ model to `output` (atomically).
 
     `method` is one of CALIBRATION_METHODS. `nodes_to_exclude` are node-name regexes
-    (`re.match`) that stay in `high_precision`; None uses DEFAULT_NODES_TO_EXCLUDE where they
-    match, and every pattern given explicitly must match some node. `calibration_cache` (a
-    TensorRT-format cache, see `write_calibration_cache`) supplies activation scales instead of
-    those calibrated on `frames`, for sweeps that re-place Q/DQ without re-calibrating.
+    (`re.match`) that stay in `high_precision`; None uses DEFAULT_NODES_TO_EXCLUDE (on this
+    model's head: `default_nodes_to_exclude`) where they match, and every pattern given
+    explicitly must match some node. `calibration_cache` (a TensorRT-format cache, see
+    `write_calibration_cache`) supplies activation scales instead of those calibrated on
+    `frames`, for sweeps that re-place Q/DQ without re-calibrating.
     Nothing is left at `output` unless the whole run and its checks succeed.
     """
     start = time.perf_counter()
@@ -577,6 +580,15 @@ def _ort_quantize_static(
         ),
     )
     return patterns, quantized_ops, float_head
+
+
+def default_nodes_to_exclude(proto: onnx.ModelProto) -> tuple[str, ...]:
+    """DEFAULT_NODES_TO_EXCLUDE on this model's detection head (`detect_head`): the same layers
+    of YOLO11's head (module 23) as of YOLOv8's (22)."""
+    head = detect_head(proto)
+    if head is None:
+        return DEFAULT_NODES_TO_EXCLUDE
+    return tuple(p.replace(_YOLOV8_HEAD, head, 1) for p in DEFAULT_NODES_TO_EXCLUDE)
 
 
 def detect_head(proto: onnx.ModelProto) -> str | None:
@@ -850,7 +862,7 @@ def _exclusion_patterns(proto: onnx.ModelProto, patterns: Sequence[str] | None) 
     names = [node.name for node in proto.graph.node]
     strict = patterns is not None
     chosen: list[str] = []
-    for pattern in DEFAULT_NODES_TO_EXCLUDE if patterns is None else patterns:
+    for pattern in default_nodes_to_exclude(proto) if patterns is None else patterns:
         try:
             regex = re.compile(pattern)
         except re.error as exc:
@@ -957,6 +969,8 @@ __all__ = [
     "check_qdq_model",
     "collect_calibration_frames",
     "convert_fp16",
+    "default_nodes_to_exclude",
+    "detect_head",
     "evenly_spaced",
     "quantize_onnx",
     "save_calibration_frames",
