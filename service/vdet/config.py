@@ -246,6 +246,7 @@ class IngestSettings(_Strict):
     backoff_multiplier: float = _ingest_field("backoff_multiplier")
     jitter: float = _ingest_field("jitter")
     max_consecutive_decode_errors: int = _ingest_field("max_consecutive_decode_errors")
+    unpaced_queue_frames: int = _ingest_field("unpaced_queue_frames")
     pass_damaged_frames: bool = Field(
         default=False,
         description="Detect on frames of a damaged reference chain (after a decode error, "

@@ -219,11 +219,16 @@ class _Stream:
     """One stream's parts. `lock` guards the mutable fields below it."""
 
     def __init__(
-        self, spec: StreamSpec, params: PostprocessParams, url: str, zones: tuple[Zone, ...]
+        self,
+        spec: StreamSpec,
+        params: PostprocessParams,
+        url: str,
+        zones: tuple[Zone, ...],
+        unpaced_queue_frames: int = 1,
     ) -> None:
         self.spec = spec
         self.url = url
-        self.mailbox = FrameMailbox()
+        self.mailbox = FrameMailbox(lossless_depth=unpaced_queue_frames)
         self.mailbox.set_detect_fps(spec.detect_fps)
         self.stop = threading.Event()
         self.worker: SourceWorker | None = None
@@ -335,7 +340,13 @@ class StreamManager:
         """
         url = validate_source_url(spec.url, self._ingest.source_policy.policy())
         params = self._params_for(spec)
-        stream = _Stream(spec, params, url, self._zones_for(spec.zones))
+        stream = _Stream(
+            spec,
+            params,
+            url,
+            self._zones_for(spec.zones),
+            unpaced_queue_frames=self._ingest.unpaced_queue_frames,
+        )
         with self._lock:
             if self._closed:
                 raise StreamError("the stream manager is shut down")

@@ -4,6 +4,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.types import VideoFrame
@@ -181,6 +182,64 @@ def test_a_lossless_put_that_is_told_to_stop_waiting_replaces_the_frame() -> Non
     got = box.get(timeout=0)
     assert got is not None and got.index == 1
     assert box.dropped == 1
+
+
+def test_a_deeper_lossless_queue_takes_frames_ahead_and_hands_them_out_in_order() -> None:
+    box = FrameMailbox(lossless_depth=3)
+    for i in range(3):  # three frames queue without waiting
+        assert box.put(frame(i), keep_waiting=lambda: True)
+    fourth_put = threading.Thread(
+        target=box.put, args=(frame(3),), kwargs={"keep_waiting": lambda: True}
+    )
+    fourth_put.start()
+    fourth_put.join(0.3)
+    assert fourth_put.is_alive()  # the queue is full: frame 3 waits for room
+    taken = [box.get(timeout=1)]
+    fourth_put.join(5)
+    assert not fourth_put.is_alive()
+    taken += [box.get(timeout=1) for _ in range(3)]
+    assert [f.index for f in taken if f is not None] == [0, 1, 2, 3]
+    assert (box.dropped, box.delivered, box.put_count) == (0, 4, 4)
+    assert not box.pending
+
+
+def test_a_deeper_queue_stays_latest_only_for_a_live_producer() -> None:
+    """Depth is for lossless producers: a camera's frames still replace the waiting one."""
+    box = FrameMailbox(lossless_depth=3)
+    for i in range(3):
+        assert box.put(frame(i))
+    got = box.get(timeout=0)
+    assert got is not None and got.index == 2
+    assert box.get(timeout=0) is None
+    assert box.dropped == 2
+
+
+def test_a_full_lossless_queue_told_to_stop_waiting_drops_its_oldest() -> None:
+    box = FrameMailbox(lossless_depth=2)
+    box.put(frame(0), keep_waiting=lambda: True)
+    box.put(frame(1), keep_waiting=lambda: True)
+    assert box.put(frame(2), keep_waiting=lambda: False)
+    taken = [box.get(timeout=0), box.get(timeout=0)]
+    assert [f.index for f in taken if f is not None] == [1, 2]
+    assert box.dropped == 1
+
+
+def test_a_closed_deeper_queue_still_hands_out_every_frame_put_before() -> None:
+    box = FrameMailbox(lossless_depth=4)
+    for i in range(3):
+        box.put(frame(i), keep_waiting=lambda: True)
+    box.close()
+    assert not box.put(frame(3), keep_waiting=lambda: True)
+    taken = [box.get(timeout=0) for _ in range(4)]
+    assert [f.index if f is not None else None for f in taken] == [0, 1, 2, None]
+
+
+def test_the_lossless_depth_is_checked() -> None:
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="at least 1"):
+            FrameMailbox(lossless_depth=bad)
+    with pytest.raises(TypeError, match="must be an int"):
+        FrameMailbox(lossless_depth=True)
 
 
 def test_closing_the_box_releases_a_waiting_lossless_put() -> None:

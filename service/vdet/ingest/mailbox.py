@@ -7,8 +7,12 @@ a live view skips frames rather than lagging. The consumer always gets the newes
 
 A file that is not paced like a camera is another matter: nobody is waiting on the far end, and
 whoever analyses a recording wants every frame of it. Its producer passes `keep_waiting` to
-`put`, which then waits for the waiting frame to be taken first (lossless), so decoding runs at
-the speed of detection instead of racing ahead and throwing frames away.
+`put`, which then waits while `lossless_depth` frames are waiting to be taken (lossless), so
+decoding runs at the speed of detection instead of racing ahead and throwing frames away, and
+the consumer takes them in order. With a depth of one, decoding and detection take turns frame
+by frame and each waits whenever the other has a slow frame; a few frames of slack
+(`ingest.unpaced_queue_frames`) let each run at its own average speed, at one frame's memory
+per frame of depth.
 
 One producer (the source's worker) and any number of consumers; thread-safe. It does not know
 about sources' states or the pipeline's batching.
@@ -26,6 +30,7 @@ GPU memory are not kept: a decoder's pooled surfaces must go back to their pool 
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
@@ -38,11 +43,17 @@ _WAIT_CHECK_S = 0.1
 
 
 class FrameMailbox:
-    """Holds at most one frame: the newest one that has not been taken yet."""
+    """Holds the newest frame that has not been taken yet; a lossless producer's frames queue,
+    up to `lossless_depth` of them, and are taken oldest first."""
 
-    def __init__(self) -> None:
+    def __init__(self, lossless_depth: int = 1) -> None:
+        if isinstance(lossless_depth, bool) or not isinstance(lossless_depth, int):
+            raise TypeError(f"lossless_depth must be an int, got {lossless_depth!r}")
+        if lossless_depth < 1:
+            raise ValueError(f"lossless_depth must be at least 1, got {lossless_depth}")
         self._cond = threading.Condition(threading.Lock())
-        self._frame: DecodedFrame | None = None
+        self._lossless_depth = lossless_depth
+        self._frames: collections.deque[DecodedFrame] = collections.deque()
         self._newest_on_host: VideoFrame | None = None
         self._closed = False
         self._put = 0
@@ -55,10 +66,11 @@ class FrameMailbox:
         """Offer `frame`; False (and nothing stored) once the box is closed.
 
         Without `keep_waiting` it never blocks: a frame still waiting is replaced and counted in
-        `dropped`. With it, `put` first waits until the waiting frame has been taken, asking
+        `dropped`. With it, `put` first waits while `lossless_depth` frames are waiting, asking
         `keep_waiting()` every `_WAIT_CHECK_S` whether to go on (the producer stopping says
-        no; then the frame replaces the waiting one as usual). A frame that `set_detect_fps`
-        does not want is let go at once and counted in `skipped` (True: accepted, not lost).
+        no; then the oldest waiting frame is dropped to make room). A frame that
+        `set_detect_fps` does not want is let go at once and counted in `skipped` (True:
+        accepted, not lost).
         """
         with self._cond:
             if self._closed:
@@ -69,28 +81,31 @@ class FrameMailbox:
             if not self._sampler.take(clock):
                 self._skipped += 1
                 return True
+            room = 1 if keep_waiting is None else self._lossless_depth
             if keep_waiting is not None:
-                while self._frame is not None and not self._closed:
+                while len(self._frames) >= room and not self._closed:
                     if not self._cond.wait(_WAIT_CHECK_S) and not keep_waiting():
                         break
             if self._closed:
                 return False
-            if self._frame is not None:
+            while len(self._frames) >= room:
+                self._frames.popleft()
                 self._dropped += 1
-            self._frame = frame
+            self._frames.append(frame)
             self._put += 1
             self._cond.notify()
             return True
 
     def get(self, timeout: float | None = None) -> DecodedFrame | None:
-        """Take the newest frame, waiting up to `timeout` seconds (None: until one or close).
+        """Take the next frame (the newest; of a lossless producer's queue, the oldest), waiting
+        up to `timeout` seconds (None: until one or close).
 
-        Returns None on timeout, or at once when the box is closed and empty. A frame put
-        before `close()` is still handed out, so a finished file's last frame is not lost.
+        Returns None on timeout, or at once when the box is closed and empty. Frames put before
+        `close()` are still handed out, so a finished file's last frames are not lost.
         """
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._cond:
-            while self._frame is None and not self._closed:
+            while not self._frames and not self._closed:
                 if deadline is None:
                     self._cond.wait()
                     continue
@@ -98,11 +113,11 @@ class FrameMailbox:
                 if remaining <= 0:
                     return None
                 self._cond.wait(remaining)
-            frame = self._frame
-            if frame is not None:
-                self._frame = None
-                self._delivered += 1
-                self._cond.notify_all()  # a lossless producer waits for the slot to empty
+            if not self._frames:
+                return None
+            frame = self._frames.popleft()
+            self._delivered += 1
+            self._cond.notify_all()  # a lossless producer waits for room
             return frame
 
     def set_detect_fps(self, fps: float | None) -> None:
@@ -132,12 +147,11 @@ class FrameMailbox:
     def pending(self) -> bool:
         """Whether a frame is waiting to be taken."""
         with self._cond:
-            return self._frame is not None
+            return bool(self._frames)
 
     @property
     def put_count(self) -> int:
-        """Frames accepted by `put` (delivered + dropped + the one pending, if any; not the
-        skipped)."""
+        """Frames accepted by `put` (delivered + dropped + those pending; not the skipped)."""
         with self._cond:
             return self._put
 

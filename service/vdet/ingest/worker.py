@@ -123,6 +123,15 @@ class IngestOptions:
     max_consecutive_decode_errors: int = _bounded(
         50, 1, 1_000_000, "Reconnect after this many packets in a row fail to decode."
     )
+    unpaced_queue_frames: int = _bounded(
+        1,
+        1,
+        16,
+        "Frames an unpaced file (realtime off) may decode ahead and keep waiting for detection. "
+        "One: decoding and detection take turns, each waiting out the other's slow frames; more "
+        "lets each run at its own average speed, at a frame's memory each (1080p: 3 MB on a "
+        "GPU, 6 MB on the CPU).",
+    )
     pass_damaged_frames: bool = field(
         default=False,
         metadata={
