@@ -39,7 +39,7 @@ def vdet_imports(module: str) -> set[str]:
 # A frame's path through the rooms. No stage imports a later one: results flow forward only.
 FRAME_PATH = ("ingest", "pipeline", "tracking", "hub", "api")
 # The rooms that assemble the running system; the stages and the kernels never import them.
-ASSEMBLY = {"streams", "gpu_workers", "runtime", "workers", "api", "cli"}
+ASSEMBLY = {"streams", "stream_store", "gpu_workers", "runtime", "workers", "api", "cli"}
 # Rooms that hold a stage, the kernels or the numbers they share.
 STAGES = {"ingest", "pipeline", "tracking", "hub", "plugins", "contract", "types", "engines"}
 

@@ -63,6 +63,7 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_source_last_frame_age_seconds": "gauge",
         "vdet_websocket_clients": "gauge",
         "vdet_streams": "gauge",
+        "vdet_streams_file_write_failures": "counter",
         "vdet_live_viewers": "gauge",
         "vdet_live_encode_seconds": "histogram",
         "vdet_live_frames_sent": "counter",

@@ -701,6 +701,15 @@ class Settings(BaseSettings):
         max_length=1024,
         description="Streams added at start-up.",
     )
+    streams_file: Path | None = Field(
+        default=None,
+        description="A JSON file where the streams are kept as the API leaves them (added, "
+        "changed, zones, removed) and started again at the next start; written in one step "
+        "after each change, readable by its owner only (source URLs carry credentials). A "
+        "configured source keeps its API changes until its entry in the config file is "
+        "edited. null: what the API changes lasts until the service stops.",
+        examples=["/var/lib/vdet/streams.json"],
+    )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         default="info", description="Log level for vdet and uvicorn."
     )

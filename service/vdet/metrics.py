@@ -205,6 +205,12 @@ class Metrics:
             "vdet_websocket_clients", "WebSocket event clients connected now.", registry=r
         )
         self.streams = Gauge("vdet_streams", "Streams configured now.", registry=r)
+        self.streams_file_write_failures = Counter(
+            "vdet_streams_file_write_failures_total",
+            "Changes to the streams that could not be written to `streams_file` (in effect, "
+            "but lost at a restart unless a later change is written).",
+            registry=r,
+        )
         self.live_viewers = Gauge(
             "vdet_live_viewers", "Live video (MJPEG) responses open now.", registry=r
         )

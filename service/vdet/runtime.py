@@ -28,9 +28,17 @@ from vdet.config import (
     demo_cpu_int8_path,
 )
 from vdet.hub import ResultsHub
+from vdet.ingest.urls import redact
 from vdet.metrics import Metrics
 from vdet.pipeline.detector import Detector
 from vdet.pipeline.postprocess import PostprocessParams
+from vdet.stream_store import (
+    PersistentStreams,
+    StartupPlan,
+    StartupStream,
+    StreamStore,
+    plan_startup,
+)
 from vdet.streams import ResultSink, StreamManager, StreamView
 from vdet.tracking.compiled import warm_up as warm_up_tracking
 from vdet.types import Detections, ImageArray, SourceStatus, StageTimings
@@ -375,6 +383,7 @@ class Runtime:
         self.streams: StreamService | None = None
         self.backend: BackendInfo | None = None
         self.sources_started = 0
+        self.sources_restored = 0  # streams the streams file added to the configured ones
         self.ready = False
 
     @property
@@ -386,7 +395,10 @@ class Runtime:
         """The worker processes running the streams; None when they run in this process."""
         from vdet.workers.pool import WorkerPool
 
-        return self.streams if isinstance(self.streams, WorkerPool) else None
+        streams = self.streams
+        if isinstance(streams, PersistentStreams):
+            streams = streams.inner
+        return streams if isinstance(streams, WorkerPool) else None
 
     @property
     def worker_processes(self) -> int:
@@ -403,7 +415,7 @@ class Runtime:
         started so far is stopped again and the error names what failed. `loop`: the API's
         event loop, running while this runs (off it), where worker processes' results are
         read (vdet.workers.inbox)."""
-        self.sources_started = 0
+        self.sources_started = self.sources_restored = 0
         try:
             self.streams, self.backend = self._open_streams(loop)
             self.metrics.set_class_names(self.backend.class_names)
@@ -415,12 +427,7 @@ class Runtime:
                 data_path=self.backend.data_path,
                 selection=self.backend.selection,
             )
-            for spec in self.settings.sources:
-                try:
-                    self.streams.add(spec)
-                except Exception as exc:
-                    raise RuntimeError(f"configured source {spec.id!r}: {exc}") from exc
-                self.sources_started += 1
+            self._start_sources()
         except BaseException:
             self.stop()
             raise
@@ -431,6 +438,62 @@ class Runtime:
             self.streams.describe(),
             len(self.streams),
         )
+
+    def _start_sources(self) -> None:
+        """Start the configured sources and, with `streams_file`, the streams kept there
+        (vdet.stream_store: which apply, in what order); then the streams file records every
+        change made through the API."""
+        assert self.streams is not None
+        configured = self.settings.sources
+        path = self.settings.streams_file
+        store = None if path is None else StreamStore(path)
+        if store is not None:
+            store.check_writable()
+            plan = plan_startup(configured, store.load())
+            for note in plan.notes:
+                log.info("streams file %s: %s", path, note)
+        else:
+            plan = StartupPlan([StartupStream(s, s, from_file=False) for s in configured], [])
+        configured_ids = {spec.id for spec in configured}
+        for item in plan.streams:
+            if not self._start_source(item):
+                continue
+            if item.spec.id in configured_ids:
+                self.sources_started += 1
+            else:
+                self.sources_restored += 1
+        if store is not None:
+            self.streams = PersistentStreams(
+                self.streams,
+                store,
+                configured,
+                plan.removed,
+                on_save_failure=self.metrics.streams_file_write_failures.inc,
+            )
+            self.streams.save()  # what runs now, without what no longer applies
+
+    def _start_source(self, item: StartupStream) -> bool:
+        """Start one stream; a spec from the streams file that no longer starts (a changed
+        source policy, a model without its classes) gives way to the config file's entry, or,
+        for a stream the API had added, is left out with an error in the log (False)."""
+        assert self.streams is not None
+        try:
+            self.streams.add(item.spec)
+            return True
+        except Exception as exc:
+            if not item.from_file:
+                raise RuntimeError(f"configured source {item.spec.id!r}: {exc}") from exc
+            log.error(
+                "stream %r from the streams file does not start (%s); %s",
+                item.spec.id,
+                redact(str(exc)),
+                "the config file's entry is started instead"
+                if item.configured is not None
+                else "left out",
+            )
+        if item.configured is None:
+            return False
+        return self._start_source(StartupStream(item.configured, None, from_file=False))
 
     def _open_streams(
         self, loop: asyncio.AbstractEventLoop | None

@@ -52,6 +52,7 @@ def test_ready_once_started_and_503_before(make_settings: MakeSettings, clip: Pa
             "detector_loaded": True,
             "sources_configured": 1,
             "sources_started": 1,
+            "sources_restored": 0,
             "worker_processes": 0,
             "mps": False,
             "detail": None,

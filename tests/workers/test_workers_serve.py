@@ -425,6 +425,38 @@ def test_sigterm_stops_every_worker_and_leaves_no_orphan(
         svc.process.stop()
 
 
+def test_streams_added_over_the_api_run_again_after_a_restart(
+    folder: Path, model: Path, clip: Path, tmp_path: Path
+) -> None:
+    """`streams_file` through the real entry point with worker processes: what the API added
+    and changed is back after a SIGTERM and a new `vdet serve`, and detects again."""
+    kept = tmp_path / "streams.json"
+    zone = {"kind": "line", "points": [[0.5, 0], [0.5, 1]]}
+    svc = start_service(folder, model, workers={"processes": 2}, streams_file=str(kept))
+    try:
+        assert svc.send("POST", "/v1/streams", stream(clip, "kept"))[0] == 201
+        assert svc.send("PATCH", "/v1/streams/kept", {"conf_threshold": 0.4})[0] == 200
+        assert svc.send("PUT", "/v1/streams/kept/zones/middle", zone)[0] == 201
+        status, before = svc.get("/v1/streams/kept")
+        assert status == 200
+        svc.process.popen.send_signal(signal.SIGTERM)
+        assert svc.process.popen.wait(timeout=10) == 0, svc.process.log_tail()
+    finally:
+        svc.process.stop()
+
+    svc = start_service(folder, model, workers={"processes": 2}, streams_file=str(kept))
+    try:
+        status, after = svc.get("/v1/streams/kept")
+        assert status == 200
+        assert after["spec"] == before["spec"]
+        assert after["spec"]["conf_threshold"] == 0.4
+        assert [z["id"] for z in after["spec"]["zones"]] == ["middle"]
+        assert svc.get("/readyz")[1]["sources_restored"] == 1
+        wait_until(lambda: svc.processed("kept") > 0, 30, what="the kept stream detecting")
+    finally:
+        svc.process.stop()
+
+
 def test_a_killed_api_process_takes_its_workers_with_it(folder: Path, model: Path) -> None:
     svc = start_service(folder, model, workers={"processes": 2})
     try:

@@ -41,6 +41,7 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
         mps=rt.mps_active,
         sources_configured=configured,
         sources_started=rt.sources_started,
+        sources_restored=rt.sources_restored,
         detail=None if rt.ready else "starting or stopping",
         backend=backend.backend if backend is not None else None,
         data_path=backend.data_path if backend is not None else None,

@@ -195,6 +195,11 @@ class ReadyOut(BaseModel):
     )
     sources_configured: int = Field(description="Streams declared in the configuration.")
     sources_started: int = Field(description="Of those, streams whose workers have started.")
+    sources_restored: int = Field(
+        default=0,
+        description="Streams started from `streams_file` that the configuration does not "
+        "declare (added over the API before a restart).",
+    )
     detail: str | None = None
     backend: str | None = Field(
         default=None,
