@@ -21,6 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 STREAM = "demo"  # deploy/vdet.yaml's source, the compose camera
+# A counting line added over the API by the first run, which the stack's `streams_file` (on
+# its `state` volume) must bring back after vdet's container restarts.
+KEPT_ZONE = "kept-across-restarts"
 
 
 class CheckFailedError(Exception):
@@ -67,6 +70,23 @@ def detections(vdet: str, previous: list[int]) -> tuple[bool, str]:
     return advanced and count > 0, f"seq {seq}, frame {frame['frame_index']}, {count} detections"
 
 
+def put_zone(vdet: str) -> tuple[bool, str]:
+    body = json.dumps({"kind": "line", "points": [[0.25, 0], [0.25, 1]]}).encode()
+    request = urllib.request.Request(
+        f"{vdet}/v1/streams/{STREAM}/zones/{KEPT_ZONE}",
+        data=body,
+        method="PUT",
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return response.status in (200, 201), f"PUT {KEPT_ZONE}: {response.status}"
+
+
+def zone_kept(vdet: str) -> tuple[bool, str]:
+    ids = [zone["id"] for zone in get_json(f"{vdet}/v1/streams/{STREAM}/zones")["zones"]]
+    return KEPT_ZONE in ids, f"zones of {STREAM}: {ids}"
+
+
 def prometheus_value(prometheus: str, promql: str) -> float | None:
     query = urllib.parse.urlencode({"query": promql})
     answer = get_json(f"{prometheus}/api/v1/query?{query}")
@@ -84,12 +104,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vdet", default="http://127.0.0.1:8000", help="vdet's base URL")
     parser.add_argument("--prometheus", default="http://127.0.0.1:9090", help="Prometheus' URL")
     parser.add_argument("--timeout", type=float, default=120, help="seconds for all checks")
+    parser.add_argument(
+        "--after-restart",
+        action="store_true",
+        help="vdet was restarted: check that the zone the first run added came back, and "
+        "that detections flow again (Prometheus is not checked again)",
+    )
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.timeout
     seqs: list[int] = []
     try:
         poll("vdet ready", lambda: ready(args.vdet), deadline)
+        if args.after_restart:
+            poll("the zone added over the API is back", lambda: zone_kept(args.vdet), deadline)
+            poll(f"live detections from {STREAM}", lambda: detections(args.vdet, seqs), deadline)
+            return 0
         poll(f"live detections from {STREAM}", lambda: detections(args.vdet, seqs), deadline)
+        poll("a zone added over the API", lambda: put_zone(args.vdet), deadline)
         poll(
             "Prometheus scrapes vdet",
             lambda: scraped(args.prometheus, 'up{job="vdet"}', lambda v: v == 1),

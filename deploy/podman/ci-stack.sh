@@ -12,7 +12,8 @@
 #   vdet series): check_stack.py, from the host through the published ports;
 #   the image's own HEALTHCHECK passes (`podman healthcheck run`);
 #   vdet's process runs as uid 10001, not root;
-#   `podman stop` ends vdet within 10 s with exit status 0.
+#   `podman stop` ends vdet within 10 s with exit status 0;
+#   started again, vdet has the zone the first check added over the API (the `state` volume).
 # Where Podman is missing or unusable it says SKIP and exits 0, unless CI_STACK_REQUIRED=1
 # (scripts/test.sh sets it when it installed the system packages, as in CI). On failure every
 # container's log and state is printed and kept in $CI_STACK_LOG_DIR (default build/stack-logs).
@@ -133,4 +134,9 @@ if [[ $exit_code != 0 ]] || ((stop_ms >= 10000)); then
   exit 1
 fi
 echo "ci-stack: ok   podman stop ended vdet in $stop_ms ms with exit status 0"
+
+# What the API changed is kept on the `state` volume (deploy/vdet.yaml's streams_file).
+podman start "$vdet" >/dev/null
+python3 deploy/podman/check_stack.py --after-restart --timeout "${CI_STACK_TIMEOUT:-120}"
+echo "ci-stack: ok   the zone added over the API came back after a restart"
 echo "ci-stack: passed in $((SECONDS - start_all)) s (stack up and checked in $((SECONDS - start_up)) s)"

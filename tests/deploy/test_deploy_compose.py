@@ -102,6 +102,19 @@ def test_vdet_reads_its_config_from_the_mounted_file(
     assert {"published": 8000, "target": 8000} in spec["ports"]
 
 
+@pytest.mark.parametrize("service", ["vdet", "vdet-cpu"])
+def test_the_streams_file_lives_on_the_state_volume(
+    effective: dict[str, Any], service: str
+) -> None:
+    """What the API changes must outlive the container: deploy/vdet.yaml's `streams_file` is
+    on the named volume both variants mount (the images make that folder the vdet user's)."""
+    settings = load_settings(REPO / "deploy" / "vdet.yaml")
+    assert settings.streams_file is not None
+    assert settings.streams_file.parent == Path("/var/lib/vdet/state")
+    assert "state:/var/lib/vdet/state:rw" in effective["services"][service]["volumes"]
+    assert "state" in effective["volumes"]
+
+
 def test_every_bind_mounted_file_exists(effective: dict[str, Any]) -> None:
     for name, spec in effective["services"].items():
         for volume in spec.get("volumes", []):

@@ -112,6 +112,17 @@ def test_every_vdet_variable_the_image_sets_is_a_setting(
     assert script_names <= known, script_names - known
 
 
+@pytest.mark.parametrize("variant", sorted(DOCKERFILES))
+def test_the_state_folder_is_a_volume_the_vdet_user_owns(variant: str) -> None:
+    """A named volume copies the image's folder and its owner: made and chowned before USER,
+    or the non-root service could not write its streams file there."""
+    final = final_stage(instructions(DOCKERFILES[variant]))
+    runs = " ".join(_values(final, "RUN"))
+    assert re.search(r"mkdir -p [^&]*/var/lib/vdet/state", runs)
+    assert 'chown -R "${APP_UID}:${APP_UID}" /var/lib/vdet' in runs
+    assert any("/var/lib/vdet/state" in v for v in _values(final, "VOLUME"))
+
+
 def test_cpu_image_is_python_slim_with_a_non_editable_install() -> None:
     items = instructions(DOCKERFILES["cpu"])
     assert _values(items, "ARG")[0] == "PYTHON_IMAGE=python:3.11-slim-bookworm"
@@ -124,7 +135,7 @@ def test_gpu_image_starts_through_the_entrypoint_with_nvdec_and_an_engine_cache(
     items = instructions(DOCKERFILES["gpu"])
     final = final_stage(items)
     assert any("--from=build /opt/vdet /opt/vdet" in v for v in _values(final, "COPY"))
-    assert _values(final, "VOLUME") == ['["/var/lib/vdet/engines"]']
+    assert _values(final, "VOLUME") == ['["/var/lib/vdet/engines", "/var/lib/vdet/state"]']
     env = _env_names(final)
     assert env["ENGINE_DIR"] == "/var/lib/vdet/engines"
     # NVDEC is the driver's libnvcuvid, mounted only with the `video` capability.

@@ -84,12 +84,13 @@ def camera(workdir: Path) -> Iterator[RtspServer]:
 
 
 def _start_vdet(workdir: Path, camera_url: str, name: str = "vdet") -> Vdet:
-    """`vdet serve` on deploy/vdet.yaml with only its addresses changed; ready when returned."""
+    """`vdet serve` on deploy/vdet.yaml with only its addresses and paths changed; ready when
+    returned."""
     config = yaml.safe_load((REPO / "deploy/vdet.yaml").read_text())
     (demo,) = config["sources"]
     assert (demo["id"], demo["url"]) == ("demo", "rtsp://camera:8554/demo")
     port = free_port()
-    config.update(host="127.0.0.1", port=port)
+    config.update(host="127.0.0.1", port=port, streams_file=str(workdir / f"{name}.streams.json"))
     demo["url"] = camera_url
     config_path = workdir / f"{name}.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -258,7 +259,7 @@ def test_dashboard_queries_run_in_prometheus(prometheus: Prometheus) -> None:
 
 
 def _check_stack(
-    service: Vdet, prometheus_url: str, timeout: float
+    service: Vdet, prometheus_url: str, timeout: float, *options: str
 ) -> subprocess.CompletedProcess[str]:
     """deploy/podman/check_stack.py, the Podman stack's check in CI, run against `service`."""
     return subprocess.run(
@@ -268,6 +269,7 @@ def _check_stack(
             f"--vdet={service.base_url}",
             f"--prometheus={prometheus_url}",
             f"--timeout={timeout}",
+            *options,
         ],
         capture_output=True,
         text=True,
@@ -279,7 +281,35 @@ def _check_stack(
 def test_stack_check_passes_on_this_stack(vdet: Vdet, prometheus: Prometheus) -> None:
     result = _check_stack(vdet, prometheus.base_url, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("check_stack: ok") == 4, result.stdout
+    assert result.stdout.count("check_stack: ok") == 5, result.stdout
+
+
+def test_stack_check_after_a_restart_finds_the_zone_the_first_check_added(
+    workdir: Path, camera: RtspServer, prometheus: Prometheus
+) -> None:
+    """The restart step of CI's Podman stack, here with two `vdet serve` runs on one streams
+    file (as the container's two runs share its volume)."""
+    service = _start_vdet(workdir, camera.url, name="vdet-restarted")
+    try:
+        first = _check_stack(service, prometheus.base_url, 60)
+        assert first.returncode == 0, first.stdout + first.stderr
+    finally:
+        service.process.stop()
+    service = _start_vdet(workdir, camera.url, name="vdet-restarted")
+    try:
+        again = _check_stack(service, prometheus.base_url, 60, "--after-restart")
+    finally:
+        service.process.stop()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "ok   the zone added over the API is back" in again.stdout
+
+    fresh = _start_vdet(workdir, camera.url, name="vdet-fresh")
+    try:
+        none_kept = _check_stack(fresh, prometheus.base_url, 3, "--after-restart")
+    finally:
+        fresh.process.stop()
+    assert none_kept.returncode == 1
+    assert "FAIL the zone added over the API is back: never held" in none_kept.stderr
 
 
 def test_stack_check_fails_without_detections_from_the_camera(
