@@ -37,6 +37,7 @@ from vdet import contract
 from vdet.ingest.urls import SourcePolicy, redact
 from vdet.ingest.worker import IngestOptions
 from vdet.tracking.specs import TrackingSpec, ZoneList
+from vdet.types import ZoneEventType
 
 CONFIG_ENV_VAR = "VDET_CONFIG"
 STREAM_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -603,6 +604,101 @@ class LiveSettings(_Strict):
     )
 
 
+class WebhookSettings(_Strict):
+    """One HTTP endpoint that gets the zone and line events of the streams, as they happen
+    (docs/webhooks.md: body, signature, retries)."""
+
+    id: str = Field(
+        pattern=STREAM_ID_PATTERN,
+        description="The webhook's name in metrics and logs: 1-64 letters, digits, '_', '.', '-'.",
+    )
+    url: str = Field(
+        min_length=1,
+        max_length=4096,
+        pattern=r"^https?://[^\s]+$",
+        description="Where events are POSTed (http:// or https://); never followed elsewhere "
+        "(redirects are a failed delivery).",
+        examples=["https://hooks.example.com/vdet"],
+    )
+    events: list[ZoneEventType] | None = Field(
+        default=None, min_length=1, description="Only these event types; null: all."
+    )
+    streams: list[Annotated[str, Field(pattern=STREAM_ID_PATTERN)]] | None = Field(
+        default=None, min_length=1, max_length=1024, description="Only these streams; null: all."
+    )
+    zones: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="Only events of zones or lines with these ids; null: all.",
+    )
+    classes: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1000,
+        description="Only events of tracks of these classes (names, checked against the model "
+        "at start); null: all.",
+    )
+    secret: SecretStr | None = Field(
+        default=None,
+        description="Signs each body: header X-Vdet-Signature: t=<unix time>,v1=<hex of "
+        "HMAC-SHA256(secret, '<t>.<body>')>, so the receiver can check who sent it and when.",
+    )
+    headers: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,64}$")], SecretStr] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Extra request headers (an Authorization header, say); values are secrets: "
+        "never logged.",
+    )
+    timeout_s: float = Field(
+        default=5.0, gt=0.0, le=60.0, description="Longest one delivery attempt may take."
+    )
+    max_attempts: int = Field(
+        default=5,
+        ge=1,
+        le=20,
+        description="Attempts per delivery (connection errors, timeouts, 429 and 5xx are "
+        "retried after 0.5, 1, 2, ... s, at most 30 s apart); then it counts as failed.",
+    )
+    max_pending: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Deliveries waiting while the endpoint is slow or down; beyond this the "
+        "oldest waiting one is dropped (counted), so memory stays bounded.",
+    )
+
+    @field_validator("headers")
+    @classmethod
+    def _headers_vdet_sets_itself(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        reserved = {"content-type", "content-length", "host", "x-vdet-signature"}
+        if taken := sorted(name for name in value if name.lower() in reserved):
+            raise ValueError(f"headers {taken} are set by vdet itself")
+        return value
+
+
+class NotifySettings(_Strict):
+    """Where zone and line events go besides the WebSocket feeds."""
+
+    webhooks: list[WebhookSettings] = Field(
+        default_factory=list, max_length=16, description="HTTP endpoints for the events."
+    )
+    shutdown_grace_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=60.0,
+        description="At shutdown, how long deliveries still waiting may take to go out before "
+        "they are dropped (counted).",
+    )
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> NotifySettings:
+        ids = [hook.id for hook in self.webhooks]
+        if len(ids) != len(set(ids)):
+            raise ValueError(f"webhook ids must be unique, got {ids}")
+        return self
+
+
 class Settings(BaseSettings):
     """Everything `vdet serve` needs. See the module docstring for where values come from."""
 
@@ -700,6 +796,10 @@ class Settings(BaseSettings):
         default_factory=list,
         max_length=1024,
         description="Streams added at start-up.",
+    )
+    notify: NotifySettings = Field(
+        default_factory=NotifySettings,
+        description="Webhooks for zone and line events (docs/webhooks.md).",
     )
     streams_file: Path | None = Field(
         default=None,

@@ -48,6 +48,8 @@ LATENCY_BUCKETS_SECONDS: tuple[float, ...] = (
     1.0,
     2.0,
 )
+# Webhook deliveries: a healthy endpoint within the latency grid, retries out to minutes.
+DELIVERY_BUCKETS_SECONDS: tuple[float, ...] = (*LATENCY_BUCKETS_SECONDS, 5.0, 15.0, 60.0, 300.0)
 # 0.5 ms .. 2 s: a healthy event loop wakes within a millisecond of when it asked to.
 LOOP_LAG_BUCKETS_SECONDS: tuple[float, ...] = (0.0005, *LATENCY_BUCKETS_SECONDS)
 STAGES: tuple[str, ...] = ("decode", "preprocess", "inference", "postprocess")
@@ -223,6 +225,39 @@ class Metrics:
         )
         self.live_frames_sent = Counter(
             "vdet_live_frames_sent_total", "Live video frames sent, all viewers.", registry=r
+        )
+        self.webhook_deliveries = Counter(
+            "vdet_webhook_deliveries_total",
+            "Webhook deliveries (one per result with matching events) by how they ended: "
+            "delivered (2xx), failed (a 4xx other than 429, or out of attempts), dropped (the "
+            "endpoint's queue was full, or shutdown came first).",
+            ["webhook", "outcome"],
+            registry=r,
+        )
+        self.webhook_retries = Counter(
+            "vdet_webhook_retries_total",
+            "Webhook delivery attempts made again after a connection error, timeout, 429 or 5xx.",
+            ["webhook"],
+            registry=r,
+        )
+        self.webhook_delivery_seconds = Histogram(
+            "vdet_webhook_delivery_seconds",
+            "From a result's publish to its events' delivery (2xx), retries included.",
+            ["webhook"],
+            buckets=DELIVERY_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.webhook_pending = Gauge(
+            "vdet_webhook_pending",
+            "Webhook deliveries waiting to go out now.",
+            ["webhook"],
+            registry=r,
+        )
+        self.webhook_results_missed = Counter(
+            "vdet_webhook_results_missed_total",
+            "Results the webhooks never saw: they had left the replay buffer when the webhook "
+            "reader, cut off as lagging, resumed (their events, if any, were not sent).",
+            registry=r,
         )
         self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
         self.gpu_memory_used = Gauge(

@@ -47,7 +47,6 @@ NOT_SERVING = {
     "motmetrics",  # vdet eval --track (the eval extra)
     "supervision",  # vdet bench tracking's optional peer
     "trackers",  # vdet bench tracking's optional peer
-    "httpx",  # vdet bench serve's client (the bench extra)
     "websockets",  # vdet bench serve's WebSocket clients (the bench extra)
 }
 

@@ -29,6 +29,7 @@ from support.serve import Service, alive, start_service
 from support.truth import SAMPLE
 from support.videos import write_damaged_packets_copy, write_h264_clip
 from support.waiting import wait_until
+from support.webhooks import Receiver
 from websockets.sync.client import connect
 
 from vdet.ingest.urls import REFUSED_FILE
@@ -455,6 +456,38 @@ def test_streams_added_over_the_api_run_again_after_a_restart(
         wait_until(lambda: svc.processed("kept") > 0, 30, what="the kept stream detecting")
     finally:
         svc.process.stop()
+
+
+def test_zone_events_of_worker_processes_reach_a_webhook(
+    folder: Path, model: Path, clip: Path
+) -> None:
+    """Results cross from the workers already encoded; the API process's webhooks still find
+    their events (the tiny model's fixed boxes become tracks inside a zone over the frame)."""
+    receiver = Receiver()
+    zone = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    svc = start_service(
+        folder,
+        model,
+        workers={"processes": 2},
+        notify={"webhooks": [{"id": "ops", "url": receiver.url, "secret": "s3cret-s3cret"}]},
+        sources=[stream(clip, "gate", zones=[zone])],
+    )
+    try:
+        wait_until(lambda: receiver.requests, 30, what="a webhook delivery")
+        headers, raw = receiver.requests[0]
+        body = json.loads(raw)
+        assert (body["webhook"], body["source_id"]) == ("ops", "gate")
+        assert {e["type"] for e in body["events"]} == {"zone_enter"}
+        assert body["seq"] >= 1 and "detections" not in body
+        assert headers["x-vdet-signature"].startswith("t=")
+        delivered = (
+            "vdet_webhook_deliveries_total",
+            (("outcome", "delivered"), ("webhook", "ops")),
+        )
+        assert svc.metrics().get(delivered, 0) >= 1
+    finally:
+        svc.process.stop()
+        receiver.close()
 
 
 def test_a_killed_api_process_takes_its_workers_with_it(folder: Path, model: Path) -> None:

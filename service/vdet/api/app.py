@@ -34,6 +34,7 @@ from vdet.api import (
 from vdet.api.auth import require_api_key
 from vdet.api.live import LiveVideo
 from vdet.api.schemas import ErrorOut, ResultEventEncoder
+from vdet.api.webhooks import Notifier
 from vdet.config import Settings
 from vdet.runtime import DetectorFactory, Runtime, default_detector_factory
 from vdet.streams import DuplicateStreamError, LimitError, UnknownStreamError
@@ -83,14 +84,21 @@ def create_app(
         # Model loading and process starts block: off the event loop, which reads the worker
         # processes' results meanwhile and from then on.
         await run_in_threadpool(runtime.start, asyncio.get_running_loop())
-        if freeze_startup_objects:
-            gc.collect()  # garbage is freed first, not frozen
-            gc.freeze()
+        notifier: Notifier | None = None
         try:
+            notifier = Notifier(settings.notify, runtime.hub, runtime.metrics, runtime.class_names)
+            notifier.start()
+            if freeze_startup_objects:
+                gc.collect()  # garbage is freed first, not frozen
+                gc.freeze()
             async with loop_health.measured(runtime.metrics):
                 yield
         finally:
+            # Streams first: the webhooks see every result until the hub closes, then get
+            # `notify.shutdown_grace_s` to send what waits.
             await run_in_threadpool(runtime.stop)
+            if notifier is not None:
+                await notifier.stop()
 
     app = FastAPI(
         title="vdet",

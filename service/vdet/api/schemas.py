@@ -8,6 +8,7 @@ models; nothing here touches streams, the hub or the detector.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -313,6 +314,31 @@ def result_text(encoded: EncodedResult) -> str:
     if not tail.endswith("}}"):  # the event's last field is `result`: fail loudly otherwise
         raise AssertionError(f"result event text ends {tail[-40:]!r}, not with the result")
     return f'{{"seq":{encoded.seq}{tail[:-1]}'
+
+
+# What an encoded result without events holds (`DetectionResultOut`'s field order): class
+# names are JSON strings, so their quotes are escaped and cannot fake it.
+_NO_EVENTS = '"events":[],"timings_ms":'
+
+
+def result_with_events(result: HubResult, names: Sequence[str]) -> dict[str, Any] | None:
+    """`result` as its `DetectionResultOut` JSON object without `detections` and `timings_ms`,
+    or None when its frame caused no zone event. Cheap for the many results without events: an
+    encoded one (from a worker process) is parsed only when its text holds events."""
+    if isinstance(result, EncodedResult) or result.encoded_tail is not None:
+        tail = result.encoded_tail
+        assert tail is not None
+        if _NO_EVENTS in tail:
+            return None
+        text = result_text(EncodedResult(result.seq, result.source_id, result.frame_index, tail))
+        body: dict[str, Any] = json.loads(text)
+    else:
+        if not result.events:
+            return None
+        body = result_out(result, names).model_dump(mode="json")
+    body.pop("detections", None)
+    body.pop("timings_ms", None)
+    return body
 
 
 class ResultEventEncoder:

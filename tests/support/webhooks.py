@@ -1,0 +1,56 @@
+"""A real HTTP endpoint for webhook tests: the standard library's threaded server on a
+loopback port, recording every POST."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class Receiver:
+    """An HTTP endpoint that records every POST and answers with `statuses` in turn (then 200),
+    after `delay_s`."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.statuses: list[int] = []
+        self.delay_s = 0.0
+        self.gate = threading.Event()
+        self.gate.set()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.gate.wait(10)
+                time.sleep(receiver.delay_s)
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(status)
+                if 300 <= status < 400:
+                    self.send_header("Location", "http://127.0.0.1:9/elsewhere")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                # The sender may have given up waiting (the timeout test).
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(b"ok")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(body) for _, body in self.requests]
+
+    def close(self) -> None:
+        self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
