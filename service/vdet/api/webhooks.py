@@ -212,9 +212,12 @@ class Notifier:
         self._metrics = metrics
         self._names = tuple(class_names)
         # Redirects are not followed: an endpoint that moved is a failed delivery, not a
-        # request to somewhere the operator never configured.
-        self._client = httpx.AsyncClient(follow_redirects=False)
-        self.webhooks = [Webhook(spec, self._client, metrics) for spec in settings.webhooks]
+        # request to somewhere the operator never configured. No webhook, no client (making
+        # one loads the TLS trust store).
+        self._client = httpx.AsyncClient(follow_redirects=False) if settings.webhooks else None
+        self.webhooks = [
+            Webhook(spec, self._client, metrics) for spec in settings.webhooks if self._client
+        ]
         self._tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -230,6 +233,8 @@ class Notifier:
     async def stop(self) -> None:
         """Stop reading; let waiting deliveries go out for up to `shutdown_grace_s`; then
         drop (and count) what is left."""
+        if self._client is None:
+            return
         if not self._tasks:
             await self._client.aclose()
             return
