@@ -269,6 +269,9 @@ async def test_5xx_and_429_are_retried_and_4xx_and_redirects_fail_at_once(
         await n.stop()
     assert [b["frame_index"] for b in receiver.bodies()] == [1, 1, 1, 2, 3]
     assert sample(metrics, "vdet_webhook_retries_total", webhook="ops") == 2
+    state = n.webhooks[0].state  # what GET /v1/webhooks shows
+    assert (state.delivered, state.failed, state.dropped, state.retries) == (1, 2, 0, 2)
+    assert state.last_error == "HTTP 302" and state.last_delivered_time is not None
     assert sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="delivered") == 1
     assert sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="failed") == 2
 
@@ -380,6 +383,48 @@ def test_the_app_sends_a_stream_s_zone_events_to_its_webhook(
     assert body["events"] and {e["type"] for e in body["events"]} == {"zone_enter"}
     assert {e["zone"] for e in body["events"]} == {"all"}
     assert 'vdet_webhook_deliveries_total{outcome="delivered",webhook="ops"}' in metrics
+
+
+def test_get_webhooks_shows_each_one_s_deliveries_without_credentials_and_needs_the_key(
+    make_settings: MakeSettings, clip: Path, receiver: Receiver
+) -> None:
+    zone = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    with_credentials = receiver.url.replace("http://", "http://user:pa55word@")
+    settings = make_settings(
+        api_key="k3y-k3y-k3y",
+        notify={
+            "webhooks": [
+                {"id": "ops", "url": with_credentials, "secret": "s3cret", "zones": ["all"]}
+            ]
+        },
+        sources=[stream_body(clip, "gate", zones=[zone])],
+    )
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/webhooks").status_code == 401
+        wait_until(lambda: receiver.requests, 20, what="a webhook delivery")
+        key = {"X-API-Key": "k3y-k3y-k3y"}
+        wait_until(
+            lambda: client.get("/v1/webhooks", headers=key).json()["webhooks"][0]["delivered"],
+            10,
+            what="the delivery counted",
+        )
+        r = client.get("/v1/webhooks", headers=key)
+    assert r.status_code == 200
+    (hook,) = r.json()["webhooks"]
+    assert "pa55word" not in r.text and hook["url"].startswith("http://***@127.0.0.1:")
+    assert (hook["id"], hook["signed"], hook["zones"], hook["events"]) == (
+        "ops",
+        True,
+        ["all"],
+        None,
+    )
+    assert hook["failed"] == hook["dropped"] == 0 and hook["last_delivered_time"] is not None
+    headers, _ = receiver.requests[0]
+    assert headers["authorization"].startswith("Basic ")  # the URL's credentials, sent as such
+
+
+def test_without_webhooks_get_webhooks_is_an_empty_list(client: TestClient) -> None:
+    assert client.get("/v1/webhooks").json() == {"webhooks": []}
 
 
 def test_the_app_refuses_to_start_with_a_webhook_class_the_model_lacks(

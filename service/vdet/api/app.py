@@ -28,6 +28,7 @@ from vdet.api import (
     routes_ops,
     routes_streams,
     routes_ui,
+    routes_webhooks,
     routes_workers,
     routes_zones,
 )
@@ -88,6 +89,7 @@ def create_app(
         try:
             notifier = Notifier(settings.notify, runtime.hub, runtime.metrics, runtime.class_names)
             notifier.start()
+            app.state.notifier = notifier
             if freeze_startup_objects:
                 gc.collect()  # garbage is freed first, not frozen
                 gc.freeze()
@@ -131,6 +133,7 @@ def create_app(
     app.include_router(routes_zones.router, dependencies=protected, responses=errors)
     app.include_router(routes_detect.router, dependencies=protected, responses=errors)
     app.include_router(routes_workers.router, dependencies=protected, responses=errors)
+    app.include_router(routes_webhooks.router, dependencies=protected, responses=errors)
     app.include_router(routes_events.router)  # WebSockets check the key in the handshake
     app.include_router(routes_ops.router)
     app.include_router(routes_ui.router)  # the web page: public files; data needs the key

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -80,6 +81,20 @@ class _Delivery:
         self.published_time = published_time
 
 
+@dataclasses.dataclass
+class WebhookState:
+    """What an operator asks of a webhook (GET /v1/webhooks): counts since the start, and the
+    last success and failure with their Unix times."""
+
+    delivered: int = 0
+    failed: int = 0
+    dropped: int = 0
+    retries: int = 0
+    last_delivered_time: float | None = None
+    last_error: str | None = None
+    last_error_time: float | None = None
+
+
 class Webhook:
     """One endpoint: its filter, its queue of deliveries, and the task that sends them."""
 
@@ -99,7 +114,8 @@ class Webhook:
         self._pending.set(0)
         self._headers = {name: value.get_secret_value() for name, value in spec.headers.items()}
         self._headers["Content-Type"] = "application/json"
-        self._where = redact(spec.url)
+        self.where = redact(spec.url)
+        self.state = WebhookState()
 
     @property
     def pending(self) -> int:
@@ -109,7 +125,7 @@ class Webhook:
         """Queue one delivery; the oldest waiting one gives way when the queue is full."""
         if len(self._queue) >= self.spec.max_pending:
             self._queue.popleft()
-            self._dropped.inc()
+            self._count_dropped(1)
         encoded = json.dumps({"webhook": self.spec.id, **body}, separators=(",", ":")).encode()
         self._queue.append(_Delivery(encoded, published_time))
         self._pending.set(self.pending)
@@ -126,23 +142,31 @@ class Webhook:
             try:
                 delivered = await self._deliver(delivery)
             except asyncio.CancelledError:
-                self._dropped.inc()  # shutdown came first
+                self._count_dropped(1)  # shutdown came first
                 raise
             finally:
                 self._sending = False
                 self._pending.set(self.pending)
+            now = time.time()
             if delivered:
+                self.state.delivered += 1
+                self.state.last_delivered_time = now
                 self._delivered.inc()
-                self._latency.observe(max(0.0, time.time() - delivery.published_time))
+                self._latency.observe(max(0.0, now - delivery.published_time))
             else:
+                self.state.failed += 1
                 self._failed.inc()
 
     def drop_pending(self) -> None:
         """Count what still waits as dropped (at shutdown)."""
         if self._queue:
-            self._dropped.inc(len(self._queue))
+            self._count_dropped(len(self._queue))
             self._queue.clear()
         self._pending.set(self.pending)
+
+    def _count_dropped(self, count: int) -> None:
+        self.state.dropped += count
+        self._dropped.inc(count)
 
     async def _deliver(self, delivery: _Delivery) -> bool:
         pause = _FIRST_PAUSE_S
@@ -151,15 +175,17 @@ class Webhook:
             if outcome is None:
                 return True
             retry, why = outcome
+            self.state.last_error, self.state.last_error_time = why, time.time()
             if not retry or attempt == self.spec.max_attempts:
                 log.warning(
                     "webhook %s (%s): delivery failed after %d attempt(s): %s",
                     self.spec.id,
-                    self._where,
+                    self.where,
                     attempt,
                     why,
                 )
                 return False
+            self.state.retries += 1
             self._retries.inc()
             await asyncio.sleep(pause)
             pause = min(pause * 2, _LONGEST_PAUSE_S)
@@ -295,4 +321,11 @@ class Notifier:
                 hook.offer({**body, "events": kept}, float(body["published_time"]))
 
 
-__all__ = ["SIGNATURE_HEADER", "Notifier", "Webhook", "WebhookFilter", "signature"]
+__all__ = [
+    "SIGNATURE_HEADER",
+    "Notifier",
+    "Webhook",
+    "WebhookFilter",
+    "WebhookState",
+    "signature",
+]
