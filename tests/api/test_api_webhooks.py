@@ -75,6 +75,10 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
+def deliveries(metrics: Metrics, outcome: str) -> float:
+    return sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome=outcome)
+
+
 async def until(predicate: Callable[[], object], timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -191,12 +195,7 @@ async def test_events_reach_the_endpoint_signed_with_its_headers_and_nothing_els
         await asyncio.sleep(0)  # the reader subscribes
         await asyncio.to_thread(hub.publish, result("gate"))  # no events: nothing sent
         sent = await asyncio.to_thread(hub.publish, result("gate", ENTER, EXIT, frame=9))
-        await until(
-            lambda: (
-                sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="delivered")
-                == 1
-            )
-        )
+        await until(lambda: deliveries(metrics, "delivered") == 1)
     finally:
         await n.stop()
     ((headers, raw),) = receiver.requests
@@ -272,8 +271,8 @@ async def test_5xx_and_429_are_retried_and_4xx_and_redirects_fail_at_once(
     state = n.webhooks[0].state  # what GET /v1/webhooks shows
     assert (state.delivered, state.failed, state.dropped, state.retries) == (1, 2, 0, 2)
     assert state.last_error == "HTTP 302" and state.last_delivered_time is not None
-    assert sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="delivered") == 1
-    assert sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="failed") == 2
+    assert deliveries(metrics, "delivered") == 1
+    assert deliveries(metrics, "failed") == 2
 
 
 async def test_an_endpoint_that_does_not_answer_in_time_is_retried_then_failed(
@@ -286,12 +285,7 @@ async def test_an_endpoint_that_does_not_answer_in_time_is_retried_then_failed(
     try:
         await asyncio.sleep(0)
         await asyncio.to_thread(hub.publish, result("gate", ENTER))
-        await until(
-            lambda: (
-                sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="failed")
-                == 1
-            )
-        )
+        await until(lambda: deliveries(metrics, "failed") == 1)
     finally:
         await n.stop()
     assert sample(metrics, "vdet_webhook_retries_total", webhook="ops") == 1
@@ -311,16 +305,14 @@ async def test_a_full_queue_drops_its_oldest_and_shutdown_drops_the_rest_after_t
         (webhook,) = n.webhooks
         await until(lambda: webhook.pending == 3)  # one in flight, two waiting
         assert sample(metrics, "vdet_webhook_pending", webhook="ops") == 3
-        assert (
-            sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="dropped") == 2
-        )
+        assert deliveries(metrics, "dropped") == 2
     finally:
         started = time.monotonic()
         await n.stop()
         stopped_in = time.monotonic() - started
         receiver.gate.set()
     assert stopped_in < 2
-    assert sample(metrics, "vdet_webhook_deliveries_total", webhook="ops", outcome="dropped") == 5
+    assert deliveries(metrics, "dropped") == 5
     assert sample(metrics, "vdet_webhook_pending", webhook="ops") == 0
 
 
