@@ -11,6 +11,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -413,6 +414,37 @@ def test_get_webhooks_shows_each_one_s_deliveries_without_credentials_and_needs_
     assert hook["failed"] == hook["dropped"] == 0 and hook["last_delivered_time"] is not None
     headers, _ = receiver.requests[0]
     assert headers["authorization"].startswith("Basic ")  # the URL's credentials, sent as such
+
+
+def test_a_test_delivery_says_how_it_went_and_leaves_the_counts_alone(
+    make_settings: MakeSettings, receiver: Receiver
+) -> None:
+    settings = make_settings(
+        notify={"webhooks": [{"id": "ops", "url": receiver.url, "secret": "s3cret"}]}
+    )
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/v1/webhooks/ops/test")
+        assert r.status_code == 200, r.text
+        assert r.json()["delivered"] is True and r.json()["error"] is None
+        receiver.statuses = [500]
+        assert client.post("/v1/webhooks/ops/test").json()["error"] == "HTTP 500"
+        assert client.post("/v1/webhooks/nope/test").status_code == 404
+
+        receiver.gate.clear()  # the endpoint holds the next test: a second one must wait
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.post, "/v1/webhooks/ops/test")
+            wait_until(lambda: receiver.waiting, 5, what="the first test at the endpoint")
+            second = client.post("/v1/webhooks/ops/test")
+            receiver.gate.set()
+            assert first.result(10).json()["delivered"] is True
+        assert second.status_code == 409 and "under way" in second.json()["detail"]
+        (hook,) = client.get("/v1/webhooks").json()["webhooks"]
+    assert (hook["delivered"], hook["failed"], hook["pending"]) == (0, 0, 0)
+    headers, raw = receiver.requests[0]
+    body = json.loads(raw)
+    assert (body["webhook"], body["test"], body["events"]) == ("ops", True, [])
+    stamp = int(headers["x-vdet-signature"].split(",")[0][2:])
+    assert headers["x-vdet-signature"] == signature("s3cret", stamp, raw)
 
 
 def test_without_webhooks_get_webhooks_is_an_empty_list(client: TestClient) -> None:

@@ -21,12 +21,15 @@ class Receiver:
         self.delay_s = 0.0
         self.gate = threading.Event()
         self.gate.set()
+        self.waiting = 0  # requests held at the gate now
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.waiting += 1
                 receiver.gate.wait(10)
+                receiver.waiting -= 1
                 time.sleep(receiver.delay_s)
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
                 receiver.requests.append(({k.lower(): v for k, v in self.headers.items()}, body))

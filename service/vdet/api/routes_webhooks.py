@@ -1,12 +1,16 @@
-"""GET /v1/webhooks: each configured webhook and how its deliveries fare, for operators (the
-same counts as the `vdet_webhook_*` metrics, plus the last success and the last error)."""
+"""Webhooks for operators: GET /v1/webhooks, each configured webhook and how its deliveries
+fare (the `vdet_webhook_*` metrics' counts, plus the last success and the last error), and
+POST /v1/webhooks/{id}/test, one test delivery now, answered with how it went."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, Field
 
-from vdet.api.webhooks import Notifier
+from vdet.api.schemas import ErrorOut
+from vdet.api.webhooks import Notifier, Webhook, WebhookBusyError
 
 router = APIRouter(prefix="/v1/webhooks", tags=["ops"])
 
@@ -36,10 +40,50 @@ class WebhooksOut(BaseModel):
     webhooks: list[WebhookOut] = Field(description="In configuration order; empty: none set.")
 
 
+class WebhookTestOut(BaseModel):
+    delivered: bool = Field(description="Whether the endpoint answered 2xx.")
+    error: str | None = Field(
+        description="Why not: the HTTP status, no answer in time, or the connection error."
+    )
+    seconds: float = Field(description="How long the attempt took.")
+
+
+def _webhooks(request: Request) -> list[Webhook]:
+    notifier: Notifier | None = getattr(request.app.state, "notifier", None)
+    return [] if notifier is None else notifier.webhooks
+
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorOut, "description": "No webhook has this id."}
+}
+
+
+@router.post(
+    "/{webhook_id}/test",
+    response_model=WebhookTestOut,
+    summary="Send one test delivery now and say how it went",
+    description='The body is `{"webhook": id, "test": true, "sent_time": <unix time>, '
+    '"events": []}`, signed and with the webhook\'s headers like every delivery; one attempt, '
+    "no retry, outside the queue and the delivery counts.",
+    responses={
+        **_NOT_FOUND,
+        409: {"model": ErrorOut, "description": "A test of this webhook is under way."},
+    },
+)
+async def send_test_delivery(webhook_id: str, request: Request) -> WebhookTestOut:
+    for hook in _webhooks(request):
+        if hook.spec.id == webhook_id:
+            try:
+                outcome = await hook.probe()
+            except WebhookBusyError as exc:
+                raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from exc
+            return WebhookTestOut(**vars(outcome))
+    raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no webhook {webhook_id!r}")
+
+
 @router.get("", response_model=WebhooksOut, summary="Webhooks and how their deliveries fare")
 def list_webhooks(request: Request) -> WebhooksOut:
-    notifier: Notifier | None = getattr(request.app.state, "notifier", None)
-    hooks = [] if notifier is None else notifier.webhooks
+    hooks = _webhooks(request)
     return WebhooksOut(
         webhooks=[
             WebhookOut(

@@ -95,6 +95,19 @@ class WebhookState:
     last_error_time: float | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbeOutcome:
+    """How a test delivery went: `error` says why it did not (HTTP status, timeout, network)."""
+
+    delivered: bool
+    error: str | None
+    seconds: float
+
+
+class WebhookBusyError(RuntimeError):
+    """A test of this webhook is already under way."""
+
+
 class Webhook:
     """One endpoint: its filter, its queue of deliveries, and the task that sends them."""
 
@@ -116,6 +129,7 @@ class Webhook:
         self._headers["Content-Type"] = "application/json"
         self.where = redact(spec.url)
         self.state = WebhookState()
+        self._testing = False
 
     @property
     def pending(self) -> int:
@@ -190,6 +204,23 @@ class Webhook:
             await asyncio.sleep(pause)
             pause = min(pause * 2, _LONGEST_PAUSE_S)
         return False  # max_attempts >= 1: not reached
+
+    async def probe(self) -> ProbeOutcome:
+        """One attempt of a test body now, beside the queue (its deliveries keep their order
+        and counts), for an operator checking the endpoint (POST /v1/webhooks/{id}/test)."""
+        if self._testing:
+            raise WebhookBusyError(f"a test delivery of webhook {self.spec.id!r} is already under way")
+        self._testing = True
+        try:
+            now = time.time()
+            body = {"webhook": self.spec.id, "test": True, "sent_time": now, "events": []}
+            outcome = await self._attempt(json.dumps(body, separators=(",", ":")).encode())
+        finally:
+            self._testing = False
+        seconds = round(time.time() - now, 6)
+        if outcome is None:
+            return ProbeOutcome(True, None, seconds)
+        return ProbeOutcome(False, outcome[1], seconds)
 
     async def _attempt(self, body: bytes) -> tuple[bool, str] | None:
         """None when delivered, else (worth retrying, why not)."""
@@ -324,7 +355,9 @@ class Notifier:
 __all__ = [
     "SIGNATURE_HEADER",
     "Notifier",
+    "ProbeOutcome",
     "Webhook",
+    "WebhookBusyError",
     "WebhookFilter",
     "WebhookState",
     "signature",
