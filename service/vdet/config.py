@@ -604,22 +604,9 @@ class LiveSettings(_Strict):
     )
 
 
-class WebhookSettings(_Strict):
-    """One HTTP endpoint that gets the zone and line events of the streams, as they happen
-    (docs/webhooks.md: body, signature, retries)."""
+class EventFilterSettings(_Strict):
+    """Which zone and line events a sink gets; every filter given must hold (null: any)."""
 
-    id: str = Field(
-        pattern=STREAM_ID_PATTERN,
-        description="The webhook's name in metrics and logs: 1-64 letters, digits, '_', '.', '-'.",
-    )
-    url: str = Field(
-        min_length=1,
-        max_length=4096,
-        pattern=r"^https?://[^\s]+$",
-        description="Where events are POSTed (http:// or https://); never followed elsewhere "
-        "(redirects are a failed delivery).",
-        examples=["https://hooks.example.com/vdet"],
-    )
     events: list[ZoneEventType] | None = Field(
         default=None, min_length=1, description="Only these event types; null: all."
     )
@@ -638,6 +625,24 @@ class WebhookSettings(_Strict):
         max_length=1000,
         description="Only events of tracks of these classes (names, checked against the model "
         "at start); null: all.",
+    )
+
+
+class WebhookSettings(EventFilterSettings):
+    """One HTTP endpoint that gets the zone and line events of the streams, as they happen
+    (docs/notify.md: body, signature, retries)."""
+
+    id: str = Field(
+        pattern=STREAM_ID_PATTERN,
+        description="The webhook's name in metrics and logs: 1-64 letters, digits, '_', '.', '-'.",
+    )
+    url: str = Field(
+        min_length=1,
+        max_length=4096,
+        pattern=r"^https?://[^\s]+$",
+        description="Where events are POSTed (http:// or https://); never followed elsewhere "
+        "(redirects are a failed delivery).",
+        examples=["https://hooks.example.com/vdet"],
     )
     secret: SecretStr | None = Field(
         default=None,
@@ -677,11 +682,53 @@ class WebhookSettings(_Strict):
         return value
 
 
+class MqttSettings(EventFilterSettings):
+    """An MQTT broker that gets the zone and line events, and vdet's availability
+    (docs/notify.md, "MQTT": topics and payloads)."""
+
+    host: str = Field(
+        min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.:_-]+$", description="Broker host."
+    )
+    port: int = Field(default=1883, ge=1, le=65535, description="Broker port (TLS: often 8883).")
+    tls: bool = Field(
+        default=False, description="TLS to the broker, checked against the system's CAs."
+    )
+    username: str | None = Field(default=None, min_length=1, max_length=256)
+    password: SecretStr | None = Field(default=None, description="Never logged.")
+    client_id: str = Field(
+        default="vdet",
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="The MQTT client id; unique per vdet on one broker (a second connection "
+        "with the same id makes the broker drop the first).",
+    )
+    topic_prefix: str = Field(
+        default="vdet",
+        pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+        max_length=128,
+        description="Topics start with this: <prefix>/status (online/offline, retained) and "
+        "<prefix>/streams/<stream id>/events; no wildcards, no leading or trailing '/'.",
+    )
+    qos: Literal[0, 1, 2] = Field(
+        default=1, description="QoS of event messages (1: at least once, while connected)."
+    )
+    keepalive_s: int = Field(default=30, ge=5, le=3600, description="MQTT keepalive.")
+    max_queued: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Event messages held while the broker is away or slow; beyond this a new "
+        "one is dropped (counted).",
+    )
+
+
 class NotifySettings(_Strict):
     """Where zone and line events go besides the WebSocket feeds."""
 
     webhooks: list[WebhookSettings] = Field(
         default_factory=list, max_length=16, description="HTTP endpoints for the events."
+    )
+    mqtt: MqttSettings | None = Field(
+        default=None, description="An MQTT broker for the events; null: none."
     )
     shutdown_grace_s: float = Field(
         default=2.0,
@@ -799,7 +846,7 @@ class Settings(BaseSettings):
     )
     notify: NotifySettings = Field(
         default_factory=NotifySettings,
-        description="Webhooks for zone and line events (docs/webhooks.md).",
+        description="Webhooks for zone and line events (docs/notify.md).",
     )
     streams_file: Path | None = Field(
         default=None,

@@ -253,11 +253,21 @@ class Metrics:
             ["webhook"],
             registry=r,
         )
-        self.webhook_results_missed = Counter(
-            "vdet_webhook_results_missed_total",
-            "Results the webhooks never saw: they had left the replay buffer when the webhook "
-            "reader, cut off as lagging, resumed (their events, if any, were not sent).",
+        self.notify_results_missed = Counter(
+            "vdet_notify_results_missed_total",
+            "Results the webhooks and MQTT never saw: they had left the replay buffer when the "
+            "notifier's reader, cut off as lagging, resumed (their events, if any, were not sent).",
             registry=r,
+        )
+        self.mqtt_messages = Counter(
+            "vdet_mqtt_messages_total",
+            "MQTT event messages by how they ended: published (sent at QoS 0, acknowledged at 1 "
+            "and 2) or dropped (paho's queue full, or QoS 0 without a connection).",
+            ["outcome"],
+            registry=r,
+        )
+        self.mqtt_connected = Gauge(
+            "vdet_mqtt_connected", "1 while connected to the MQTT broker, else 0.", registry=r
         )
         self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
         self.gpu_memory_used = Gauge(

@@ -15,22 +15,22 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from support.apptest import CLIP_WH, MakeSettings, TestClient, stream_body
+from support.results import NAMES, result
 from support.tools import REPO
 from support.waiting import wait_until
 from support.webhooks import Receiver
 
 from vdet.api.app import create_app
+from vdet.api.event_filter import EventFilter
+from vdet.api.notify import Notifier
 from vdet.api.schemas import encode_result_tail, result_with_events
-from vdet.api.webhooks import SIGNATURE_HEADER, Notifier, WebhookFilter, signature
+from vdet.api.webhooks import SIGNATURE_HEADER, signature
 from vdet.config import NotifySettings, Settings, WebhookSettings
 from vdet.hub import EncodedResult, ResultsHub
 from vdet.metrics import Metrics
-from vdet.types import DetectionResult, Detections, StageTimings, ZoneEvent
-
-NAMES = ("person", "car", "dog")
+from vdet.types import DetectionResult, ZoneEvent
 
 
 @pytest.fixture
@@ -38,24 +38,6 @@ def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.close()
-
-
-def result(source: str = "gate", *events: ZoneEvent, frame: int = 7) -> DetectionResult:
-    return DetectionResult(
-        source_id=source,
-        frame_index=frame,
-        pts_seconds=frame / 30,
-        arrival_time=time.time(),
-        published_time=time.time(),
-        image_size_wh=(1920, 1080),
-        detections=Detections(
-            np.array([[10, 20, 30, 40]], np.float32),
-            np.array([0.9], np.float32),
-            np.array([0], np.int64),
-        ),
-        timings=StageTimings(0.001, 0.001, 0.01, 0.001, 0.02),
-        events=events,
-    )
 
 
 ENTER = ZoneEvent("zone_enter", "door", 3, 0)
@@ -143,7 +125,7 @@ EVENTS = [
 def test_filters_keep_the_events_every_given_filter_allows(
     receiver: Receiver, fields: dict[str, Any], source: str, kept: list[int]
 ) -> None:
-    f = WebhookFilter(hook(receiver, **fields))
+    f = EventFilter(hook(receiver, **fields))
     assert f.events(source, EVENTS) == [EVENTS[i] for i in kept]
     assert f.events(source, []) == []
 
@@ -332,7 +314,7 @@ async def test_a_reader_cut_off_as_lagging_resumes_from_the_replay_without_a_los
     finally:
         await n.stop()
     assert [b["frame_index"] for b in receiver.bodies()] == list(range(1, 11))
-    assert sample(metrics, "vdet_webhook_results_missed_total") == 0
+    assert sample(metrics, "vdet_notify_results_missed_total") == 0
 
 
 async def test_results_that_left_the_replay_are_counted_as_missed(receiver: Receiver) -> None:
@@ -344,14 +326,14 @@ async def test_results_that_left_the_replay_are_counted_as_missed(receiver: Rece
         await asyncio.sleep(0)
         for frame in range(1, 11):
             hub.publish(result("gate", ENTER, frame=frame))
-        await until(lambda: sample(metrics, "vdet_webhook_results_missed_total") > 0)
+        await until(lambda: sample(metrics, "vdet_notify_results_missed_total") > 0)
         await until(lambda: len(receiver.requests) >= 3)
     finally:
         await n.stop()
     frames = [b["frame_index"] for b in receiver.bodies()]
     # What the reader had queued, then the replay's last three; the rest counted as missed.
     assert frames[-3:] == [8, 9, 10]
-    assert sample(metrics, "vdet_webhook_results_missed_total") == 10 - len(frames)
+    assert sample(metrics, "vdet_notify_results_missed_total") == 10 - len(frames)
 
 
 # ------------------------------------------------------------------------- the app
@@ -462,7 +444,7 @@ def test_the_app_refuses_to_start_with_a_webhook_class_the_model_lacks(
 
 
 def test_the_receiver_check_in_the_docs_accepts_vdet_s_signature_and_nothing_else() -> None:
-    doc = (REPO / "docs" / "webhooks.md").read_text()
+    doc = (REPO / "docs" / "notify.md").read_text()
     code = re.search(r"```python\n(.*?)```", doc, re.S)
     assert code is not None
     scope: dict[str, Any] = {}

@@ -34,8 +34,8 @@ from vdet.api import (
 )
 from vdet.api.auth import require_api_key
 from vdet.api.live import LiveVideo
+from vdet.api.notify import Notifier
 from vdet.api.schemas import ErrorOut, ResultEventEncoder
-from vdet.api.webhooks import Notifier
 from vdet.config import Settings
 from vdet.runtime import DetectorFactory, Runtime, default_detector_factory
 from vdet.streams import DuplicateStreamError, LimitError, UnknownStreamError

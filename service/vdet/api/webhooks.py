@@ -1,25 +1,20 @@
 """Webhooks: the streams' zone and line events POSTed to HTTP endpoints (`notify.webhooks`).
 
-One reader on the API's event loop follows every result in the results hub, as a WebSocket
-client of /v1/events would (resuming from the replay buffer if it is ever cut off as lagging),
-and hands each result whose frame caused events to every webhook whose filters (event types,
-streams, zones, classes) keep some of them: one delivery per result and webhook, the result's
-identifiers with the kept events (docs/webhooks.md has the body). Each webhook sends its
-deliveries one at a time, in order, from a bounded queue: attempts that fail on the network,
-time out or get 429 or 5xx are made again with growing pauses; a full queue drops its oldest
-delivery. Every delivery ends counted in `vdet_webhook_deliveries_total` as delivered, failed
-or dropped.
+The Notifier (vdet.api.notify) hands each result whose frame caused events that a webhook's
+filter keeps to its `Webhook`: one delivery per result and webhook, the result's identifiers
+with the kept events (docs/notify.md has the body). Each webhook sends its deliveries one at
+a time, in order, from a bounded queue: attempts that fail on the network, time out or get 429
+or 5xx are made again with growing pauses; a full queue drops its oldest delivery. Every
+delivery ends counted in `vdet_webhook_deliveries_total` as delivered, failed or dropped.
 
-Nothing here blocks the event loop: the results without events (nearly all) cost a substring
-test or an empty-tuple check, and requests go out through httpx's async client. Responses are
-never read past their status line. A webhook's URL and headers come from the operator's
+Nothing here blocks the event loop: requests go out through httpx's async client. Responses
+are never read past their status line. A webhook's URL and headers come from the operator's
 configuration, never from a request, and are never logged with their credentials.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import hmac
@@ -27,14 +22,12 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
-from vdet.api.schemas import result_with_events
-from vdet.config import NotifySettings, WebhookSettings
-from vdet.hub import HubResult, ResultsHub, SubscriptionEnd, SubscriptionEndedError
+from vdet.api.event_filter import EventFilter
+from vdet.config import WebhookSettings
 from vdet.ingest.urls import redact
 from vdet.metrics import Metrics
 
@@ -50,27 +43,6 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     Signing the time with the body lets a receiver refuse an old delivery played again."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"t={timestamp},v1={mac.hexdigest()}"
-
-
-class WebhookFilter:
-    """Which of a result's events one webhook gets (None in the settings: all)."""
-
-    def __init__(self, spec: WebhookSettings) -> None:
-        self.types = None if spec.events is None else frozenset(spec.events)
-        self.streams = None if spec.streams is None else frozenset(spec.streams)
-        self.zones = None if spec.zones is None else frozenset(spec.zones)
-        self.classes = None if spec.classes is None else frozenset(spec.classes)
-
-    def events(self, source_id: str, events: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self.streams is not None and source_id not in self.streams:
-            return []
-        return [
-            e
-            for e in events
-            if (self.types is None or e["type"] in self.types)
-            and (self.zones is None or e["zone"] in self.zones)
-            and (self.classes is None or e["class_name"] in self.classes)
-        ]
 
 
 class _Delivery:
@@ -113,7 +85,7 @@ class Webhook:
 
     def __init__(self, spec: WebhookSettings, client: httpx.AsyncClient, metrics: Metrics) -> None:
         self.spec = spec
-        self.filter = WebhookFilter(spec)
+        self.filter = EventFilter(spec)
         self._client = client
         self._queue: deque[_Delivery] = deque()
         self._ready = asyncio.Event()
@@ -209,7 +181,9 @@ class Webhook:
         """One attempt of a test body now, beside the queue (its deliveries keep their order
         and counts), for an operator checking the endpoint (POST /v1/webhooks/{id}/test)."""
         if self._testing:
-            raise WebhookBusyError(f"a test delivery of webhook {self.spec.id!r} is already under way")
+            raise WebhookBusyError(
+                f"a test delivery of webhook {self.spec.id!r} is already under way"
+            )
         self._testing = True
         try:
             now = time.time()
@@ -247,118 +221,11 @@ class Webhook:
         return status == 429 or status >= 500, f"HTTP {status}"
 
 
-class Notifier:
-    """The hub's reader and every configured webhook, on one event loop (module docstring)."""
-
-    def __init__(
-        self,
-        settings: NotifySettings,
-        hub: ResultsHub,
-        metrics: Metrics,
-        class_names: Sequence[str],
-    ) -> None:
-        known = set(class_names)
-        for spec in settings.webhooks:
-            if spec.classes is not None and (unknown := sorted(set(spec.classes) - known)):
-                raise ValueError(
-                    f"notify.webhooks {spec.id!r}: unknown classes {unknown}; the model has "
-                    f"{', '.join(class_names)}"
-                )
-        self._settings = settings
-        self._hub = hub
-        self._metrics = metrics
-        self._names = tuple(class_names)
-        # Redirects are not followed: an endpoint that moved is a failed delivery, not a
-        # request to somewhere the operator never configured. No webhook, no client (making
-        # one loads the TLS trust store).
-        self._client = httpx.AsyncClient(follow_redirects=False) if settings.webhooks else None
-        self.webhooks = [
-            Webhook(spec, self._client, metrics) for spec in settings.webhooks if self._client
-        ]
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        """Start reading results and sending (on the running event loop)."""
-        if not self.webhooks:
-            return
-        self._tasks = [asyncio.create_task(self._read(), name="webhooks-reader")]
-        self._tasks += [
-            asyncio.create_task(hook.run(), name=f"webhook-{hook.spec.id}")
-            for hook in self.webhooks
-        ]
-
-    async def stop(self) -> None:
-        """Stop reading; let waiting deliveries go out for up to `shutdown_grace_s`; then
-        drop (and count) what is left."""
-        if self._client is None:
-            return
-        if not self._tasks:
-            await self._client.aclose()
-            return
-        reader, senders = self._tasks[0], self._tasks[1:]
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
-        deadline = asyncio.get_running_loop().time() + self._settings.shutdown_grace_s
-        while any(hook.pending for hook in self.webhooks):
-            if asyncio.get_running_loop().time() >= deadline:
-                break
-            await asyncio.sleep(0.05)
-        for task in senders:
-            task.cancel()
-        for task in senders:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for hook in self.webhooks:
-            hook.drop_pending()
-        self._tasks = []
-        await self._client.aclose()
-
-    async def _read(self) -> None:
-        """Every result since the hub started (the streams start before the webhooks can: their
-        first results wait in the replay buffer), resuming after the last one seen if cut off
-        as lagging."""
-        after = 0
-        while True:
-            sub = self._hub.subscribe(None, after)
-            try:
-                replay = sub.replay
-                if replay.gap and replay.oldest_seq is not None:
-                    missed = replay.oldest_seq - after - 1
-                    self._metrics.webhook_results_missed.inc(max(0, missed))
-                    log.warning("webhooks: %d result(s) left the replay buffer unseen", missed)
-                for result in replay.results:
-                    self._dispatch(result)
-                    after = result.seq
-                while True:
-                    result = await sub.get()
-                    self._dispatch(result)
-                    after = result.seq
-            except SubscriptionEndedError as end:
-                if end.reason is not SubscriptionEnd.LAGGING:
-                    return  # the hub closed: the service is stopping
-                log.warning("webhooks: the results reader fell behind; resuming after %d", after)
-            finally:
-                sub.close()
-
-    def _dispatch(self, result: HubResult) -> None:
-        body = result_with_events(result, self._names)
-        if body is None:
-            return
-        events: list[dict[str, Any]] = body.pop("events")
-        for hook in self.webhooks:
-            kept = hook.filter.events(body["source_id"], events)
-            if kept:
-                hook.offer({**body, "events": kept}, float(body["published_time"]))
-
-
 __all__ = [
     "SIGNATURE_HEADER",
-    "Notifier",
     "ProbeOutcome",
     "Webhook",
     "WebhookBusyError",
-    "WebhookFilter",
     "WebhookState",
     "signature",
 ]

@@ -1,0 +1,187 @@
+"""MQTT: zone and line events published to a real broker (Debian's mosquitto on a loopback
+port) from the real results hub, read back by a real subscriber: topics, bodies, filters, the
+retained status and the broker's will, a broker that comes up late, and the app end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support.apptest import MakeSettings, TestClient, stream_body
+from support.mqtt import Broker, Subscriber
+from support.results import NAMES, result
+from support.waiting import wait_until
+
+from vdet.api.app import create_app
+from vdet.api.notify import Notifier
+from vdet.config import NotifySettings
+from vdet.hub import ResultsHub
+from vdet.metrics import Metrics
+from vdet.types import ZoneEvent
+
+ENTER = ZoneEvent("zone_enter", "door", 3, 0)
+CROSS = ZoneEvent("line_cross", "middle", 4, 1, direction="in")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path).start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture
+def subscriber(broker: Broker) -> Iterator[Subscriber]:
+    s = Subscriber(broker)
+    wait_until(lambda: s.client.is_connected(), 5, what="the test subscriber connected")
+    time.sleep(0.1)  # its SUBSCRIBE acknowledged
+    yield s
+    s.close()
+
+
+def settings(broker: Broker, **fields: object) -> NotifySettings:
+    return NotifySettings.model_validate(
+        {"mqtt": {"host": "127.0.0.1", "port": broker.port, **fields}, "shutdown_grace_s": 2}
+    )
+
+
+def value(metrics: Metrics, name: str, **labels: str) -> float:
+    found = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if found is None else found
+
+
+async def until(predicate: Callable[[], object], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def test_events_go_to_their_stream_s_topic_and_the_status_is_retained(
+    broker: Broker, subscriber: Subscriber
+) -> None:
+    hub, metrics = ResultsHub(), Metrics()
+    n = Notifier(settings(broker, events=["line_cross", "zone_enter"]), hub, metrics, NAMES)
+    n.start()
+    try:
+        await until(lambda: subscriber.on("vdet/status") == ["online"])
+        assert value(metrics, "vdet_mqtt_connected") == 1
+        await asyncio.to_thread(hub.publish, result("gate"))  # no events: no message
+        await asyncio.to_thread(hub.publish, result("gate", ENTER, CROSS, frame=4))
+        await asyncio.to_thread(hub.publish, result("dock", CROSS, frame=5))
+        await until(lambda: len(subscriber.on("vdet/streams/dock/events")) == 1)
+        await until(lambda: value(metrics, "vdet_mqtt_messages_total", outcome="published") == 2)
+    finally:
+        await n.stop()
+    await until(lambda: subscriber.on("vdet/status")[-1:] == ["offline"])
+    (gate,) = subscriber.events("vdet/streams/gate/events")
+    assert (gate["seq"], gate["source_id"], gate["frame_index"]) == (2, "gate", 4)
+    assert [e["type"] for e in gate["events"]] == ["zone_enter", "line_cross"]
+    assert "webhook" not in gate and "detections" not in gate
+    assert value(metrics, "vdet_mqtt_connected") == 0
+    # A subscriber that comes later still learns vdet's state from the retained status.
+    late = Subscriber(broker, "vdet/status")
+    try:
+        wait_until(lambda: late.on("vdet/status"), 5, what="the retained status")
+        assert late.messages[0][1:] == ("offline", True)
+    finally:
+        late.close()
+
+
+async def test_filters_and_the_topic_prefix_apply(broker: Broker) -> None:
+    sub = Subscriber(broker, "site-7/cams/#")
+    wait_until(lambda: sub.client.is_connected(), 5, what="the subscriber connected")
+    hub, metrics = ResultsHub(), Metrics()
+    spec = settings(broker, topic_prefix="site-7/cams", streams=["gate"], classes=["car"])
+    n = Notifier(spec, hub, metrics, NAMES)
+    n.start()
+    try:
+        await until(lambda: sub.on("site-7/cams/status") == ["online"])
+        await asyncio.to_thread(hub.publish, result("dock", CROSS))  # another stream
+        await asyncio.to_thread(hub.publish, result("gate", ENTER))  # a person
+        await asyncio.to_thread(hub.publish, result("gate", ENTER, CROSS, frame=9))
+        await until(lambda: sub.on("site-7/cams/streams/gate/events"))
+        await asyncio.sleep(0.2)
+    finally:
+        await n.stop()
+        sub.close()
+    (only,) = sub.events("site-7/cams/streams/gate/events")
+    assert only["frame_index"] == 9 and [e["class_name"] for e in only["events"]] == ["car"]
+    assert not sub.on("site-7/cams/streams/dock/events")
+
+
+async def test_a_broker_that_comes_up_late_gets_the_events_queued_meanwhile(
+    tmp_path: Path,
+) -> None:
+    broker = Broker(tmp_path)  # not started yet
+    hub, metrics = ResultsHub(), Metrics()
+    n = Notifier(settings(broker), hub, metrics, NAMES)
+    n.start()
+    sub: Subscriber | None = None
+    try:
+        await asyncio.sleep(0.3)
+        assert value(metrics, "vdet_mqtt_connected") == 0
+        for frame in (1, 2):
+            await asyncio.to_thread(hub.publish, result("gate", ENTER, frame=frame))
+        await asyncio.sleep(0.1)
+        broker.start()
+        sub = Subscriber(broker)  # subscribed before vdet's next reconnect (1 s apart at first)
+        await until(lambda: len(sub.on("vdet/streams/gate/events")) == 2, timeout=40)
+        assert value(metrics, "vdet_mqtt_connected") == 1
+    finally:
+        await n.stop()
+        if sub is not None:
+            sub.close()
+        broker.stop()
+    assert [e["frame_index"] for e in sub.events("vdet/streams/gate/events")] == [1, 2]
+    assert value(metrics, "vdet_mqtt_messages_total", outcome="dropped") == 0
+
+
+def test_the_broker_says_offline_when_vdet_vanishes_without_a_word(
+    broker: Broker, subscriber: Subscriber
+) -> None:
+    """The will: a process that dies (no DISCONNECT) is reported offline by the broker."""
+    script = f"""
+import os, time
+from vdet.api.mqtt import MqttPublisher
+from vdet.config import MqttSettings
+from vdet.metrics import Metrics
+metrics = Metrics()
+MqttPublisher(MqttSettings(host="127.0.0.1", port={broker.port}), metrics).start()
+deadline = time.monotonic() + 10
+while metrics.mqtt_connected._value.get() != 1 and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(0.3)
+os._exit(0)
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30)
+    wait_until(lambda: subscriber.on("vdet/status") == ["online", "offline"], 10, what="the will")
+
+
+def test_the_app_publishes_a_stream_s_zone_events(
+    make_settings: MakeSettings, clip: Path, broker: Broker, subscriber: Subscriber
+) -> None:
+    """The real app on a real H.264 clip: the tiny model's fixed boxes become tracks inside a
+    zone over the whole frame, whose zone_enter events reach the broker."""
+    zone = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    app_settings = make_settings(
+        notify={"mqtt": {"host": "127.0.0.1", "port": broker.port}},
+        sources=[stream_body(clip, "gate", zones=[zone])],
+    )
+    with TestClient(create_app(app_settings)) as client:
+        wait_until(lambda: subscriber.on("vdet/streams/gate/events"), 20, what="an events message")
+        metrics = client.get("/metrics").text
+    body = subscriber.events("vdet/streams/gate/events")[0]
+    assert {e["type"] for e in body["events"]} == {"zone_enter"}
+    assert "vdet_mqtt_connected" in metrics
+    wait_until(lambda: subscriber.on("vdet/status")[-1:] == ["offline"], 5, what="offline")
+
+
+def test_an_mqtt_class_the_model_lacks_stops_the_start(broker: Broker) -> None:
+    with pytest.raises(ValueError, match=r"notify.mqtt: unknown classes \['unicorn'\]"):
+        Notifier(settings(broker, classes=["unicorn"]), ResultsHub(), Metrics(), NAMES)
