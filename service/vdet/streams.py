@@ -35,6 +35,7 @@ from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.rates import RateMeter
+from vdet.tracking.masks import drop_masked, without_masks
 from vdet.tracking.specs import TrackingSpec, ZoneSpec
 from vdet.tracking.stream_tracking import StreamTracking
 from vdet.tracking.zones import Zone, check_in_frame, resolve_zones
@@ -700,9 +701,11 @@ class StreamManager:
 
     def _finish(self, stream: _Stream, item: _InFlight) -> None:
         """Track a detected frame and hand it to the publisher; log a failure once."""
-        frame, tracking, zones = item.frame, item.tracking, item.zones
+        frame, tracking = item.frame, item.tracking
+        masks, zones = without_masks(item.zones)
         try:
             detections, timings = item.result.result()
+            detections = drop_masked(detections, frame.size_wh, masks)
             outgoing = _Outgoing(stream, frame, detections, timings)
             if tracking.enabled:
                 tracked = stream.tracking.update(

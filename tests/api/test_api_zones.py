@@ -202,3 +202,34 @@ def test_turning_tracking_off_drops_the_zone_gauges(client: TestClient, clip: Pa
     r = client.patch("/v1/streams/cam", json={"tracking": {"enabled": False}})
     assert r.status_code == 200
     wait_until(lambda: 'zone="door"' not in client.get("/metrics").text, 10, what="no gauge")
+
+
+def test_a_mask_drops_what_it_covers_before_tracking_and_zones(
+    client: TestClient, clip: Path
+) -> None:
+    """A mask over the person's centre: the person leaves the results, starts no track and
+    enters no zone around it; a mask of dogs only over the whole frame drops the dog alone."""
+    door = {"id": "door", "kind": "polygon", "points": AROUND_PERSON, "normalized": False}
+    body = stream_body(clip, zones=[door])
+    assert client.post("/v1/streams", json=body).status_code == 201
+    unmasked = latest(client)
+    assert sorted(d["class_name"] for d in unmasked["detections"]) == ["car", "dog", "person"]
+
+    poster = {"kind": "mask", "points": AROUND_PERSON, "normalized": False}
+    assert client.put("/v1/streams/cam/zones/poster", json=poster).status_code == 201
+    no_dogs = {"kind": "mask", "points": [[0, 0], [1, 0], [1, 1], [0, 1]], "classes": ["dog"]}
+    assert client.put("/v1/streams/cam/zones/no-dogs", json=no_dogs).status_code == 201
+    masked = latest(client, unmasked["seq"] + 2)
+    assert [d["class_name"] for d in masked["detections"]] == ["car"]
+    assert masked["events"] == [] or all(e["type"] == "zone_exit" for e in masked["events"])
+    zones = client.get("/v1/streams/cam/zones").json()["zones"]
+    assert [(z["id"], z["kind"]) for z in zones] == [
+        ("door", "polygon"),
+        ("poster", "mask"),
+        ("no-dogs", "mask"),
+    ]
+
+    # Gone again: the person comes back, as a track.
+    assert client.delete("/v1/streams/cam/zones/poster").status_code == 204
+    back = latest(client, masked["seq"] + 2)
+    assert sorted(d["class_name"] for d in back["detections"]) == ["car", "person"]

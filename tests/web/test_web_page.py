@@ -178,20 +178,26 @@ _ZONES = {
             "points": [[0.05, 0.05], [0.45, 0.05], [0.45, 0.45], [0.05, 0.45]],
         },
         {"id": "gate", "kind": "line", "normalized": False, "points": [[0, 1000], [1900, 1000]]},
+        {
+            "id": "poster",
+            "kind": "mask",
+            "normalized": True,
+            "points": [[0.55, 0.05], [0.95, 0.05], [0.95, 0.45], [0.55, 0.45]],
+        },
     ]
 }
 
 _ZONE_PIXELS_JS = """
-() => {
+(left) => {
   const canvas = document.querySelector('#live');
   if (!live || !live.frame || !live.zones.length) return null;
   const ctx = canvas.getContext('2d');
   const raw = new OffscreenCanvas(canvas.width, canvas.height).getContext('2d');
   raw.drawImage(live.frame.bitmap, 0, 0);
-  // A 5x5 grid inside the polygon, away from its edges: the page lightens it.
+  // A 5x5 grid inside the zone whose left edge is at `left`, away from its edges.
   const pairs = [];
   for (let i = 1; i <= 5; i++) for (let j = 1; j <= 5; j++) {
-    const x = Math.round(canvas.width * (0.05 + 0.4 * i / 6));
+    const x = Math.round(canvas.width * (left + 0.4 * i / 6));
     const y = Math.round(canvas.height * (0.05 + 0.4 * j / 6));
     pairs.push([Array.from(ctx.getImageData(x, y, 1, 1).data).slice(0, 3),
                 Array.from(raw.getImageData(x, y, 1, 1).data).slice(0, 3)]);
@@ -207,15 +213,22 @@ def test_zones_are_drawn_when_the_server_has_them(server: Server, page: Page) ->
         lambda route: route.fulfill(json=_ZONES),
     )
     page.goto(server.base_url + "/")
-    pairs = wait_until(lambda: page.evaluate(_ZONE_PIXELS_JS), 30, what="zones drawn")
+    pairs = wait_until(lambda: page.evaluate(_ZONE_PIXELS_JS, 0.05), 30, what="zones drawn")
 
     def lightened(drawn: list[int], raw: list[int]) -> bool:
         # 12% white over the frame.
         return all(abs(d - (0.88 * r + 0.12 * 255)) <= 4 for d, r in zip(drawn, raw, strict=True))
 
+    def shaded(drawn: list[int], raw: list[int]) -> bool:
+        # 45% black over the frame: the mask.
+        return all(abs(d - 0.55 * r) <= 4 for d, r in zip(drawn, raw, strict=True))
+
     # The boxes and labels of the frame's detections are drawn over the zone and can cover a
     # row of these points (6 of 25 once, on a loaded machine); a zone not drawn lightens none.
     assert sum(lightened(d, r) for d, r in pairs) >= 0.6 * len(pairs)
+    masked = page.evaluate(_ZONE_PIXELS_JS, 0.55)
+    assert sum(shaded(d, r) for d, r in masked) >= 0.6 * len(masked)
+    assert not any(lightened(d, r) for d, r in masked if max(r) > 40)
 
 
 def test_track_ids_are_drawn_when_results_carry_them(server: Server, page: Page) -> None:

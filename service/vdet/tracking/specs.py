@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from vdet.tracking.bytetrack import TrackerParams
 from vdet.tracking.geometry import polygon_area, self_intersection
 
-MAX_ZONES = 16  # per stream, polygons and lines together
+MAX_ZONES = 16  # per stream, polygons, lines and masks together
 MAX_POLYGON_POINTS = 64
 MAX_PIXEL_COORD = 16384.0  # beyond any frame a decoder here accepts (8K is 7680 wide)
 ZONE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -88,11 +88,14 @@ Point = tuple[
 
 
 class ZoneBody(_Strict):
-    """A polygon zone or a counting line, without its id (the body of PUT .../zones/{id})."""
+    """A polygon zone, a counting line or a mask, without its id (the body of PUT
+    .../zones/{id})."""
 
-    kind: Literal["polygon", "line"] = Field(
+    kind: Literal["polygon", "line", "mask"] = Field(
         description="polygon: zone_enter / zone_exit events and per-class counts; line: "
-        "line_cross events with a direction."
+        "line_cross events with a direction; mask: detections whose anchor lies inside are "
+        "dropped before tracking (a parked car, a poster, a screen that shows people): no "
+        "track, no event, not in the results."
     )
     points: list[Point] = Field(
         min_length=2,
@@ -111,11 +114,13 @@ class ZoneBody(_Strict):
         default=None,
         min_length=1,
         max_length=1000,
-        description="Only count these classes (names or ids); null: every class.",
+        description="Only count (a mask: only drop) these classes (names or ids); null: every "
+        "class.",
     )
     anchor: Literal["center", "bottom_center"] = Field(
         default="center",
-        description="The point of a box that must be inside the zone or cross the line.",
+        description="The point of a box that must be inside the zone (or the mask) or cross "
+        "the line.",
     )
 
     @model_validator(mode="after")
@@ -148,7 +153,7 @@ class ZoneBody(_Strict):
 
 
 class ZoneSpec(ZoneBody):
-    """A polygon zone or a counting line of one stream."""
+    """A polygon zone, a counting line or a mask of one stream."""
 
     id: str = Field(
         pattern=ZONE_ID_PATTERN,
@@ -168,6 +173,6 @@ def _unique_ids(zones: list[ZoneSpec]) -> list[ZoneSpec]:
 
 ZoneList = Annotated[
     list[ZoneSpec],
-    Field(max_length=MAX_ZONES, description=f"Zones and lines (at most {MAX_ZONES})."),
+    Field(max_length=MAX_ZONES, description=f"Zones, lines and masks (at most {MAX_ZONES})."),
     AfterValidator(_unique_ids),
 ]

@@ -40,7 +40,7 @@ class Zone:
     """A zone ready to use: class filter as model ids, points as given (see `pixels`)."""
 
     id: str
-    kind: str  # "polygon" | "line"
+    kind: str  # "polygon" | "line" | "mask" (vdet.tracking.masks; never in a ZoneMonitor)
     points: tuple[tuple[float, float], ...]
     normalized: bool
     classes: frozenset[int] | None

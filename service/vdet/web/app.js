@@ -648,17 +648,18 @@ function drawZones(ctx, zones, frame, sx, sy) {
     if (points.length < 2) continue;
     const kx = (zone.normalized ? frame.sourceWidth : 1) * sx;
     const ky = (zone.normalized ? frame.sourceHeight : 1) * sy;
+    const mask = zone.kind === "mask"; // detections inside are dropped: shown shaded dark
     ctx.beginPath();
     points.forEach(([x, y], i) => (i ? ctx.lineTo(x * kx, y * ky) : ctx.moveTo(x * kx, y * ky)));
-    if (zone.kind === "polygon") {
+    if (zone.kind === "polygon" || mask) {
       ctx.closePath();
+      ctx.fillStyle = mask ? "rgb(0 0 0 / 45%)" : "rgb(255 255 255 / 12%)";
       ctx.fill();
     }
     ctx.stroke();
     if (zone.id) {
       ctx.fillStyle = "#fff";
       ctx.fillText(String(zone.id), points[0][0] * kx + 4, points[0][1] * ky - 4);
-      ctx.fillStyle = "rgb(255 255 255 / 12%)";
     }
   }
   ctx.restore();
