@@ -68,6 +68,10 @@ ConfThreshold = Annotated[
 IouThreshold = Annotated[
     float, Field(ge=0.0, le=1.0, description="IoU above which NMS suppresses the weaker box.")
 ]
+ClassThresholdMap = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=256)], ConfThreshold],
+    Field(min_length=1, max_length=1000),
+]
 MaxDet = Annotated[
     int, Field(ge=1, le=10_000, description="Most detections kept per frame, best first.")
 ]
@@ -135,6 +139,13 @@ class StreamSpec(_Strict):
     )
     max_det: MaxDet | None = Field(
         default=None, description="Most detections per frame; null: default."
+    )
+    class_thresholds: ClassThresholdMap | None = Field(
+        default=None,
+        description="Minimum score per class (names or ids), over `conf_threshold` for the "
+        "classes listed: a person at 0.5 while cars count from 0.3, say. Applied before "
+        "tracking; null: `conf_threshold` for every class.",
+        examples=[{"person": 0.5, "car": 0.3}],
     )
     detect_fps: DetectFps | None = Field(
         default=None,

@@ -33,6 +33,7 @@ from vdet.ingest.reader import SourceReader
 from vdet.ingest.urls import redact, validate_source_url
 from vdet.ingest.worker import ReaderFactory, SourceWorker
 from vdet.metrics import Metrics
+from vdet.pipeline.class_thresholds import ClassThresholds, thresholds_by_class
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.rates import RateMeter
 from vdet.tracking.masks import drop_masked, without_masks
@@ -174,6 +175,15 @@ def resolve_classes(
     return frozenset(ids)
 
 
+def _detect_params(
+    params: PostprocessParams, thresholds: ClassThresholds | None
+) -> PostprocessParams:
+    """What decode + NMS runs with: the stream's params, at the lowest per-class threshold."""
+    if thresholds is None or thresholds.floor == params.conf_threshold:
+        return params
+    return dataclasses.replace(params, conf_threshold=thresholds.floor)
+
+
 def resolve_params(
     defaults: DetectionDefaults,
     names: Sequence[str],
@@ -238,6 +248,8 @@ class _Stream:
         self.lock = threading.Lock()
         self.params = params
         self.zones = zones
+        self.class_thresholds: ClassThresholds | None = None
+        self.detect_params = params  # params, at class_thresholds' floor when it has one
         # Touched by the pipeline thread only: tracks live and die with their stream.
         self.tracking = StreamTracking()
         self.closed = False
@@ -272,6 +284,7 @@ class _InFlight:
     result: Future[tuple[Detections, StageTimings]]
     tracking: TrackingSpec
     zones: tuple[Zone, ...]
+    class_thresholds: ClassThresholds | None = None
 
 
 class StreamManager:
@@ -341,6 +354,7 @@ class StreamManager:
         """
         url = validate_source_url(spec.url, self._ingest.source_policy.policy())
         params = self._params_for(spec)
+        thresholds = self._class_thresholds_for(spec, params)
         stream = _Stream(
             spec,
             params,
@@ -348,6 +362,8 @@ class StreamManager:
             self._zones_for(spec.zones),
             unpaced_queue_frames=self._ingest.unpaced_queue_frames,
         )
+        stream.class_thresholds = thresholds
+        stream.detect_params = _detect_params(params, thresholds)
         with self._lock:
             if self._closed:
                 raise StreamError("the stream manager is shut down")
@@ -524,6 +540,7 @@ class StreamManager:
             "iou_threshold",
             "max_det",
             "classes",
+            "class_thresholds",
             "tracking",
             "zones",
             "detect_fps",
@@ -539,7 +556,12 @@ class StreamManager:
                     merged.pop(key, None)
             spec = StreamSpec.model_validate(merged)
             params, zones = self._params_for(spec), self._zones_for(spec.zones, frame_wh)
+            thresholds = self._class_thresholds_for(spec, params)
             stream.params, stream.zones, stream.spec = params, zones, spec
+            stream.class_thresholds, stream.detect_params = (
+                thresholds,
+                _detect_params(params, thresholds),
+            )
             stream.mailbox.set_detect_fps(spec.detect_fps)
         return self._view(stream)
 
@@ -578,6 +600,15 @@ class StreamManager:
             max_det=spec.max_det,
             classes=spec.classes,
         )
+
+    def _class_thresholds_for(
+        self, spec: StreamSpec, params: PostprocessParams
+    ) -> ClassThresholds | None:
+        """ValueError naming unknown classes."""
+        by_class = thresholds_by_class(
+            spec.class_thresholds, lambda refs: resolve_classes(refs, self._names)
+        )
+        return ClassThresholds.of(params.conf_threshold, by_class)
 
     def _zones_for(
         self, specs: Sequence[ZoneSpec], frame_wh: tuple[int, int] | None = None
@@ -673,8 +704,9 @@ class StreamManager:
         """Detect `frame` with the stream's current settings: in `pool` when given, else here
         and now."""
         with stream.lock:
-            params, gpu_worker = stream.params, stream.gpu_worker
+            params, gpu_worker = stream.detect_params, stream.gpu_worker
             tracking, zones = stream.spec.tracking, stream.zones
+            thresholds = stream.class_thresholds
         result: Future[tuple[Detections, StageTimings]]
         if isinstance(frame, VideoFrame) and pool is not None:
             result = pool.submit(self._detect_one, frame.image_bgr, params)
@@ -691,7 +723,7 @@ class StreamManager:
                     raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU worker")
             except Exception as exc:
                 result.set_exception(exc)
-        return _InFlight(frame, result, tracking, zones)
+        return _InFlight(frame, result, tracking, zones, thresholds)
 
     def _detect_one(
         self, image_bgr: ImageArray, params: PostprocessParams
@@ -705,6 +737,8 @@ class StreamManager:
         masks, zones = without_masks(item.zones)
         try:
             detections, timings = item.result.result()
+            if item.class_thresholds is not None:
+                detections = item.class_thresholds.keep(detections)
             detections = drop_masked(detections, frame.size_wh, masks)
             outgoing = _Outgoing(stream, frame, detections, timings)
             if tracking.enabled:

@@ -52,6 +52,7 @@ def test_add_stream_then_read_detections_in_source_pixels(client: TestClient, cl
         "max_det": 300,
         "top_k": 1000,
         "classes": None,
+        "class_thresholds": None,
     }
 
     result = wait_for_result(client)
@@ -135,7 +136,42 @@ def test_patch_changes_thresholds_and_classes_from_the_next_frame(
         "max_det": 1,
         "top_k": 1000,
         "classes": None,
+        "class_thresholds": None,
     }
+
+
+def test_class_thresholds_drop_each_class_under_its_own_and_patch_replaces_them(
+    client: TestClient, clip: Path
+) -> None:
+    """The clip's person scores 0.9, car 0.6, dog 0.3; the stream's conf_threshold is 0.25."""
+    body = stream_body(clip, class_thresholds={"car": 0.7})
+    r = client.post("/v1/streams", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["effective"]["class_thresholds"] == {"car": 0.7}
+    result = wait_for_result(client)
+    assert [d["class_name"] for d in result["detections"]] == ["person", "dog"]
+
+    r = client.patch("/v1/streams/cam", json={"class_thresholds": {"2": 0.5, "person": 0.1}})
+    assert r.status_code == 200, r.text
+    assert r.json()["effective"]["class_thresholds"] == {"dog": 0.5, "person": 0.1}
+    seq = client.get("/v1/streams/cam/detections").json()["seq"]
+    after = wait_for_result(client, after=seq + 1)
+    assert [d["class_name"] for d in after["detections"]] == ["person", "car"]
+
+    r = client.patch("/v1/streams/cam", json={"class_thresholds": {"unicorn": 0.5}})
+    assert r.status_code == 422 and "unicorn" in r.text
+    assert client.get("/v1/streams/cam").json()["spec"]["class_thresholds"] == {
+        "2": 0.5,
+        "person": 0.1,
+    }
+    for bad in ({"car": 1.5}, {}, {"": 0.5}):
+        r = client.patch("/v1/streams/cam", json={"class_thresholds": bad})
+        assert r.status_code == 422, bad
+    r = client.patch("/v1/streams/cam", json={"class_thresholds": None})
+    assert r.json()["effective"]["class_thresholds"] is None
+    seq = client.get("/v1/streams/cam/detections").json()["seq"]
+    after = wait_for_result(client, after=seq + 1)
+    assert [d["class_name"] for d in after["detections"]] == ["person", "car", "dog"]
 
 
 def test_stream_classes_and_thresholds_at_creation(client: TestClient, clip: Path) -> None:

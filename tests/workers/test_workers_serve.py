@@ -133,6 +133,13 @@ def test_control_calls_keep_their_statuses_across_processes(
         assert status == 409 and "already exists" in out["detail"]
         status, out = service.send("POST", "/v1/streams", stream(clip, "d", classes=["unicorn"]))
         assert status == 422 and "unicorn" in out["detail"]
+        unicorns = stream(clip, "d", class_thresholds={"unicorn": 0.5})
+        status, out = service.send("POST", "/v1/streams", unicorns)
+        assert status == 422 and "unicorn" in out["detail"]
+        status, out = service.send("PATCH", "/v1/streams/c", {"class_thresholds": {"car": 0.7}})
+        assert status == 200 and out["effective"]["class_thresholds"] == {"car": 0.7}
+        status, out = service.send("PATCH", "/v1/streams/c", {"class_thresholds": {"x": 0.7}})
+        assert status == 422 and "'x'" in out["detail"]
         missing = str(folder / "missing.mp4")
         status, out = service.send("POST", "/v1/streams", {"id": "e", "url": missing})
         assert status == 422, out

@@ -50,6 +50,7 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
             max_det=p.max_det,
             top_k=p.top_k,
             classes=None if p.classes is None else [names[i] for i in sorted(p.classes)],
+            class_thresholds=class_thresholds_out(view.spec.class_thresholds, names),
         ),
         status=StreamStatusOut(
             state=s.state,
@@ -74,6 +75,19 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
             frames_skipped=s.frames_skipped,
         ),
     )
+
+
+def class_thresholds_out(
+    thresholds: dict[str, float] | None, names: tuple[str, ...]
+) -> dict[str, float] | None:
+    """The spec's per-class thresholds keyed by class name (an id given as "2" shows as its
+    name)."""
+    if not thresholds:
+        return None
+    return {
+        names[int(ref)] if ref not in names and ref.isdigit() and int(ref) < len(names) else ref: t
+        for ref, t in thresholds.items()
+    }
 
 
 def _redacted(text: str | None) -> str | None:

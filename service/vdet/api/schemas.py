@@ -17,7 +17,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vdet.api.schemas_tracking import ZoneEventOut, events_out
-from vdet.config import ClassRef, ConfThreshold, DetectFps, IouThreshold, MaxDet, StreamSpec
+from vdet.config import (
+    ClassRef,
+    ClassThresholdMap,
+    ConfThreshold,
+    DetectFps,
+    IouThreshold,
+    MaxDet,
+    StreamSpec,
+)
 from vdet.hub import EncodedResult, HubResult
 from vdet.tracking.specs import TrackingSpec, ZoneList
 from vdet.types import NO_TRACK, DetectionResult, Detections, SourceState, StageTimings
@@ -98,6 +106,11 @@ class EffectiveParams(BaseModel):
     max_det: int
     top_k: int
     classes: list[str] | None = Field(description="Class names reported; null: all.")
+    class_thresholds: dict[str, float] | None = Field(
+        default=None,
+        description="Minimum score of the classes that have their own, by name; the others' is "
+        "conf_threshold.",
+    )
 
 
 class StreamStatusOut(BaseModel):
@@ -170,6 +183,10 @@ class StreamPatch(BaseModel):
     iou_threshold: IouThreshold | None = None
     max_det: MaxDet | None = None
     classes: list[ClassRef] | None = Field(default=None, min_length=1, max_length=1000)
+    class_thresholds: ClassThresholdMap | None = Field(
+        default=None,
+        description="Minimum score per class (replaced whole); null: conf_threshold for all.",
+    )
     detect_fps: DetectFps | None = Field(
         default=None, description="Detections per second at most; null: every frame."
     )

@@ -50,6 +50,7 @@ from vdet.config import DetectionDefaults, Settings, StreamSpec
 from vdet.hub import ResultsHub
 from vdet.ingest.urls import redact, validate_source_url
 from vdet.metrics import Metrics
+from vdet.pipeline.class_thresholds import thresholds_by_class
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.placement import PlacementError, SourceDemand, assign
 from vdet.runtime import BackendInfo, Health
@@ -59,6 +60,7 @@ from vdet.streams import (
     StreamError,
     StreamView,
     UnknownStreamError,
+    resolve_classes,
     resolve_params,
 )
 from vdet.types import (
@@ -336,6 +338,9 @@ class WorkerPool:
         # source the policy refuses never reaches a worker process (ValueError: 422).
         validate_source_url(spec.url, self._settings.ingest.source_policy.policy())
         resolve_params(self.defaults, self.class_names, classes=spec.classes)
+        thresholds_by_class(
+            spec.class_thresholds, lambda refs: resolve_classes(refs, self.class_names)
+        )
         with self._lock:
             if self._closed:
                 raise StreamError("the service is shutting down")
