@@ -59,9 +59,10 @@ class Notifier:
         # request to somewhere the operator never configured. No webhook, no client (making
         # one loads the TLS trust store).
         self._client = httpx.AsyncClient(follow_redirects=False) if settings.webhooks else None
-        self.webhooks = [
-            Webhook(spec, self._client, metrics) for spec in settings.webhooks if self._client
-        ]
+        client = self._client
+        self.webhooks = (
+            [Webhook(spec, client, metrics) for spec in settings.webhooks] if client else []
+        )
         self.mqtt = None if settings.mqtt is None else MqttPublisher(settings.mqtt, metrics)
         self._reader: asyncio.Task[None] | None = None
         self._senders: list[asyncio.Task[None]] = []

@@ -84,10 +84,13 @@ def class_thresholds_out(
     name)."""
     if not thresholds:
         return None
-    return {
-        names[int(ref)] if ref not in names and ref.isdigit() and int(ref) < len(names) else ref: t
-        for ref, t in thresholds.items()
-    }
+
+    def name(ref: str) -> str:
+        if ref in names or not ref.isdigit() or int(ref) >= len(names):
+            return ref
+        return names[int(ref)]
+
+    return {name(ref): threshold for ref, threshold in thresholds.items()}
 
 
 def _redacted(text: str | None) -> str | None:
