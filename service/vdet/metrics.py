@@ -267,7 +267,10 @@ class Metrics:
             registry=r,
         )
         self.mqtt_connected = Gauge(
-            "vdet_mqtt_connected", "1 while connected to the MQTT broker, else 0.", registry=r
+            "vdet_mqtt_connected",
+            "1 while connected to the MQTT broker (host:port), else 0; absent without one.",
+            ["broker"],
+            registry=r,
         )
         self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
         self.gpu_memory_used = Gauge(

@@ -55,6 +55,10 @@ def value(metrics: Metrics, name: str, **labels: str) -> float:
     return 0.0 if found is None else found
 
 
+def connected(metrics: Metrics, broker: Broker) -> float:
+    return value(metrics, "vdet_mqtt_connected", broker=f"127.0.0.1:{broker.port}")
+
+
 async def until(predicate: Callable[[], object], timeout: float = 10) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -70,7 +74,7 @@ async def test_events_go_to_their_stream_s_topic_and_the_status_is_retained(
     n.start()
     try:
         await until(lambda: subscriber.on("vdet/status") == ["online"])
-        assert value(metrics, "vdet_mqtt_connected") == 1
+        assert connected(metrics, broker) == 1
         await asyncio.to_thread(hub.publish, result("gate"))  # no events: no message
         await asyncio.to_thread(hub.publish, result("gate", ENTER, CROSS, frame=4))
         await asyncio.to_thread(hub.publish, result("dock", CROSS, frame=5))
@@ -83,7 +87,7 @@ async def test_events_go_to_their_stream_s_topic_and_the_status_is_retained(
     assert (gate["seq"], gate["source_id"], gate["frame_index"]) == (2, "gate", 4)
     assert [e["type"] for e in gate["events"]] == ["zone_enter", "line_cross"]
     assert "webhook" not in gate and "detections" not in gate
-    assert value(metrics, "vdet_mqtt_connected") == 0
+    assert connected(metrics, broker) == 0
     # A subscriber that comes later still learns vdet's state from the retained status.
     late = Subscriber(broker, "vdet/status")
     try:
@@ -125,14 +129,14 @@ async def test_a_broker_that_comes_up_late_gets_the_events_queued_meanwhile(
     sub: Subscriber | None = None
     try:
         await asyncio.sleep(0.3)
-        assert value(metrics, "vdet_mqtt_connected") == 0
+        assert connected(metrics, broker) == 0
         for frame in (1, 2):
             await asyncio.to_thread(hub.publish, result("gate", ENTER, frame=frame))
         await asyncio.sleep(0.1)
         broker.start()
         sub = Subscriber(broker)  # subscribed before vdet's next reconnect (1 s apart at first)
         await until(lambda: len(sub.on("vdet/streams/gate/events")) == 2, timeout=40)
-        assert value(metrics, "vdet_mqtt_connected") == 1
+        assert connected(metrics, broker) == 1
     finally:
         await n.stop()
         if sub is not None:
@@ -154,7 +158,8 @@ from vdet.metrics import Metrics
 metrics = Metrics()
 MqttPublisher(MqttSettings(host="127.0.0.1", port={broker.port}), metrics).start()
 deadline = time.monotonic() + 10
-while metrics.mqtt_connected._value.get() != 1 and time.monotonic() < deadline:
+connected = metrics.mqtt_connected.labels("127.0.0.1:{broker.port}")
+while connected._value.get() != 1 and time.monotonic() < deadline:
     time.sleep(0.02)
 time.sleep(0.3)
 os._exit(0)

@@ -44,7 +44,8 @@ class MqttPublisher:
         self.status_topic = f"{spec.topic_prefix}/status"
         self._published = metrics.mqtt_messages.labels("published")
         self._dropped = metrics.mqtt_messages.labels("dropped")
-        self._connected = metrics.mqtt_connected
+        self._where = f"{spec.host}:{spec.port}"
+        self._connected = metrics.mqtt_connected.labels(self._where)
         self._connected.set(0)
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=spec.client_id)
         if spec.username is not None:
@@ -59,7 +60,6 @@ class MqttPublisher:
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         self._client = client
-        self._where = f"{spec.host}:{spec.port}"
         self._status_mids: set[int] = set()  # `online` / `offline`: not counted as events
 
     def start(self) -> None:
