@@ -152,6 +152,10 @@ def test_prometheus_and_grafana_get_their_provisioning(effective: dict[str, Any]
     assert f"{REPO}/deploy/prometheus/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in (
         prometheus_volumes
     )
+    # Beside it, where its rule_files entry (a path relative to the config) finds it.
+    assert f"{REPO}/deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro" in (
+        prometheus_volumes
+    )
     grafana = services["grafana"]
     assert f"{REPO}/deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
     assert f"{REPO}/deploy/grafana/dashboards:/etc/grafana/dashboards:ro" in grafana["volumes"]

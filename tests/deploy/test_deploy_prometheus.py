@@ -28,6 +28,7 @@ from support.procs import Process, http_get, http_json, wait_http_ok
 from support.rtsp import RtspServer, free_port, gstreamer_rtsp_problem
 from support.tools import REPO, require_tool
 from support.truth import SAMPLE
+from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -127,7 +128,9 @@ def prometheus(workdir: Path, vdet: Vdet) -> Iterator[Prometheus]:
     (job,) = config["scrape_configs"]
     assert job["static_configs"][0]["targets"] == ["vdet:8000"]
     job["static_configs"][0]["targets"] = [vdet.base_url.removeprefix("http://")]
-    config["global"].update(scrape_interval="1s", scrape_timeout="1s")
+    config["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
+    assert config["rule_files"] == ["alerts.yml"]
+    config["rule_files"] = [str(REPO / "deploy/prometheus/alerts.yml")]
     config_path = workdir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
     port = free_port()
@@ -279,6 +282,26 @@ def _check_stack(
         timeout=timeout + 30,
         check=False,
     )
+
+
+def test_prometheus_evaluates_the_alert_rules_and_none_fires_on_a_healthy_stack(
+    prometheus: Prometheus,
+) -> None:
+    def evaluated() -> list[dict[str, Any]]:
+        groups = http_json(f"{prometheus.base_url}/api/v1/rules")["data"]["groups"]
+        rules: list[dict[str, Any]] = [r for g in groups for r in g["rules"]]
+        return (
+            rules
+            if rules and all(r.get("lastEvaluation", "").startswith("2") for r in rules)
+            else []
+        )
+
+    rules = wait_until(evaluated, 30, what="the alert rules evaluated")
+    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
+    state = {r["name"]: r["state"] for r in rules}
+    assert "firing" not in state.values(), state
+    # Not even pending: vdet answers and its camera streams.
+    assert state["VdetDown"] == state["VdetStreamDown"] == "inactive", state
 
 
 def test_stack_check_passes_on_this_stack(vdet: Vdet, prometheus: Prometheus) -> None:
