@@ -702,7 +702,14 @@ class MqttSettings(EventFilterSettings):
     )
     port: int = Field(default=1883, ge=1, le=65535, description="Broker port (TLS: often 8883).")
     tls: bool = Field(
-        default=False, description="TLS to the broker, checked against the system's CAs."
+        default=False,
+        description="TLS to the broker, its certificate and name checked against the system's "
+        "CAs or `tls_ca_file`.",
+    )
+    tls_ca_file: Path | None = Field(
+        default=None,
+        description="PEM file of the CA(s) that signed the broker's certificate (a site's own "
+        "CA); implies tls.",
     )
     username: str | None = Field(default=None, min_length=1, max_length=256)
     password: SecretStr | None = Field(default=None, description="Never logged.")

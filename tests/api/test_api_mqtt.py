@@ -5,6 +5,7 @@ retained status and the broker's will, a broker that comes up late, and the app 
 from __future__ import annotations
 
 import asyncio
+import logging
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.apptest import MakeSettings, TestClient, stream_body
-from support.mqtt import Broker, Subscriber
+from support.mqtt import Broker, Subscriber, self_signed_ca
 from support.results import NAMES, result
 from support.waiting import wait_until
 
@@ -185,6 +186,42 @@ def test_the_app_publishes_a_stream_s_zone_events(
     assert {e["type"] for e in body["events"]} == {"zone_enter"}
     assert "vdet_mqtt_connected" in metrics
     wait_until(lambda: subscriber.on("vdet/status")[-1:] == ["offline"], 5, what="offline")
+
+
+async def test_a_broker_with_tls_and_passwords_gets_events_only_from_the_right_user(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TLS checked against a site's own CA (`tls_ca_file`), with a name and password."""
+    ca, cert, key = self_signed_ca(tmp_path)
+    broker = Broker(tmp_path, users={"vdet": "s3cret-pw", "reader": "r3ad"}, tls=(cert, key))
+    broker.start()
+    sub = Subscriber(broker, user=("reader", "r3ad"), ca_file=ca)
+    hub, metrics = ResultsHub(), Metrics()
+    secure = {"tls_ca_file": str(ca), "username": "vdet", "password": "s3cret-pw"}
+    n = Notifier(settings(broker, **secure), hub, metrics, NAMES)
+    wrong = Notifier(settings(broker, **{**secure, "password": "nope"}), hub, Metrics(), NAMES)
+    n.start()
+    try:
+        await until(lambda: sub.on("vdet/status") == ["online"])
+        await asyncio.to_thread(hub.publish, result("gate", ENTER))
+        await until(lambda: len(sub.on("vdet/streams/gate/events")) == 1)
+        with caplog.at_level(logging.WARNING, logger="vdet.api.mqtt"):
+            wrong.start()
+            await until(lambda: "refused the connection" in caplog.text)
+        assert connected(metrics, broker) == 1
+    finally:
+        await wrong.stop()
+        await n.stop()
+        sub.close()
+        broker.stop()
+
+
+def test_a_ca_file_that_cannot_be_read_stops_the_start(tmp_path: Path) -> None:
+    spec = NotifySettings.model_validate(
+        {"mqtt": {"host": "127.0.0.1", "tls_ca_file": str(tmp_path / "missing.pem")}}
+    )
+    with pytest.raises(ValueError, match="tls_ca_file"):
+        Notifier(spec, ResultsHub(), Metrics(), NAMES)
 
 
 def test_an_mqtt_class_the_model_lacks_stops_the_start(broker: Broker) -> None:

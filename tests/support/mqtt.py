@@ -4,6 +4,7 @@ records what it receives (paho-mqtt, as vdet uses it)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,21 +22,47 @@ class Broker:
     """mosquitto listening on 127.0.0.1:`port`, anonymous, nothing persisted; `start` and
     `stop` may be called again (a broker that goes away and comes back on the same port)."""
 
-    def __init__(self, folder: Path, port: int | None = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        port: int | None = None,
+        *,
+        users: dict[str, str] | None = None,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        """`users` (name -> password): only they may connect; `tls` (certificate, key): the
+        listener speaks TLS only."""
         self.exe = require_tool("mosquitto", provided_by="Debian package mosquitto")
         self.port = port or free_port()
         self.folder = folder
         self.config = folder / f"mosquitto-{self.port}.conf"
-        self.config.write_text(
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-        )
+        # As root, mosquitto would read its password and key files as user `mosquitto`, which
+        # cannot enter a private temporary folder.
+        lines = [f"listener {self.port} 127.0.0.1", "persistence false", "user root"]
+        if users:
+            passwords = folder / f"mosquitto-{self.port}.passwd"
+            passwords.write_text("")
+            tool = require_tool("mosquitto_passwd", provided_by="Debian package mosquitto")
+            for name, password in users.items():
+                subprocess.run([tool, "-b", str(passwords), name, password], check=True)
+            lines += ["allow_anonymous false", f"password_file {passwords}"]
+        else:
+            lines.append("allow_anonymous true")
+        if tls is not None:
+            lines += [f"certfile {tls[0]}", f"keyfile {tls[1]}"]
+        self.config.write_text("\n".join(lines) + "\n")
         self.process: Process | None = None
 
     def start(self) -> Broker:
         self.process = Process(
             [self.exe, "-c", str(self.config)], self.folder / f"mosquitto-{self.port}.log"
         )
-        wait_until(lambda: port_accepts(self.port), 10, what="mosquitto listening")
+        try:
+            wait_until(lambda: port_accepts(self.port), 10, what="mosquitto listening")
+        except AssertionError:
+            log = self.process.log_tail()
+            self.stop()
+            raise AssertionError(f"mosquitto did not start: {log}") from None
         return self
 
     def stop(self) -> None:
@@ -47,10 +74,21 @@ class Broker:
 class Subscriber:
     """A client subscribed to `topic` that keeps (topic, payload text, retained) in order."""
 
-    def __init__(self, broker: Broker, topic: str = "vdet/#") -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        topic: str = "vdet/#",
+        *,
+        user: tuple[str, str] | None = None,
+        ca_file: Path | None = None,
+    ) -> None:
         self.messages: list[tuple[str, str, bool]] = []
         self._lock = threading.Lock()
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-{free_port()}")
+        if user is not None:
+            self.client.username_pw_set(*user)
+        if ca_file is not None:
+            self.client.tls_set(ca_certs=str(ca_file))
         self.client.on_message = self._on_message
         self.client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
         self.client.connect("127.0.0.1", broker.port)
@@ -70,3 +108,31 @@ class Subscriber:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+def self_signed_ca(folder: Path) -> tuple[Path, Path, Path]:
+    """(CA certificate, a certificate it signed for 127.0.0.1, that certificate's key), made
+    with openssl in `folder`."""
+    openssl = require_tool("openssl", provided_by="Debian package openssl")
+    ca_key, ca, key, csr, cert = (
+        folder / name for name in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem")
+    )
+    run = [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+    subprocess.run(
+        [*run, "-keyout", str(ca_key), "-out", str(ca), "-subj", "/CN=vdet test CA"],
+        check=True,
+        capture_output=True,
+    )
+    request = [openssl, "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1"]
+    subprocess.run(
+        [*request, "-keyout", str(key), "-out", str(csr)], check=True, capture_output=True
+    )
+    extensions = folder / "server.ext"
+    extensions.write_text("subjectAltName=IP:127.0.0.1\n")
+    sign = [openssl, "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key)]
+    subprocess.run(
+        [*sign, "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(extensions)],
+        check=True,
+        capture_output=True,
+    )
+    return ca, cert, key

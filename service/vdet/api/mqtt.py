@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import ssl
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -47,12 +48,27 @@ class MqttPublisher:
         self._where = f"{spec.host}:{spec.port}"
         self._connected = metrics.mqtt_connected.labels(self._where)
         self._connected.set(0)
+        ca_file = None if spec.tls_ca_file is None else str(spec.tls_ca_file)
+        if ca_file is not None:  # checked before a client (and its sockets) exists
+            try:
+                ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"notify.mqtt.tls_ca_file {ca_file}: {exc}") from exc
+        self._ca_file = ca_file
+        self._client: mqtt.Client | None = None  # made by start(): its sockets with it
+        self._status_mids: set[int] = set()  # `online` / `offline`: not counted as events
+
+    def start(self) -> None:
+        """Connect in paho's thread; an absent broker is retried there, never waited for."""
+        spec = self.spec
         client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=spec.client_id)
         if spec.username is not None:
             password = None if spec.password is None else spec.password.get_secret_value()
             client.username_pw_set(spec.username, password)
-        if spec.tls:
-            client.tls_set()  # the system's CAs, the broker's name checked
+        if spec.tls or self._ca_file is not None:
+            # The broker's certificate and name are checked, against the system's CAs unless
+            # a CA file is given.
+            client.tls_set(ca_certs=self._ca_file)
         client.will_set(self.status_topic, "offline", qos=1, retain=True)
         client.max_queued_messages_set(spec.max_queued)
         client.reconnect_delay_set(_RECONNECT_MIN_S, _RECONNECT_MAX_S)
@@ -60,15 +76,14 @@ class MqttPublisher:
         client.on_disconnect = self._on_disconnect
         client.on_publish = self._on_publish
         self._client = client
-        self._status_mids: set[int] = set()  # `online` / `offline`: not counted as events
-
-    def start(self) -> None:
-        """Connect in paho's thread; an absent broker is retried there, never waited for."""
-        self._client.connect_async(self.spec.host, self.spec.port, self.spec.keepalive_s)
-        self._client.loop_start()
+        client.connect_async(spec.host, spec.port, spec.keepalive_s)
+        client.loop_start()
 
     def publish(self, source_id: str, body: dict[str, Any]) -> None:
         """Queue one stream's events message (never blocks)."""
+        if self._client is None:  # not started: nowhere to queue it
+            self._dropped.inc()
+            return
         topic = f"{self.spec.topic_prefix}/streams/{source_id}/events"
         payload = json.dumps(body, separators=(",", ":"))
         info = self._client.publish(topic, payload, qos=self.spec.qos)
@@ -81,14 +96,17 @@ class MqttPublisher:
     def stop(self, timeout_s: float) -> None:
         """Say `offline` (retained) and disconnect cleanly, waiting up to `timeout_s` for what
         is queued; blocks (call it off the event loop)."""
-        if self._client.is_connected():
-            info = self._client.publish(self.status_topic, "offline", qos=1, retain=True)
+        client, self._client = self._client, None
+        if client is None:
+            return
+        if client.is_connected():
+            info = client.publish(self.status_topic, "offline", qos=1, retain=True)
             self._status_mids.add(info.mid)
             # Not queued after all (RuntimeError, ValueError): disconnecting anyway.
             with contextlib.suppress(RuntimeError, ValueError):
                 info.wait_for_publish(timeout_s)
-        self._client.disconnect()
-        self._client.loop_stop()
+        client.disconnect()
+        client.loop_stop()
         self._connected.set(0)
 
     # --- paho's thread ---------------------------------------------------------------------
