@@ -9,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Where the time goes, in the log: each phase's end, in seconds since the start.
 phase() { echo "[test.sh] $1 at ${SECONDS} s"; }
+# A full run writes about 15 GB (the environment 7.5 GB, the stack images and their builds): on
+# a fuller disk a failure later reads "No space left on device"; this line says why up front.
+free_gb=$(($(df -Pk . | awk 'NR == 2 {print $4}') / 1024 / 1024))
+echo "[test.sh] ${free_gb} GB free on the disk of $(pwd)"
+((free_gb >= 15)) || echo "[test.sh] WARNING: under 15 GB free; the run may stop for space" >&2
 if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
