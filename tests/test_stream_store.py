@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,6 +124,53 @@ def test_a_folder_that_does_not_exist_is_refused_at_start(tmp_path: Path) -> Non
     with pytest.raises(StreamStoreError, match="does not exist"):
         StreamStore(tmp_path / "nowhere" / "streams.json").check_writable()
     StreamStore(tmp_path / "streams.json").check_writable()
+
+
+def test_one_process_at_a_time_holds_the_file_and_says_who_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "streams.json"
+    first, second = StreamStore(path), StreamStore(path)
+    first.lock()
+    first.lock()  # again: already held, nothing changes
+    with pytest.raises(StreamStoreError, match=f"in use by another vdet \\(pid {os.getpid()} on "):
+        second.lock()
+    assert stat.S_IMODE(first.lock_path.stat().st_mode) == 0o600
+    first.unlock()
+    second.lock()
+    second.unlock()
+    second.unlock()  # twice: harmless
+
+
+def test_a_killed_holder_leaves_the_file_free(tmp_path: Path) -> None:
+    """The lock is the kernel's (flock): it goes with the process, however that ends."""
+    path = tmp_path / "streams.json"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from vdet.stream_store import StreamStore; "
+            "StreamStore(pathlib.Path(sys.argv[1])).lock(); print('locked', flush=True); "
+            "sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(StreamStoreError, match=f"pid {holder.pid} on "):
+            StreamStore(path).lock()
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+    finally:
+        holder.kill()
+        holder.wait()
+        for stream in (holder.stdin, holder.stdout):
+            if stream is not None:
+                stream.close()
+    store = StreamStore(path)
+    store.lock()
+    store.unlock()
 
 
 # ----------------------------------------------------------------------------- plan_startup

@@ -17,7 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from vdet.config import (
@@ -447,13 +447,30 @@ class Runtime:
         configured = self.settings.sources
         path = self.settings.streams_file
         store = None if path is None else StreamStore(path)
-        if store is not None:
-            store.check_writable()
+        if store is None:
+            plan = StartupPlan([StartupStream(s, s, from_file=False) for s in configured], [])
+            self._start_planned(plan, configured)
+            return
+        store.check_writable()
+        store.lock()  # before reading: what it reads is then what no other service will change
+        try:
             plan = plan_startup(configured, store.load())
             for note in plan.notes:
                 log.info("streams file %s: %s", path, note)
-        else:
-            plan = StartupPlan([StartupStream(s, s, from_file=False) for s in configured], [])
+            self._start_planned(plan, configured)
+            self.streams = PersistentStreams(
+                self.streams,
+                store,
+                configured,
+                plan.removed,
+                on_save_failure=self.metrics.streams_file_write_failures.inc,
+            )
+        except BaseException:
+            store.unlock()  # the start failed: no PersistentStreams, which unlocks at close
+            raise
+        self.streams.save()  # what runs now, without what no longer applies
+
+    def _start_planned(self, plan: StartupPlan, configured: Sequence[StreamSpec]) -> None:
         configured_ids = {spec.id for spec in configured}
         for item in plan.streams:
             if not self._start_source(item):
@@ -462,15 +479,6 @@ class Runtime:
                 self.sources_started += 1
             else:
                 self.sources_restored += 1
-        if store is not None:
-            self.streams = PersistentStreams(
-                self.streams,
-                store,
-                configured,
-                plan.removed,
-                on_save_failure=self.metrics.streams_file_write_failures.inc,
-            )
-            self.streams.save()  # what runs now, without what no longer applies
 
     def _start_source(self, item: StartupStream) -> bool:
         """Start one stream; a spec from the streams file that no longer starts (a changed

@@ -17,14 +17,21 @@ is the stream as running (null: a configured source the API removed) and `config
 config file's entry as it was at that change (null: a stream the API added). Written to a
 temporary file beside it, flushed to disk and renamed over it, so a crash leaves the old file or
 the new one, never a mix; readable by its owner only, as source URLs carry credentials.
+
+One service per file: a running service holds `<file>.lock` (flock) and a second one pointed at
+the same file (a copy of the compose service on the same volume, say) refuses to start, rather
+than each overwriting the other's changes. The lock goes with the process, a killed one
+included; the lock file itself stays and is harmless.
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import fcntl
 import logging
 import os
+import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -88,6 +95,45 @@ class StreamStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._lock_fd: int | None = None
+
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def lock(self) -> None:
+        """Hold the file for this process until `unlock` or its exit (module docstring).
+
+        Raises StreamStoreError when another process holds it, naming that process as it wrote
+        itself into the lock file (its pid and host name: in a container, the container's).
+        """
+        if self._lock_fd is not None:
+            return
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise StreamStoreError(f"cannot open {self.lock_path}: {exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "unknown"
+            os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                raise StreamStoreError(
+                    f"streams file {self.path} is in use by another vdet ({holder}); each "
+                    "service needs a streams file of its own"
+                ) from None
+            raise StreamStoreError(f"cannot lock {self.lock_path}: {exc}") from None
+        me = f"pid {os.getpid()} on {socket.gethostname()}"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, me.encode() + b"\n", 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        """Let another service take the file (closing the descriptor drops the flock)."""
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)
 
     def load(self) -> dict[str, StoredStream]:
         """The entries by id, in the file's order; empty when there is no file yet.
@@ -354,7 +400,10 @@ class PersistentStreams:
         return f"{self.inner.describe()}; streams kept in {self.store.path}"
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            self.inner.close()
+        finally:
+            self.store.unlock()
 
 
 __all__ = [

@@ -170,6 +170,27 @@ def test_an_unreadable_streams_file_stops_the_start_with_its_name_and_the_proble
     assert path.read_text() == '{"version": 1, "streams": [{"id": "a"}]}'  # left for the operator
 
 
+def test_a_second_service_on_the_same_streams_file_refuses_to_start(
+    make_settings: MakeSettings, clip: Path, tmp_path: Path
+) -> None:
+    """Two services on one file would each overwrite the other's changes: the second stops at
+    start-up, naming the file, and the first keeps running and writing it; once the first has
+    stopped, a new one starts on it."""
+    path = tmp_path / "streams.json"
+    settings = make_settings(streams_file=path)
+    with TestClient(create_app(settings)) as first:
+        with (
+            pytest.raises(RuntimeError, match="in use by another vdet") as raised,
+            TestClient(create_app(settings)),
+        ):
+            pass
+        assert str(path) in str(raised.value)
+        assert first.post("/v1/streams", json=stream_body(clip, "yard")).status_code == 201
+    assert [s["id"] for s in json.loads(path.read_text())["streams"]] == ["yard"]
+    with TestClient(create_app(settings)) as again:
+        assert ids(again) == ["yard"]
+
+
 def test_a_configured_source_whose_kept_changes_no_longer_start_runs_as_configured(
     make_settings: MakeSettings,
     clip: Path,
