@@ -655,6 +655,12 @@ class WebhookSettings(EventFilterSettings):
         "(redirects are a failed delivery).",
         examples=["https://hooks.example.com/vdet"],
     )
+    tls_ca_file: Path | None = Field(
+        default=None,
+        description="https:// only: PEM file of the CA(s) that signed the endpoint's "
+        "certificate (a site's own CA), checked instead of the system's CAs; the endpoint's "
+        "name is checked either way.",
+    )
     secret: SecretStr | None = Field(
         default=None,
         description="Signs each body: header X-Vdet-Signature: t=<unix time>,v1=<hex of "
@@ -683,6 +689,12 @@ class WebhookSettings(EventFilterSettings):
         description="Deliveries waiting while the endpoint is slow or down; beyond this the "
         "oldest waiting one is dropped (counted), so memory stays bounded.",
     )
+
+    @model_validator(mode="after")
+    def _ca_file_needs_https(self) -> WebhookSettings:
+        if self.tls_ca_file is not None and not self.url.lower().startswith("https://"):
+            raise ValueError("tls_ca_file is for an https:// url")
+        return self
 
     @field_validator("headers")
     @classmethod

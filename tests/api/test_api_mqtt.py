@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from support.apptest import MakeSettings, TestClient, stream_body
-from support.mqtt import Broker, Subscriber, self_signed_ca
+from support.mqtt import Broker, Subscriber
 from support.results import NAMES, result
+from support.tls import self_signed_ca
 from support.waiting import wait_until
 
 from vdet.api.app import create_app

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from support.apptest import CLIP_WH, MakeSettings, TestClient, stream_body
 from support.results import NAMES, result
+from support.tls import self_signed_ca
 from support.tools import REPO
 from support.waiting import wait_until
 from support.webhooks import Receiver
@@ -146,6 +147,7 @@ def test_signature_is_hmac_sha256_of_the_time_and_the_body() -> None:
         ({"headers": {"bad header": "x"}}, "headers"),
         ({"events": ["zone_dance"]}, "events"),
         ({"max_attempts": 0}, "max_attempts"),
+        ({"url": "http://x/y", "tls_ca_file": "/etc/ca.pem"}, "https"),
         ({"extra": 1}, "extra"),
     ],
 )
@@ -427,6 +429,38 @@ def test_a_test_delivery_says_how_it_went_and_leaves_the_counts_alone(
     assert (body["webhook"], body["test"], body["events"]) == ("ops", True, [])
     stamp = int(headers["x-vdet-signature"].split(",")[0][2:])
     assert headers["x-vdet-signature"] == signature("s3cret", stamp, raw)
+
+
+def test_https_endpoints_are_checked_against_the_system_s_cas_or_the_webhook_s_own(
+    make_settings: MakeSettings, tmp_path: Path
+) -> None:
+    """A real HTTPS endpoint whose certificate a CA of the site's own signed (openssl): the
+    webhook given that CA delivers, one checking the system's CAs refuses the endpoint, and a
+    CA file that is no CA stops the start with the webhook's and the file's names."""
+    ca, cert, key = self_signed_ca(tmp_path)
+    receiver = Receiver(tls=(cert, key))
+    try:
+        hooks = [
+            {"id": "site", "url": receiver.url, "tls_ca_file": str(ca)},
+            {"id": "public", "url": receiver.url},
+        ]
+        with TestClient(create_app(make_settings(notify={"webhooks": hooks}))) as client:
+            site = client.post("/v1/webhooks/site/test").json()
+            assert site["delivered"] is True, site
+            public = client.post("/v1/webhooks/public/test").json()
+            assert public["delivered"] is False
+            assert "CERTIFICATE_VERIFY_FAILED" in public["error"], public
+        assert len(receiver.requests) == 1
+    finally:
+        receiver.close()
+
+    broken = [{"id": "site", "url": "https://127.0.0.1:9/x", "tls_ca_file": str(key)}]
+    with (
+        pytest.raises(ValueError, match=f"notify.webhooks 'site': tls_ca_file {key}") as raised,
+        TestClient(create_app(make_settings(notify={"webhooks": broken}))),
+    ):
+        pass
+    print(raised.value)
 
 
 def test_without_webhooks_get_webhooks_is_an_empty_list(client: TestClient) -> None:

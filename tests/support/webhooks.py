@@ -1,13 +1,15 @@
 """A real HTTP endpoint for webhook tests: the standard library's threaded server on a
-loopback port, recording every POST."""
+loopback port, recording every POST; over HTTPS with a certificate and key given."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 
@@ -15,7 +17,7 @@ class Receiver:
     """An HTTP endpoint that records every POST and answers with `statuses` in turn (then 200),
     after `delay_s`."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[Path, Path] | None = None) -> None:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.statuses: list[int] = []
         self.delay_s = 0.0
@@ -46,7 +48,15 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        scheme = "http"
+        if tls is not None:
+            # A client that refuses the certificate fails the handshake in accept(), an OSError
+            # the server ignores: it goes on serving.
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}/hook"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 

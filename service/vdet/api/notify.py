@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ import httpx
 from vdet.api.mqtt import MqttPublisher
 from vdet.api.schemas import result_with_events
 from vdet.api.webhooks import Webhook
-from vdet.config import EventFilterSettings, NotifySettings
+from vdet.config import EventFilterSettings, NotifySettings, WebhookSettings
 from vdet.hub import HubResult, ResultsHub, SubscriptionEnd, SubscriptionEndedError
 from vdet.metrics import Metrics
 
@@ -55,14 +56,19 @@ class Notifier:
         self._hub = hub
         self._metrics = metrics
         self._names = tuple(class_names)
+        # One client per trust store: the system's CAs, or the `tls_ca_file` of a site's own
+        # CA, each checked before any client exists (a missing or broken file stops the start
+        # with its name). No webhook, no client (making one loads a trust store).
+        trust = {spec.tls_ca_file: _trust(spec) for spec in settings.webhooks}
         # Redirects are not followed: an endpoint that moved is a failed delivery, not a
-        # request to somewhere the operator never configured. No webhook, no client (making
-        # one loads the TLS trust store).
-        self._client = httpx.AsyncClient(follow_redirects=False) if settings.webhooks else None
-        client = self._client
-        self.webhooks = (
-            [Webhook(spec, client, metrics) for spec in settings.webhooks] if client else []
-        )
+        # request to somewhere the operator never configured.
+        self._clients = {
+            ca_file: httpx.AsyncClient(follow_redirects=False, verify=verify)
+            for ca_file, verify in trust.items()
+        }
+        self.webhooks = [
+            Webhook(spec, self._clients[spec.tls_ca_file], metrics) for spec in settings.webhooks
+        ]
         self.mqtt = None if settings.mqtt is None else MqttPublisher(settings.mqtt, metrics)
         self._reader: asyncio.Task[None] | None = None
         self._senders: list[asyncio.Task[None]] = []
@@ -103,8 +109,8 @@ class Notifier:
             hook.drop_pending()
         if self.mqtt is not None:
             await asyncio.to_thread(self.mqtt.stop, max(0.1, deadline - loop.time()))
-        if self._client is not None:
-            await self._client.aclose()
+        for client in self._clients.values():
+            await client.aclose()
 
     async def _read(self) -> None:
         after = 0
@@ -141,6 +147,19 @@ class Notifier:
                 hook.offer({**body, "events": kept}, float(body["published_time"]))
         if self.mqtt is not None and (kept := self.mqtt.filter.events(source, events)):
             self.mqtt.publish(source, {**body, "events": kept})
+
+
+def _trust(spec: WebhookSettings) -> ssl.SSLContext | bool:
+    """What a webhook's HTTPS is checked against: the system's CAs (True) or its CA file alone.
+    Raises ValueError naming the webhook and the file when that file is no CA."""
+    if spec.tls_ca_file is None:
+        return True
+    try:
+        return ssl.create_default_context(cafile=str(spec.tls_ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"notify.webhooks {spec.id!r}: tls_ca_file {spec.tls_ca_file}: {exc}"
+        ) from exc
 
 
 __all__ = ["Notifier"]
