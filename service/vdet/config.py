@@ -289,6 +289,32 @@ class IngestSettings(_Strict):
         )
 
 
+class EventSnapshotSettings(_Strict):
+    """JPEGs of the frames whose results carried zone or line events (vdet.event_snapshots)."""
+
+    per_stream: int = Field(
+        default=20,
+        ge=0,
+        le=1000,
+        description="Event snapshots kept per stream, the newest; older ones are dropped. "
+        "0: none are taken.",
+    )
+    max_width: int = Field(
+        default=1280,
+        ge=64,
+        le=7680,
+        description="Frames wider than this are scaled down to it (never up) before encoding.",
+    )
+    quality: int = Field(default=80, ge=1, le=100, description="JPEG quality.")
+    queue: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Event frames waiting to be encoded; an event frame beyond that gets no "
+        "snapshot (counted as skipped). Each waiting frame holds its decoded picture.",
+    )
+
+
 class HubSettings(_Strict):
     """How many results are kept for replay and how far a WebSocket client may fall behind."""
 
@@ -854,6 +880,10 @@ class Settings(BaseSettings):
         default_factory=IngestSettings, description="Source reading and reconnects."
     )
     hub: HubSettings = Field(default_factory=HubSettings, description="Result replay buffers.")
+    event_snapshots: EventSnapshotSettings = Field(
+        default_factory=EventSnapshotSettings,
+        description="JPEGs of the frames with zone and line events, per stream.",
+    )
     engine: EngineSettings = Field(
         default_factory=EngineSettings,
         description="TensorRT engines (the tensorrt backend and `vdet engine build`).",

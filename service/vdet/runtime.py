@@ -14,6 +14,7 @@ from the event loop.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import dataclasses
 import logging
 import os
@@ -27,6 +28,7 @@ from vdet.config import (
     default_model_path,
     demo_cpu_int8_path,
 )
+from vdet.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
 from vdet.hub import ResultsHub
 from vdet.ingest.urls import redact
 from vdet.metrics import Metrics
@@ -189,6 +191,16 @@ class StreamService(Protocol):
         """The latest frame as JPEG (vdet.api.frames.latest_jpeg says what the options do)."""
         ...
 
+    def event_snapshot(self, stream_id: str, frame_index: int) -> EventSnapshot | None:
+        """A kept JPEG of a frame with events (vdet.event_snapshots); None when not kept."""
+        ...
+
+    def event_snapshots(
+        self, stream_id: str
+    ) -> tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts]:
+        """The stream's event snapshots kept now, oldest first, and its counts."""
+        ...
+
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams
     ) -> tuple[Detections, StageTimings]: ...
@@ -250,6 +262,7 @@ class LocalStreams:
                 ingest=settings.ingest,
                 gpu=gpu,
                 parallel_frames=detector.parallel_frames,
+                event_snapshots=settings.event_snapshots,
             )
         except BaseException:
             if gpu is not None:
@@ -310,6 +323,14 @@ class LocalStreams:
             newest=newest,
             unless=unless,
         )
+
+    def event_snapshot(self, stream_id: str, frame_index: int) -> EventSnapshot | None:
+        return self.manager.event_snapshot(stream_id, frame_index)
+
+    def event_snapshots(
+        self, stream_id: str
+    ) -> tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts]:
+        return self.manager.event_snapshots(stream_id)
 
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams

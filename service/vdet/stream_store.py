@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from vdet.config import DetectionDefaults, StreamSpec
+from vdet.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
 from vdet.ingest.urls import redact
 from vdet.pipeline.postprocess import PostprocessParams
 from vdet.streams import StreamView
@@ -387,6 +388,14 @@ class PersistentStreams:
             newest=newest,
             unless=unless,
         )
+
+    def event_snapshot(self, stream_id: str, frame_index: int) -> EventSnapshot | None:
+        return self.inner.event_snapshot(stream_id, frame_index)
+
+    def event_snapshots(
+        self, stream_id: str
+    ) -> tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts]:
+        return self.inner.event_snapshots(stream_id)
 
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams

@@ -16,6 +16,7 @@ call it from a thread, never from the event loop.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import contextlib
 import dataclasses
@@ -27,7 +28,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from vdet.config import DetectionDefaults, IngestSettings, StreamSpec
+from vdet.config import DetectionDefaults, EventSnapshotSettings, IngestSettings, StreamSpec
+from vdet.event_snapshots import (
+    EventSnapshot,
+    EventSnapshotCounts,
+    EventSnapshotInfo,
+    EventSnapshots,
+)
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
 from vdet.ingest.urls import redact, validate_source_url
@@ -303,6 +310,7 @@ class StreamManager:
         gpu: GpuSide | None = None,
         clock: Callable[[], float] = time.time,
         parallel_frames: int = 1,
+        event_snapshots: EventSnapshotSettings | None = None,
     ) -> None:
         if parallel_frames < 1:
             raise ValueError(f"parallel_frames must be >= 1, got {parallel_frames}")
@@ -331,6 +339,12 @@ class StreamManager:
         # of GPU memory) and each later than the last (seen with 64 unpaced streams).
         self._outbox: queue.Queue[_Outgoing | None] = queue.Queue(
             maxsize=_OUTBOX_PER_STREAM * max(1, max_streams)
+        )
+        snapshots = event_snapshots or EventSnapshotSettings()
+        self._event_snapshots = (
+            EventSnapshots(snapshots, self._names, self.host_image)
+            if snapshots.per_stream > 0
+            else None
         )
         self._publisher = threading.Thread(
             target=self._publish_loop, name="vdet-publisher", daemon=True
@@ -445,6 +459,8 @@ class StreamManager:
                 log.warning("pipeline thread of %s did not stop in %.1fs", stream.spec.id, timeout)
         self._hub.remove_source(stream.spec.id)
         self._metrics.remove_source(stream.spec.id)
+        if self._event_snapshots is not None:
+            self._event_snapshots.forget(stream.spec.id)
         if self._gpu is not None:
             self._gpu.release(stream.spec.id)
 
@@ -462,6 +478,8 @@ class StreamManager:
             with contextlib.suppress(queue.Full):  # a wedged publisher is not waited for
                 self._outbox.put(None, timeout=5.0)
             self._publisher.join(5.0)
+            if self._event_snapshots is not None:
+                self._event_snapshots.close()
 
     # --- queries and changes ---------------------------------------------------------------
 
@@ -497,6 +515,27 @@ class StreamManager:
         if snap is None:
             return None
         return self.host_image(stream_id, snap.frame), snap.result
+
+    def event_snapshot(self, stream_id: str, frame_index: int) -> EventSnapshot | None:
+        """The JPEG of a frame of the stream that had events (vdet.event_snapshots), while it
+        is kept; None otherwise. Raises UnknownStreamError."""
+        self._stream(stream_id)
+        if self._event_snapshots is None:
+            return None
+        return self._event_snapshots.get(stream_id, frame_index)
+
+    def event_snapshots(
+        self, stream_id: str
+    ) -> tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts]:
+        """The stream's event snapshots kept now (oldest first) and its counts. Raises
+        UnknownStreamError."""
+        self._stream(stream_id)
+        if self._event_snapshots is None:
+            return [], EventSnapshotCounts()
+        return (
+            self._event_snapshots.list(stream_id),
+            self._event_snapshots.counts(stream_id),
+        )
 
     def newest_frame(self, stream_id: str) -> Snapshot | None:
         """The newest decoded frame, with the newest result (detected on it or on an earlier
@@ -820,3 +859,5 @@ class StreamManager:
             stream.processed_rate.add(time.monotonic())
             stream.pipeline_error = None
         self._metrics.observe_result(result)
+        if self._event_snapshots is not None:
+            self._event_snapshots.offer(result, frame)

@@ -186,6 +186,8 @@ class _Calls:
             "update_params": self._update_params,
             "remove": streams.remove,
             "latest_jpeg": self._latest_jpeg,
+            "event_snapshot": streams.event_snapshot,
+            "event_snapshots": streams.event_snapshots,
             "detect": streams.detect,
             "health": streams.health,
             "rename": self._rename,

@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 from vdet.api.frames import EncodedFrame, Picture
 from vdet.config import DetectionDefaults, Settings, StreamSpec
+from vdet.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
 from vdet.hub import ResultsHub
 from vdet.ingest.urls import redact, validate_source_url
 from vdet.metrics import Metrics
@@ -479,6 +480,28 @@ class WorkerPool:
         # still be on its way here): look it up by the index of the frame it was detected on.
         numbered = self._hub.find(stream_id, frame.result_frame_index, wait_s=0.1)
         return dataclasses.replace(frame, seq=latest_seq if numbered is None else numbered.seq)
+
+    def event_snapshot(self, stream_id: str, frame_index: int) -> EventSnapshot | None:
+        stream = self._stream(stream_id)
+        if stream.failed is not None:
+            return None  # its worker died, and the snapshots it kept with it
+        worker = self._workers[stream.worker]
+        snapshot: EventSnapshot | None = worker.call(
+            "event_snapshot", stream_id, frame_index, timeout=self._call_timeout
+        )
+        return snapshot
+
+    def event_snapshots(
+        self, stream_id: str
+    ) -> tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts]:
+        stream = self._stream(stream_id)
+        if stream.failed is not None:
+            return [], EventSnapshotCounts()
+        worker = self._workers[stream.worker]
+        kept: tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts] = worker.call(
+            "event_snapshots", stream_id, timeout=self._call_timeout
+        )
+        return kept
 
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams
