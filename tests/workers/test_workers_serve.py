@@ -465,11 +465,12 @@ def test_streams_added_over_the_api_run_again_after_a_restart(
         svc.process.stop()
 
 
-def test_zone_events_of_worker_processes_reach_a_webhook(
+def test_zone_events_of_worker_processes_reach_a_webhook_with_their_snapshot(
     folder: Path, model: Path, clip: Path
 ) -> None:
     """Results cross from the workers already encoded; the API process's webhooks still find
-    their events (the tiny model's fixed boxes become tracks inside a zone over the frame)."""
+    their events (the tiny model's fixed boxes become tracks inside a zone over the frame), and
+    the snapshot the body names comes from the worker process that keeps it."""
     receiver = Receiver()
     zone = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
     svc = start_service(
@@ -487,6 +488,14 @@ def test_zone_events_of_worker_processes_reach_a_webhook(
         assert {e["type"] for e in body["events"]} == {"zone_enter"}
         assert body["seq"] >= 1 and "detections" not in body
         assert headers["x-vdet-signature"].startswith("t=")
+        # The frame's event snapshot, kept in the worker process that runs the stream.
+        status, jpeg = http_get(svc.base + body["snapshot"], timeout=10)
+        assert status == 200, jpeg[:200]
+        image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert image.shape == (CLIP_WH[1], CLIP_WH[0], 3)
+        status, kept = svc.get("/v1/streams/gate/snapshots")
+        assert status == 200 and kept["kept"] >= 1, kept
+        assert body["snapshot"] in [snap["url"] for snap in kept["snapshots"]]
         delivered = (
             "vdet_webhook_deliveries_total",
             (("outcome", "delivered"), ("webhook", "ops")),

@@ -26,6 +26,7 @@ from vdet.api import (
     routes_events,
     routes_live,
     routes_ops,
+    routes_snapshots,
     routes_streams,
     routes_ui,
     routes_webhooks,
@@ -87,7 +88,13 @@ def create_app(
         await run_in_threadpool(runtime.start, asyncio.get_running_loop())
         notifier: Notifier | None = None
         try:
-            notifier = Notifier(settings.notify, runtime.hub, runtime.metrics, runtime.class_names)
+            notifier = Notifier(
+                settings.notify,
+                runtime.hub,
+                runtime.metrics,
+                runtime.class_names,
+                snapshots=settings.event_snapshots.per_stream > 0,
+            )
             notifier.start()
             app.state.notifier = notifier
             if freeze_startup_objects:
@@ -134,6 +141,7 @@ def create_app(
     app.include_router(routes_detect.router, dependencies=protected, responses=errors)
     app.include_router(routes_workers.router, dependencies=protected, responses=errors)
     app.include_router(routes_webhooks.router, dependencies=protected, responses=errors)
+    app.include_router(routes_snapshots.router, dependencies=protected, responses=errors)
     app.include_router(routes_events.router)  # WebSockets check the key in the handshake
     app.include_router(routes_ops.router)
     app.include_router(routes_ui.router)  # the web page: public files; data needs the key

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from vdet.api.mqtt import MqttPublisher
+from vdet.api.routes_snapshots import snapshot_path
 from vdet.api.schemas import result_with_events
 from vdet.api.webhooks import Webhook
 from vdet.config import EventFilterSettings, NotifySettings, WebhookSettings
@@ -40,6 +41,8 @@ class Notifier:
         hub: ResultsHub,
         metrics: Metrics,
         class_names: Sequence[str],
+        *,
+        snapshots: bool = False,
     ) -> None:
         sinks: list[tuple[str, EventFilterSettings]] = [
             (f"notify.webhooks {spec.id!r}", spec) for spec in settings.webhooks
@@ -56,6 +59,7 @@ class Notifier:
         self._hub = hub
         self._metrics = metrics
         self._names = tuple(class_names)
+        self._snapshots = snapshots  # bodies name the frame's event snapshot (its path)
         # One client per trust store: the system's CAs, or the `tls_ca_file` of a site's own
         # CA, each checked before any client exists (a missing or broken file stops the start
         # with its name). No webhook, no client (making one loads a trust store).
@@ -142,6 +146,8 @@ class Notifier:
             return
         events: list[dict[str, Any]] = body.pop("events")
         source = body["source_id"]
+        if self._snapshots:
+            body["snapshot"] = snapshot_path(source, int(body["frame_index"]))
         for hook in self.webhooks:
             if kept := hook.filter.events(source, events):
                 hook.offer({**body, "events": kept}, float(body["published_time"]))
