@@ -33,6 +33,7 @@ pytest.importorskip("onnx2torch")
 pytest.importorskip("cuda.bindings")
 pytest.importorskip("websockets")
 
+from support.procs import http_get  # noqa: E402
 from support.serve import Service, alive, start_service  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
@@ -93,19 +94,22 @@ def test_streams_run_on_the_gpu_in_two_worker_processes(service: Service) -> Non
     print(f"mps={ready['mps']} workers={workers}")
 
 
-def test_masks_and_class_thresholds_hold_on_the_gpu_path(service: Service) -> None:
+def test_masks_class_thresholds_and_event_snapshots_on_the_gpu_path(service: Service) -> None:
     """The GPU path detects at the lowest per-class threshold and the host keeps each class at
     its own, then drops what the mask covers (left half of the frame, box centres): every
     result over WebSocket holds to both. The CPU tests compare the same steps with the
-    reference; this checks them behind NVDEC, our kernels and the worker processes."""
+    reference; this checks them behind NVDEC, our kernels and the worker processes. The
+    tracks entering a zone over the whole frame give event snapshots: NVDEC frames converted
+    on the GPU, encoded in the worker, fetched through the API."""
     mask = {"id": "left", "kind": "mask", "points": [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]}
+    whole = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
     thresholds = {"red_circle": 0.8, "blue_circle": 0.3}
     body = {
         "id": "gm",
         "url": str(SAMPLE),
         "loop": True,
         "realtime": True,
-        "zones": [mask],
+        "zones": [mask, whole],
         "class_thresholds": thresholds,
     }
     status, out = service.send("POST", "/v1/streams", body)
@@ -124,6 +128,14 @@ def test_masks_and_class_thresholds_hold_on_the_gpu_path(service: Service) -> No
         kept = {d["class_name"] for d in detections}
         assert "blue_circle" in kept, f"blue circles kept at 0.3: {sorted(kept)}"
         print(f"gm: {len(detections)} detections in 30 results, classes {sorted(kept)}")
+        listing = wait_until(
+            lambda: service.get("/v1/streams/gm/snapshots")[1]["snapshots"], 30, what="snapshots"
+        )
+        first = listing[0]
+        assert (first["width"], first["height"]) == (1280, 720), first
+        status, jpeg = http_get(service.base + first["url"], timeout=10)
+        assert status == 200 and jpeg[:2] == b"\xff\xd8", (status, jpeg[:100])
+        print(f"gm: {len(listing)} event snapshots, the first {len(jpeg)} bytes")
     finally:
         assert service.send("DELETE", "/v1/streams/gm")[0] == 204
 
