@@ -68,6 +68,19 @@ def host_image(_source: str, decoded: DecodedFrame) -> ImageArray:
     return decoded.image_bgr
 
 
+class HeldEncoder:
+    """A `to_host_image` that holds each frame at the encoder until `gate` is set;
+    `entered` tells that one has arrived there."""
+
+    def __init__(self) -> None:
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def __call__(self, source: str, decoded: DecodedFrame) -> ImageArray:
+        self.entered.set()
+        self.gate.wait(10)
+        return host_image(source, decoded)
+
+
 @pytest.fixture
 def make() -> Iterator[Callable[..., EventSnapshots]]:
     made: list[EventSnapshots] = []
@@ -123,17 +136,11 @@ def test_a_get_while_the_frame_is_encoded_waits_for_it(
     make: Callable[..., EventSnapshots],
 ) -> None:
     """A webhook receiver may ask for the snapshot its body names before the encoder is done."""
-    gate, entered = threading.Event(), threading.Event()
-
-    def held(source: str, decoded: DecodedFrame) -> ImageArray:
-        entered.set()
-        gate.wait(10)
-        return host_image(source, decoded)
-
+    held = HeldEncoder()
     snapshots = make(to_host_image=held)
     snapshots.offer(result(3, ENTER), frame(3))
-    assert entered.wait(5)
-    opener = threading.Timer(0.2, gate.set)
+    assert held.entered.wait(5)
+    opener = threading.Timer(0.2, held.gate.set)
     opener.start()
     try:
         assert snapshots.get("cam", 3, wait_s=5) is not None
@@ -147,21 +154,15 @@ def test_a_get_while_the_frame_is_encoded_waits_for_it(
 def test_a_full_queue_skips_frames_without_blocking_the_caller(
     make: Callable[..., EventSnapshots],
 ) -> None:
-    gate, entered = threading.Event(), threading.Event()
-
-    def slow(source: str, decoded: DecodedFrame) -> ImageArray:
-        entered.set()
-        gate.wait(10)
-        return host_image(source, decoded)
-
-    snapshots = make(to_host_image=slow, queue=2)
+    held = HeldEncoder()
+    snapshots = make(to_host_image=held, queue=2)
     snapshots.offer(result(0, ENTER), frame(0))
-    assert entered.wait(5)  # frame 0 at the encoder, held there
+    assert held.entered.wait(5)  # frame 0 at the encoder, held there
     started = time.monotonic()
     for index in range(1, 10):
         snapshots.offer(result(index, ENTER), frame(index))
     assert time.monotonic() - started < 1.0
-    gate.set()
+    held.gate.set()
     wait_until(lambda: snapshots.counts("cam").kept + snapshots.counts("cam").skipped == 10, 5)
     counts = snapshots.counts("cam")
     # One frame at the encoder, two waiting: the other seven are skipped.
@@ -171,18 +172,12 @@ def test_a_full_queue_skips_frames_without_blocking_the_caller(
 def test_a_removed_stream_keeps_nothing_not_even_what_was_being_encoded(
     make: Callable[..., EventSnapshots],
 ) -> None:
-    gate, entered = threading.Event(), threading.Event()
-
-    def held(source: str, decoded: DecodedFrame) -> ImageArray:
-        entered.set()
-        gate.wait(10)
-        return host_image(source, decoded)
-
+    held = HeldEncoder()
     snapshots = make(to_host_image=held)
     snapshots.offer(result(1, ENTER), frame(1))
-    assert entered.wait(5)
+    assert held.entered.wait(5)
     snapshots.forget("cam")
-    gate.set()
+    held.gate.set()
     snapshots.offer(result(2, ENTER, source="other"), frame(2))  # done after frame 1
     wait_until(lambda: snapshots.get("other", 2), 5, what="the other stream's snapshot")
     assert snapshots.list("cam") == [] and snapshots.counts("cam").kept == 0
