@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import colorsys
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,3 +256,42 @@ def test_track_ids_are_drawn_when_results_carry_them(server: Server, page: Page)
     )
     assert labels[0].endswith(" #100")
     assert all(" #" in label for label in labels)
+
+
+_SHOTS_JS = """
+() => Array.from(document.querySelectorAll('#shots figure')).map((f) => ({
+  loaded: f.querySelector('img').complete && f.querySelector('img').naturalWidth,
+  caption: f.querySelector('figcaption').textContent,
+}))
+"""
+
+
+def test_event_snapshots_of_the_stream_are_shown_under_the_live_view(
+    server: Server, page: Page
+) -> None:
+    """A zone over the whole frame, put on the demo stream over the API: its tracks' entries
+    are kept as event snapshots, which the page fetches (with the key, as any request) and
+    shows with what happened."""
+    zone = {"kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    url = f"{server.base_url}/v1/streams/demo/zones/everything"
+    put = urllib.request.Request(
+        url,
+        data=json.dumps(zone).encode(),
+        method="PUT",
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(put, timeout=10) as response:
+        assert response.status in (200, 201)
+    try:
+        console = Console(page)
+        page.goto(server.base_url + "/")
+        shots = wait_until(
+            lambda: [s for s in page.evaluate(_SHOTS_JS) if s["loaded"]], 60, what="a snapshot"
+        )
+        assert any("zone_enter everything" in s["caption"] for s in shots), shots
+        assert page.evaluate("document.querySelector('#shots-empty').hidden") is True
+        assert not console.errors, console.errors
+    finally:
+        delete = urllib.request.Request(url, method="DELETE")
+        with urllib.request.urlopen(delete, timeout=10) as response:
+            assert response.status == 204

@@ -14,6 +14,8 @@ const MAX_DELAY_MS = 1500;
 const LAG_WINDOW_MS = 3000; // the delay follows the longest wait seen over this long
 const MAX_PENDING = 45; // frames received and not shown yet (3 s at 15 fps)
 const KEY_STORE = "vdet.apiKey";
+const POLL_SHOTS_MS = 3000; // the event snapshots of the stream in the live view
+const SHOWN_SHOTS = 6; // the newest, newest first
 
 const $ = (sel, root = document) => root.querySelector(sel);
 
@@ -33,8 +35,8 @@ class ApiError extends Error {
   }
 }
 
-async function api(path, { method = "GET", body } = {}) {
-  const init = { method, headers: authHeaders(), cache: "no-store" };
+async function api(path, { method = "GET", body, signal } = {}) {
+  const init = { method, headers: authHeaders(), cache: "no-store", signal };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -330,6 +332,8 @@ function closeLive() {
   cancelAnimationFrame(live.raf);
   if (live.frame) live.frame.bitmap.close();
   for (const frame of live.pending) frame.bitmap.close();
+  clearTimeout(live.shotsTimer);
+  showShots(live, []);
   live = null;
   $("#live-section").hidden = true;
   renderStreams();
@@ -357,6 +361,8 @@ function openLive(id) {
     zones: [],
     drawn: [],
     labels: [],
+    shots: new Map(), // url -> {figure, objectUrl}: event snapshots shown
+    shotsTimer: 0,
     closed: false,
   };
   $("#live-section").hidden = false;
@@ -370,7 +376,62 @@ function openLive(id) {
   connectEvents(view);
   readVideo(view);
   loadZones(view);
+  loadShots(view);
   view.raf = requestAnimationFrame(() => playout(view));
+}
+
+// --- event snapshots ---------------------------------------------------------------------
+
+// The JPEGs the server kept of the frames with zone and line events: polled, the newest few
+// shown, each fetched once with the key in a header (an <img src> could not send it).
+async function loadShots(view) {
+  if (view.closed) return;
+  try {
+    const data = await api(`/v1/streams/${encodeURIComponent(view.id)}/snapshots`, {
+      signal: view.abort.signal,
+    });
+    const newest = data.snapshots.slice(-SHOWN_SHOTS).reverse();
+    await showShots(view, newest);
+    $("#shots-count").textContent = data.kept ? `(${data.kept} since the stream started)` : "";
+  } catch {
+    // The stream went away or the server is restarting: the next poll tells.
+  }
+  if (!view.closed) view.shotsTimer = setTimeout(() => loadShots(view), POLL_SHOTS_MS);
+}
+
+async function showShots(view, snapshots) {
+  const wanted = new Set(snapshots.map((s) => s.url));
+  for (const [url, shown] of view.shots) {
+    if (wanted.has(url)) continue;
+    shown.figure.remove();
+    URL.revokeObjectURL(shown.objectUrl);
+    view.shots.delete(url);
+  }
+  const box = $("#shots");
+  for (const snap of snapshots) {
+    if (view.shots.has(snap.url)) continue;
+    const response = await fetch(snap.url, { headers: authHeaders(), signal: view.abort.signal });
+    if (!response.ok || view.closed) continue; // no longer kept: gone from the next listing
+    const objectUrl = URL.createObjectURL(await response.blob());
+    const figure = document.createElement("figure");
+    const img = document.createElement("img");
+    img.src = objectUrl;
+    img.alt = `frame ${snap.frame_index}`;
+    img.width = snap.width;
+    img.height = snap.height;
+    const caption = document.createElement("figcaption");
+    const when = new Date(snap.arrival_time * 1000).toLocaleTimeString();
+    const what = snap.events.map((e) => `${e.type} ${e.zone} (${e.class_name} #${e.track_id})`);
+    caption.textContent = `${when}: ${what.join(", ")}`;
+    figure.append(img, caption);
+    view.shots.set(snap.url, { figure, objectUrl });
+  }
+  // Newest first, in the listing's order.
+  for (const snap of snapshots) {
+    const shown = view.shots.get(snap.url);
+    if (shown) box.append(shown.figure);
+  }
+  $("#shots-empty").hidden = view.shots.size > 0;
 }
 
 function connectEvents(view) {
