@@ -793,6 +793,19 @@ class NotifySettings(_Strict):
         description="At shutdown, how long deliveries still waiting may take to go out before "
         "they are dropped (counted).",
     )
+    public_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s?#]+$",
+        description="The address receivers reach vdet at (behind a proxy, say): bodies then "
+        "name their frame's event snapshot by a whole URL under it, not a path.",
+        examples=["https://vdet.site-7.example"],
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _no_trailing_slash(cls, value: str | None) -> str | None:
+        return None if value is None else value.rstrip("/")
 
     @model_validator(mode="after")
     def _unique_ids(self) -> NotifySettings:

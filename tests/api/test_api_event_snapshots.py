@@ -17,7 +17,7 @@ from support.waiting import wait_until
 from support.webhooks import Receiver
 
 from vdet.api.app import create_app
-from vdet.config import EventSnapshotSettings
+from vdet.config import EventSnapshotSettings, NotifySettings
 
 WHOLE_FRAME = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
 
@@ -96,6 +96,26 @@ def test_with_no_snapshots_kept_none_are_taken_and_bodies_name_none(
         frame_index = receiver.bodies()[0]["frame_index"]
         assert client.get(f"/v1/streams/gate/snapshots/{frame_index}.jpg").status_code == 404
     assert "snapshot" not in receiver.bodies()[0]
+
+
+def test_with_a_public_url_bodies_name_the_snapshot_by_a_whole_url(
+    make_settings: MakeSettings, clip: Path, receiver: Receiver
+) -> None:
+    public = "https://vdet.site-7.example/cams"
+    settings = make_settings(
+        notify={"webhooks": [{"id": "ops", "url": receiver.url}], "public_url": public + "/"},
+        sources=[stream_body(clip, "gate", zones=[WHOLE_FRAME])],
+    )
+    with TestClient(create_app(settings)):
+        wait_until(lambda: receiver.requests, 20, what="a webhook delivery")
+    body = receiver.bodies()[0]
+    assert body["snapshot"] == f"{public}/v1/streams/gate/snapshots/{body['frame_index']}.jpg"
+
+
+@pytest.mark.parametrize("bad", ["ftp://x", "https://x/?q=1", "https://x/#f", "//x", "https://"])
+def test_a_public_url_that_is_not_a_plain_http_address_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError, match="public_url"):
+        NotifySettings(public_url=bad)
 
 
 def test_snapshots_need_the_api_key(make_settings: MakeSettings, clip: Path) -> None:

@@ -147,7 +147,8 @@ class Notifier:
         events: list[dict[str, Any]] = body.pop("events")
         source = body["source_id"]
         if self._snapshots:
-            body["snapshot"] = snapshot_path(source, int(body["frame_index"]))
+            path = snapshot_path(source, int(body["frame_index"]))
+            body["snapshot"] = f"{self._settings.public_url or ''}{path}"
         for hook in self.webhooks:
             if kept := hook.filter.events(source, events):
                 hook.offer({**body, "events": kept}, float(body["published_time"]))
