@@ -775,6 +775,12 @@ class MqttSettings(EventFilterSettings):
         description="Event messages held while the broker is away or slow; beyond this a new "
         "one is dropped (counted).",
     )
+    snapshots: bool = Field(
+        default=False,
+        description="Also publish the event snapshot (JPEG) of each frame whose events the "
+        "filters keep to <prefix>/streams/<id>/snapshot, retained: the stream's latest event "
+        "picture (a Home Assistant MQTT camera shows it). Needs event_snapshots.per_stream > 0.",
+    )
 
 
 class NotifySettings(_Strict):

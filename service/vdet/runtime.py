@@ -41,7 +41,7 @@ from vdet.stream_store import (
     StreamStore,
     plan_startup,
 )
-from vdet.streams import ResultSink, StreamManager, StreamView
+from vdet.streams import ResultSink, StreamError, StreamManager, StreamView
 from vdet.tracking.compiled import warm_up as warm_up_tracking
 from vdet.types import Detections, ImageArray, SourceStatus, StageTimings
 
@@ -430,6 +430,18 @@ class Runtime:
     def mps_active(self) -> bool:
         pool = self.worker_pool
         return pool is not None and pool.mps_active
+
+    def event_jpeg(self, stream_id: str, frame_index: int) -> bytes | None:
+        """The event snapshot of a stream's frame as JPEG; None when it is not kept, or the
+        stream or the service is gone. Blocks (it may wait for the encoding, or a worker)."""
+        streams = self.streams
+        if streams is None:
+            return None
+        try:
+            snapshot = streams.event_snapshot(stream_id, frame_index)
+        except StreamError:  # removed meanwhile, or its worker process is restarting
+            return None
+        return None if snapshot is None else snapshot.jpeg
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         """Build the streams' home and add the configured sources. On failure everything

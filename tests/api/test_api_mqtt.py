@@ -12,8 +12,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
-from support.apptest import MakeSettings, TestClient, stream_body
+from support.apptest import CLIP_WH, MakeSettings, TestClient, stream_body
 from support.mqtt import Broker, Subscriber
 from support.results import NAMES, result
 from support.tls import self_signed_ca
@@ -94,7 +96,7 @@ async def test_events_go_to_their_stream_s_topic_and_the_status_is_retained(
     late = Subscriber(broker, "vdet/status")
     try:
         wait_until(lambda: late.on("vdet/status"), 5, what="the retained status")
-        assert late.messages[0][1:] == ("offline", True)
+        assert late.messages[0][1:] == (b"offline", True)
     finally:
         late.close()
 
@@ -187,6 +189,47 @@ def test_the_app_publishes_a_stream_s_zone_events(
     assert {e["type"] for e in body["events"]} == {"zone_enter"}
     assert "vdet_mqtt_connected" in metrics
     wait_until(lambda: subscriber.on("vdet/status")[-1:] == ["offline"], 5, what="offline")
+
+
+def test_with_snapshots_the_app_publishes_each_event_frame_s_jpeg_retained(
+    make_settings: MakeSettings, clip: Path, broker: Broker, subscriber: Subscriber
+) -> None:
+    """The frame of each events message, as the JPEG `GET .../snapshots/{frame}.jpg` serves,
+    on `<prefix>/streams/<id>/snapshot`, retained: a client that subscribes later (a Home
+    Assistant MQTT camera) gets the latest at once."""
+    zone = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    app_settings = make_settings(
+        notify={"mqtt": {"host": "127.0.0.1", "port": broker.port, "snapshots": True}},
+        sources=[stream_body(clip, "gate", zones=[zone])],
+    )
+    topic = "vdet/streams/gate/snapshot"
+    with TestClient(create_app(app_settings)) as client:
+        jpeg = wait_until(lambda: subscriber.raw(topic), 20, what="a snapshot message")[0]
+        image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert image is not None and image.shape[:2] == (CLIP_WH[1], CLIP_WH[0])
+        body = subscriber.events("vdet/streams/gate/events")[0]
+        served = client.get(body["snapshot"])
+        assert served.status_code == 200 and served.content == jpeg
+        late = Subscriber(broker, topic)
+        try:
+            wait_until(lambda: late.messages, 10, what="the retained snapshot")
+            assert late.messages[0][2] is True, "retained"
+        finally:
+            late.close()
+
+
+def test_snapshots_over_mqtt_need_event_snapshots(
+    make_settings: MakeSettings, broker: Broker
+) -> None:
+    app_settings = make_settings(
+        notify={"mqtt": {"host": "127.0.0.1", "port": broker.port, "snapshots": True}},
+        event_snapshots={"per_stream": 0},
+    )
+    with (
+        pytest.raises(ValueError, match=r"needs event_snapshots\.per_stream"),
+        TestClient(create_app(app_settings)),
+    ):
+        pass
 
 
 async def test_a_broker_with_tls_and_passwords_gets_events_only_from_the_right_user(

@@ -72,7 +72,7 @@ class Broker:
 
 
 class Subscriber:
-    """A client subscribed to `topic` that keeps (topic, payload text, retained) in order."""
+    """A client subscribed to `topic` that keeps (topic, payload, retained) in order."""
 
     def __init__(
         self,
@@ -82,7 +82,7 @@ class Subscriber:
         user: tuple[str, str] | None = None,
         ca_file: Path | None = None,
     ) -> None:
-        self.messages: list[tuple[str, str, bool]] = []
+        self.messages: list[tuple[str, bytes, bool]] = []
         self._lock = threading.Lock()
         self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"test-{free_port()}")
         if user is not None:
@@ -96,11 +96,15 @@ class Subscriber:
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
         with self._lock:
-            self.messages.append((message.topic, message.payload.decode(), bool(message.retain)))
+            self.messages.append((message.topic, bytes(message.payload), bool(message.retain)))
 
-    def on(self, topic: str) -> list[str]:
+    def raw(self, topic: str) -> list[bytes]:
         with self._lock:
             return [payload for t, payload, _ in self.messages if t == topic]
+
+    def on(self, topic: str) -> list[str]:
+        """The payloads of `topic` as text."""
+        return [payload.decode() for payload in self.raw(topic)]
 
     def events(self, topic: str) -> list[dict[str, Any]]:
         return [json.loads(payload) for payload in self.on(topic)]

@@ -93,7 +93,7 @@ def create_app(
                 runtime.hub,
                 runtime.metrics,
                 runtime.class_names,
-                snapshots=settings.event_snapshots.per_stream > 0,
+                snapshot_of=runtime.event_jpeg if settings.event_snapshots.per_stream else None,
             )
             notifier.start()
             app.state.notifier = notifier

@@ -6,6 +6,8 @@ Topics (`<prefix>`: `topic_prefix`, default `vdet`):
   broker publishes `offline` itself (the connection's will) when vdet vanishes without one.
 - `<prefix>/streams/<stream id>/events`: one JSON message per result whose frame caused events
   that the filters keep, the same body as a webhook's without its `webhook` field.
+- `<prefix>/streams/<stream id>/snapshot` (with `snapshots`): that frame's event snapshot, a
+  JPEG, retained: the stream's latest event picture.
 
 paho-mqtt runs the connection in a thread of its own (connect, reconnect every 1-30 s, keepalive,
 acknowledgements); publishing from the event loop only queues. Messages of QoS 1 and 2 wait in
@@ -81,12 +83,18 @@ class MqttPublisher:
 
     def publish(self, source_id: str, body: dict[str, Any]) -> None:
         """Queue one stream's events message (never blocks)."""
+        payload = json.dumps(body, separators=(",", ":"))
+        self._send(f"{self.spec.topic_prefix}/streams/{source_id}/events", payload, retain=False)
+
+    def publish_snapshot(self, source_id: str, jpeg: bytes) -> None:
+        """Queue a stream's latest event snapshot, retained (never blocks)."""
+        self._send(f"{self.spec.topic_prefix}/streams/{source_id}/snapshot", jpeg, retain=True)
+
+    def _send(self, topic: str, payload: str | bytes, *, retain: bool) -> None:
         if self._client is None:  # not started: nowhere to queue it
             self._dropped.inc()
             return
-        topic = f"{self.spec.topic_prefix}/streams/{source_id}/events"
-        payload = json.dumps(body, separators=(",", ":"))
-        info = self._client.publish(topic, payload, qos=self.spec.qos)
+        info = self._client.publish(topic, payload, qos=self.spec.qos, retain=retain)
         queued = info.rc == mqtt.MQTT_ERR_SUCCESS or (
             info.rc == mqtt.MQTT_ERR_NO_CONN and self.spec.qos > 0  # sent once reconnected
         )

@@ -13,10 +13,11 @@ or an empty-tuple check (vdet.api.schemas.result_with_events).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
@@ -31,6 +32,9 @@ from vdet.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
+# (stream id, frame index) -> that frame's event snapshot as JPEG, None when there is none.
+SnapshotOf = Callable[[str, int], bytes | None]
+
 
 class Notifier:
     """The hub's reader, every configured webhook and the MQTT publisher (module docstring)."""
@@ -42,7 +46,7 @@ class Notifier:
         metrics: Metrics,
         class_names: Sequence[str],
         *,
-        snapshots: bool = False,
+        snapshot_of: SnapshotOf | None = None,
     ) -> None:
         sinks: list[tuple[str, EventFilterSettings]] = [
             (f"notify.webhooks {spec.id!r}", spec) for spec in settings.webhooks
@@ -59,7 +63,13 @@ class Notifier:
         self._hub = hub
         self._metrics = metrics
         self._names = tuple(class_names)
-        self._snapshots = snapshots  # bodies name the frame's event snapshot (its path)
+        # With event snapshots: bodies name their frame's, and MQTT may publish it.
+        self._snapshot_of = snapshot_of
+        if settings.mqtt is not None and settings.mqtt.snapshots and snapshot_of is None:
+            raise ValueError("notify.mqtt.snapshots needs event_snapshots.per_stream > 0")
+        # Event frames whose snapshot goes to MQTT next: a short queue, the oldest dropped.
+        self._snapshots_due: collections.deque[tuple[str, int]] = collections.deque(maxlen=8)
+        self._snapshot_due = asyncio.Event()
         # One client per trust store: the system's CAs, or the `tls_ca_file` of a site's own
         # CA, each checked before any client exists (a missing or broken file stops the start
         # with its name). No webhook, no client (making one loads a trust store).
@@ -88,6 +98,8 @@ class Notifier:
             asyncio.create_task(hook.run(), name=f"webhook-{hook.spec.id}")
             for hook in self.webhooks
         ]
+        if self.mqtt is not None and self.mqtt.spec.snapshots:
+            self._senders.append(asyncio.create_task(self._send_snapshots(), name="mqtt-snapshots"))
 
     async def stop(self) -> None:
         """Stop reading; let waiting deliveries and messages go out for up to
@@ -146,14 +158,31 @@ class Notifier:
             return
         events: list[dict[str, Any]] = body.pop("events")
         source = body["source_id"]
-        if self._snapshots:
-            path = snapshot_path(source, int(body["frame_index"]))
+        frame_index = int(body["frame_index"])
+        if self._snapshot_of is not None:
+            path = snapshot_path(source, frame_index)
             body["snapshot"] = f"{self._settings.public_url or ''}{path}"
         for hook in self.webhooks:
             if kept := hook.filter.events(source, events):
                 hook.offer({**body, "events": kept}, float(body["published_time"]))
         if self.mqtt is not None and (kept := self.mqtt.filter.events(source, events)):
             self.mqtt.publish(source, {**body, "events": kept})
+            if self.mqtt.spec.snapshots:
+                self._snapshots_due.append((source, frame_index))
+                self._snapshot_due.set()
+
+    async def _send_snapshots(self) -> None:
+        """Fetch each due event snapshot (off the event loop: it may wait for its encoding, or
+        ask a worker process) and publish it, one at a time."""
+        assert self.mqtt is not None and self._snapshot_of is not None
+        while True:
+            await self._snapshot_due.wait()
+            self._snapshot_due.clear()
+            while self._snapshots_due:
+                source, frame_index = self._snapshots_due.popleft()
+                jpeg = await asyncio.to_thread(self._snapshot_of, source, frame_index)
+                if jpeg is not None:  # else skipped, or its stream is gone
+                    self.mqtt.publish_snapshot(source, jpeg)
 
 
 def _trust(spec: WebhookSettings) -> ssl.SSLContext | bool:
@@ -169,4 +198,4 @@ def _trust(spec: WebhookSettings) -> ssl.SSLContext | bool:
         ) from exc
 
 
-__all__ = ["Notifier"]
+__all__ = ["Notifier", "SnapshotOf"]
