@@ -61,8 +61,8 @@ install_venv() {
   export PATH="/tmp/venv/bin:$PATH"
 }
 
-# gpu_tests SECONDS: pytest -m gpu on $VDET_GPU_TESTS (default tests/gpu; files named before
-# the folder run first, each once), its summary printed.
+# gpu_tests SECONDS: pytest -m gpu on $VDET_GPU_TESTS (default tests/gpu; test files in the
+# order given), its summary printed.
 gpu_tests() {
   local paths=${VDET_GPU_TESTS:-tests/gpu}
   unset VDET_GPU_TESTS  # vdet refuses VDET_ variables it does not know
