@@ -101,7 +101,7 @@ class EventSnapshots:
             self._settle(key)
             self._count(source, generation, skipped=1)
 
-    def get(self, source_id: str, frame_index: int, wait_s: float = 2.0) -> EventSnapshot | None:
+    def get(self, source_id: str, frame_index: int, wait_s: float = 1.0) -> EventSnapshot | None:
         """The snapshot of the stream's frame, if kept; waits up to `wait_s` for one that is
         still being encoded."""
         key = (source_id, frame_index)
