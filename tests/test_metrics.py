@@ -169,14 +169,17 @@ def test_a_restarted_worker_counts_on_from_where_the_counters_are() -> None:
     # A stream re-added to a new worker process reports from zero again.
     metrics = Metrics()
     metrics.add_source("cam", SourceState.CONNECTING)
-    metrics.sync_source("cam", SourceStatus(frames_decoded=50, decode_errors=3, frames_damaged=9))
+    before = SourceStatus(frames_decoded=50, decode_errors=3, frames_damaged=9, frames_skipped=20)
+    metrics.sync_source("cam", before)
     metrics.restart_source("cam")
-    metrics.sync_source("cam", SourceStatus(frames_decoded=10, decode_errors=1, frames_damaged=4))
+    after = SourceStatus(frames_decoded=10, decode_errors=1, frames_damaged=4, frames_skipped=5)
+    metrics.sync_source("cam", after)
     s = samples(metrics)
     cam = (("source", "cam"),)
     assert s[("vdet_frames_decoded_total", cam)] == 60.0
     assert s[("vdet_decode_errors_total", cam)] == 4.0
     assert s[("vdet_frames_damaged_total", cam)] == 13.0
+    assert s[("vdet_frames_skipped_total", cam)] == 25.0
 
 
 def test_remove_source_drops_its_series_and_ignores_late_reports() -> None:

@@ -529,7 +529,7 @@ class Metrics:
             totals = self._totals.get(source_id)
             if totals is not None:
                 totals.decoded = totals.dropped = totals.reconnects = 0
-                totals.decode_errors = totals.damaged = 0
+                totals.decode_errors = totals.damaged = totals.skipped = 0
 
     def remove_source(self, source_id: str) -> None:
         """Drop every series labelled with a deleted source."""
