@@ -64,6 +64,7 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_websocket_clients": "gauge",
         "vdet_streams": "gauge",
         "vdet_streams_file_write_failures": "counter",
+        "vdet_event_snapshots": "counter",
         "vdet_live_viewers": "gauge",
         "vdet_live_encode_seconds": "histogram",
         "vdet_live_frames_sent": "counter",
@@ -180,6 +181,34 @@ def test_a_restarted_worker_counts_on_from_where_the_counters_are() -> None:
     assert s[("vdet_decode_errors_total", cam)] == 4.0
     assert s[("vdet_frames_damaged_total", cam)] == 13.0
     assert s[("vdet_frames_skipped_total", cam)] == 25.0
+
+
+def test_event_snapshot_counts_fold_into_the_counter_and_a_restart_counts_on() -> None:
+    metrics = Metrics()
+    metrics.add_source("cam", SourceState.CONNECTING)
+    cam = {"source": "cam"}
+
+    def total(outcome: str) -> float:
+        value = metrics.registry.get_sample_value(
+            "vdet_event_snapshots_total", {**cam, "outcome": outcome}
+        )
+        assert value is not None, "the series exist from the start, at zero"
+        return value
+
+    assert (total("kept"), total("skipped"), total("failed")) == (0.0, 0.0, 0.0)
+    metrics.sync_event_snapshots("cam", kept=5, skipped=2, failed=0)
+    metrics.sync_event_snapshots("cam", kept=7, skipped=2, failed=1)
+    metrics.sync_event_snapshots("cam", kept=7, skipped=2, failed=1)  # no change
+    assert (total("kept"), total("skipped"), total("failed")) == (7.0, 2.0, 1.0)
+    metrics.restart_source("cam")  # a new worker process counts from zero
+    metrics.sync_event_snapshots("cam", kept=3, skipped=0, failed=0)
+    assert total("kept") == 10.0
+    metrics.remove_source("cam")
+    metrics.sync_event_snapshots("cam", kept=50, skipped=0, failed=0)  # late: ignored
+    assert (
+        metrics.registry.get_sample_value("vdet_event_snapshots_total", {**cam, "outcome": "kept"})
+        is None
+    )
 
 
 def test_remove_source_drops_its_series_and_ignores_late_reports() -> None:

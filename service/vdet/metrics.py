@@ -102,6 +102,9 @@ class _FrameSeries:
     slot: int  # its number among the pending frames (`Metrics.fold`)
 
 
+_SNAPSHOT_OUTCOMES = ("kept", "skipped", "failed")
+
+
 @dataclass
 class _SourceTotals:
     """The last cumulative counts seen for one source, to turn snapshots into increments."""
@@ -112,6 +115,8 @@ class _SourceTotals:
     decode_errors: int = 0
     damaged: int = 0
     skipped: int = 0
+    # Event snapshots kept, skipped, failed (the stream manager's counts).
+    snapshots: tuple[int, int, int] = (0, 0, 0)
     gpu: str = "cpu"
     series: _FrameSeries | None = None
     zone_series: set[tuple[str, str]] = field(default_factory=set)  # (zone, class) gauges set
@@ -207,6 +212,13 @@ class Metrics:
             "vdet_websocket_clients", "WebSocket event clients connected now.", registry=r
         )
         self.streams = Gauge("vdet_streams", "Streams configured now.", registry=r)
+        self.event_snapshots = Counter(
+            "vdet_event_snapshots_total",
+            "Event snapshots (JPEGs of the frames with zone or line events) by outcome: kept, "
+            "skipped (the encoder was behind) or failed.",
+            ["source", "outcome"],
+            registry=r,
+        )
         self.streams_file_write_failures = Counter(
             "vdet_streams_file_write_failures_total",
             "Changes to the streams that could not be written to `streams_file` (in effect, "
@@ -476,6 +488,8 @@ class Metrics:
                 self.source_reconnects,
             ):
                 counter.labels(source_id)
+            for outcome in _SNAPSHOT_OUTCOMES:
+                self.event_snapshots.labels(source_id, outcome)
         self.set_source_state(source_id, state)
 
     def set_source_state(self, source_id: str, state: SourceState) -> None:
@@ -522,6 +536,24 @@ class Metrics:
                 age = (time.time() if now is None else now) - status.last_frame_time
                 self.source_last_frame_age.labels(source_id).set(max(0.0, age))
 
+    def sync_event_snapshots(self, source_id: str, kept: int, skipped: int, failed: int) -> None:
+        """Fold a stream's cumulative event snapshot counts into the counter (as sync_source
+        does its frame counts). Ignored for unknown sources."""
+        with self._lock:
+            totals = self._totals.get(source_id)
+            if totals is None:
+                return
+            now = (kept, skipped, failed)
+            for outcome, count, last in zip(_SNAPSHOT_OUTCOMES, now, totals.snapshots, strict=True):
+                if count > last:
+                    self.event_snapshots.labels(source_id, outcome).inc(count - last)
+            last_kept, last_skipped, last_failed = totals.snapshots
+            totals.snapshots = (
+                max(kept, last_kept),
+                max(skipped, last_skipped),
+                max(failed, last_failed),
+            )
+
     def restart_source(self, source_id: str) -> None:
         """The source's worker was replaced: its next status counts from zero again, and the
         counters go on from where they are (they never go down)."""
@@ -530,6 +562,7 @@ class Metrics:
             if totals is not None:
                 totals.decoded = totals.dropped = totals.reconnects = 0
                 totals.decode_errors = totals.damaged = totals.skipped = 0
+                totals.snapshots = (0, 0, 0)
 
     def remove_source(self, source_id: str) -> None:
         """Drop every series labelled with a deleted source."""
@@ -551,6 +584,7 @@ class Metrics:
                 self.source_state,
                 self.source_last_frame_age,
                 self.source_gpu,
+                self.event_snapshots,
                 self.zone_objects,
                 self.line_crossings,
                 self.tracks_started,

@@ -153,6 +153,7 @@ class Health:
 
     sources: tuple[tuple[str, SourceStatus], ...]
     gpus: tuple[tuple[str, int, int | None], ...]  # (label, streams, allocator bytes)
+    event_snapshots: tuple[tuple[str, EventSnapshotCounts], ...] = ()
 
 
 class StreamService(Protocol):
@@ -344,11 +345,12 @@ class LocalStreams:
     def health(self) -> Health:
         """Source statuses and GPU use, for a process that keeps the metrics elsewhere."""
         sources = tuple((view.spec.id, view.status) for view in self.manager.list())
+        snapshots = tuple((s, self.manager.event_snapshot_counts(s)) for s, _ in sources)
         if self.gpu is None:
-            return Health(sources, (("cpu", len(sources), None),))
+            return Health(sources, (("cpu", len(sources), None),), snapshots)
         counts = self.gpu.streams_by_gpu()
         gpus = tuple((w.label, counts.get(w.label, 0), w.memory_bytes()) for w in self.gpu.workers)
-        return Health(sources, gpus)
+        return Health(sources, gpus, snapshots)
 
     def describe(self) -> str:
         gpu = f"; GPU workers: {self.gpu.describe()}" if self.gpu is not None else ""

@@ -537,6 +537,12 @@ class StreamManager:
             self._event_snapshots.counts(stream_id),
         )
 
+    def event_snapshot_counts(self, stream_id: str) -> EventSnapshotCounts:
+        """Since the stream started: its event snapshots kept, skipped and failed."""
+        if self._event_snapshots is None:
+            return EventSnapshotCounts()
+        return self._event_snapshots.counts(stream_id)
+
     def newest_frame(self, stream_id: str) -> Snapshot | None:
         """The newest decoded frame, with the newest result (detected on it or on an earlier
         frame); None before the first result.
@@ -695,6 +701,10 @@ class StreamManager:
             worker = stream.worker
         if worker is not None:
             self._metrics.sync_source(stream.spec.id, worker.status(), now=self._clock())
+        counts = self.event_snapshot_counts(stream.spec.id)
+        self._metrics.sync_event_snapshots(
+            stream.spec.id, counts.kept, counts.skipped, counts.failed
+        )
 
     def _run_pipeline(self, stream: _Stream) -> None:
         """The stream's pipeline thread: mailbox -> detector -> hub + metrics, until stopped.

@@ -75,6 +75,9 @@ def test_frames_with_zone_events_are_served_as_jpegs_and_named_in_webhook_bodies
         assert client.get("/v1/streams/gate/snapshots/x.jpg").status_code == 422
         counts = listing(client)
         assert counts["kept"] >= 1 and counts["failed"] == 0
+        metrics = client.get("/metrics").text
+        assert 'vdet_event_snapshots_total{outcome="kept",source="gate"}' in metrics
+        assert 'vdet_event_snapshots_total{outcome="failed",source="gate"} 0.0' in metrics
 
         # Removed and added again under its id: nothing of before is kept.
         assert client.delete("/v1/streams/gate").status_code == 204

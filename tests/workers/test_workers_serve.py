@@ -496,6 +496,8 @@ def test_zone_events_of_worker_processes_reach_a_webhook_with_their_snapshot(
         status, kept = svc.get("/v1/streams/gate/snapshots")
         assert status == 200 and kept["kept"] >= 1, kept
         assert body["snapshot"] in [snap["url"] for snap in kept["snapshots"]]
+        snapshots_kept = ("vdet_event_snapshots_total", (("outcome", "kept"), ("source", "gate")))
+        assert svc.metrics().get(snapshots_kept, 0) >= 1, "counted in the worker, shown here"
         delivered = (
             "vdet_webhook_deliveries_total",
             (("outcome", "delivered"), ("webhook", "ops")),

@@ -538,6 +538,11 @@ class WorkerPool:
                 if source_id in self:
                     self._metrics.sync_source(source_id, status, now=now)
                     self._metrics.set_source_state(source_id, status.state)
+            for source_id, counts in health.event_snapshots:
+                if source_id in self:
+                    self._metrics.sync_event_snapshots(
+                        source_id, counts.kept, counts.skipped, counts.failed
+                    )
             for _, streams, memory in health.gpus:
                 gpu_streams[worker.gpu_label] += streams
                 if memory is not None:
