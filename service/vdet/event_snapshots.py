@@ -15,6 +15,7 @@ streams, and memory stays bounded (`per_stream` JPEGs per stream, `queue` frames
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import queue
 import threading
@@ -80,9 +81,11 @@ class EventSnapshots:
         # Frames queued or being encoded: a GET for one waits for it (a webhook receiver that
         # asks at once may ask before the encoder is done).
         self._waiting: set[tuple[str, int]] = set()
-        # A stream's generation moves on when it is forgotten: a frame of it still being
-        # encoded then is not kept (a stream added again under its id starts empty).
+        # Each stream's generation: a number of its own, dropped when it is forgotten, so a
+        # frame of it still being encoded then is not kept (and a stream added again under its
+        # id, which gets a new number, starts empty); forgotten ids leave nothing behind.
         self._generation: dict[str, int] = {}
+        self._generations = itertools.count(1)
         self._counts: dict[str, EventSnapshotCounts] = {}
         self._thread = threading.Thread(target=self._run, name="event-snapshots", daemon=True)
         self._thread.start()
@@ -93,7 +96,9 @@ class EventSnapshots:
             return
         source, key = result.source_id, (result.source_id, result.frame_index)
         with self._lock:
-            generation = self._generation.setdefault(source, 0)
+            generation = self._generation.get(source)
+            if generation is None:
+                generation = self._generation[source] = next(self._generations)
             self._waiting.add(key)
         try:
             self._queue.put_nowait((generation, result, frame))
@@ -124,7 +129,7 @@ class EventSnapshots:
         with self._lock:
             self._kept.pop(source_id, None)
             self._counts.pop(source_id, None)
-            self._generation[source_id] = self._generation.get(source_id, 0) + 1
+            self._generation.pop(source_id, None)
 
     def close(self) -> None:
         """Stop the encoder thread; frames still queued are dropped."""
