@@ -781,6 +781,24 @@ class MqttSettings(EventFilterSettings):
         "filters keep to <prefix>/streams/<id>/snapshot, retained: the stream's latest event "
         "picture (a Home Assistant MQTT camera shows it). Needs event_snapshots.per_stream > 0.",
     )
+    home_assistant: bool = Field(
+        default=False,
+        description="With snapshots: announce each stream's snapshot topic to Home Assistant "
+        "(MQTT discovery, retained, before its first snapshot), so it appears as a camera "
+        "without configuring it there.",
+    )
+    discovery_prefix: str = Field(
+        default="homeassistant",
+        pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+        max_length=128,
+        description="Home Assistant's MQTT discovery prefix.",
+    )
+
+    @model_validator(mode="after")
+    def _home_assistant_needs_snapshots(self) -> MqttSettings:
+        if self.home_assistant and not self.snapshots:
+            raise ValueError("home_assistant announces the snapshot cameras: set snapshots too")
+        return self
 
 
 class NotifySettings(_Strict):

@@ -23,7 +23,7 @@ from support.waiting import wait_until
 
 from vdet.api.app import create_app
 from vdet.api.notify import Notifier
-from vdet.config import NotifySettings
+from vdet.config import MqttSettings, NotifySettings
 from vdet.hub import ResultsHub
 from vdet.metrics import Metrics
 from vdet.types import ZoneEvent
@@ -198,16 +198,17 @@ def test_with_snapshots_the_app_publishes_each_event_frame_s_jpeg_retained(
     on `<prefix>/streams/<id>/snapshot`, retained: a client that subscribes later (a Home
     Assistant MQTT camera) gets the latest at once."""
     zone = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    mqtt = {"host": "127.0.0.1", "port": broker.port, "snapshots": True, "home_assistant": True}
     app_settings = make_settings(
-        notify={"mqtt": {"host": "127.0.0.1", "port": broker.port, "snapshots": True}},
-        sources=[stream_body(clip, "gate", zones=[zone])],
+        notify={"mqtt": mqtt}, sources=[stream_body(clip, "gate.north", zones=[zone])]
     )
-    topic = "vdet/streams/gate/snapshot"
+    topic = "vdet/streams/gate.north/snapshot"
+    discovery = Subscriber(broker, "homeassistant/#")
     with TestClient(create_app(app_settings)) as client:
         jpeg = wait_until(lambda: subscriber.raw(topic), 20, what="a snapshot message")[0]
         image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
         assert image is not None and image.shape[:2] == (CLIP_WH[1], CLIP_WH[0])
-        body = subscriber.events("vdet/streams/gate/events")[0]
+        body = subscriber.events("vdet/streams/gate.north/events")[0]
         served = client.get(body["snapshot"])
         assert served.status_code == 200 and served.content == jpeg
         late = Subscriber(broker, topic)
@@ -216,6 +217,23 @@ def test_with_snapshots_the_app_publishes_each_event_frame_s_jpeg_retained(
             assert late.messages[0][2] is True, "retained"
         finally:
             late.close()
+    # Home Assistant learnt of the camera, once (its id's dot made '_').
+    try:
+        (config,) = discovery.events("homeassistant/camera/vdet/gate_north/config")
+    finally:
+        discovery.close()
+    assert config == {
+        "name": "gate.north last event",
+        "unique_id": "vdet_gate_north_event_snapshot",
+        "topic": topic,
+        "availability_topic": "vdet/status",
+        "device": {"identifiers": ["vdet"], "name": "vdet vdet"},
+    }
+
+
+def test_home_assistant_discovery_needs_snapshots() -> None:
+    with pytest.raises(ValueError, match="set snapshots too"):
+        MqttSettings(host="h", home_assistant=True)
 
 
 def test_snapshots_over_mqtt_need_event_snapshots(

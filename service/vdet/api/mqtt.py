@@ -7,7 +7,8 @@ Topics (`<prefix>`: `topic_prefix`, default `vdet`):
 - `<prefix>/streams/<stream id>/events`: one JSON message per result whose frame caused events
   that the filters keep, the same body as a webhook's without its `webhook` field.
 - `<prefix>/streams/<stream id>/snapshot` (with `snapshots`): that frame's event snapshot, a
-  JPEG, retained: the stream's latest event picture.
+  JPEG, retained: the stream's latest event picture. With `home_assistant`, Home Assistant's
+  MQTT discovery learns of it first (`<discovery prefix>/camera/<client id>/<stream>/config`).
 
 paho-mqtt runs the connection in a thread of its own (connect, reconnect every 1-30 s, keepalive,
 acknowledgements); publishing from the event loop only queues. Messages of QoS 1 and 2 wait in
@@ -59,6 +60,7 @@ class MqttPublisher:
         self._ca_file = ca_file
         self._client: mqtt.Client | None = None  # made by start(): its sockets with it
         self._status_mids: set[int] = set()  # `online` / `offline`: not counted as events
+        self._announced: set[str] = set()  # streams whose camera Home Assistant was told of
 
     def start(self) -> None:
         """Connect in paho's thread; an absent broker is retried there, never waited for."""
@@ -87,8 +89,28 @@ class MqttPublisher:
         self._send(f"{self.spec.topic_prefix}/streams/{source_id}/events", payload, retain=False)
 
     def publish_snapshot(self, source_id: str, jpeg: bytes) -> None:
-        """Queue a stream's latest event snapshot, retained (never blocks)."""
-        self._send(f"{self.spec.topic_prefix}/streams/{source_id}/snapshot", jpeg, retain=True)
+        """Queue a stream's latest event snapshot, retained (never blocks); with
+        `home_assistant`, its camera is announced first, once per stream."""
+        topic = f"{self.spec.topic_prefix}/streams/{source_id}/snapshot"
+        if self.spec.home_assistant and source_id not in self._announced:
+            self._announced.add(source_id)
+            self._send(*self._camera_discovery(source_id, topic), retain=True)
+        self._send(topic, jpeg, retain=True)
+
+    def _camera_discovery(self, source_id: str, topic: str) -> tuple[str, str]:
+        """Home Assistant's MQTT discovery config for a stream's snapshot camera: (its topic,
+        its JSON). Ids there are letters, digits, '_' and '-': a stream id's dots become '_'."""
+        node = self.spec.client_id.replace(".", "_")
+        object_id = source_id.replace(".", "_")
+        config = {
+            "name": f"{source_id} last event",
+            "unique_id": f"{node}_{object_id}_event_snapshot",
+            "topic": topic,
+            "availability_topic": self.status_topic,
+            "device": {"identifiers": [node], "name": f"vdet {self.spec.client_id}"},
+        }
+        where = f"{self.spec.discovery_prefix}/camera/{node}/{object_id}/config"
+        return where, json.dumps(config, separators=(",", ":"))
 
     def _send(self, topic: str, payload: str | bytes, *, retain: bool) -> None:
         if self._client is None:  # not started: nowhere to queue it
