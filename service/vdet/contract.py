@@ -36,7 +36,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from .types import ColourMatrix, ColourRange, FloatArray
+from vdet.types import ColourMatrix, ColourRange, FloatArray
 
 # ---- model input ----------------------------------------------------------------------------
 

@@ -15,12 +15,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..types import Detections, ImageArray, StageTimings
-from .backends import create_backend
-from .backends.base import InferenceBackend
-from .model import ModelInfo
-from .postprocess import PostprocessParams, decode_and_nms_image
-from .preprocess import LetterboxTransform, letterbox, rect_input_hw
+from vdet.types import Detections, ImageArray, StageTimings
+from vdet.pipeline.backends import create_backend
+from vdet.pipeline.backends.base import InferenceBackend
+from vdet.pipeline.model import ModelInfo
+from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
+from vdet.pipeline.preprocess import LetterboxTransform, letterbox, rect_input_hw
 
 # How a frame is letterboxed: into the smallest input that holds it, or the model's square.
 InputShape = Literal["rect", "square"]

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from ..contract import (
+from vdet.contract import (
     CHROMA_OFFSET,
     PAD_VALUE,
     UNIT_SCALE,
@@ -49,8 +49,8 @@ from ..contract import (
     float32,
     yuv_coefficients,
 )
-from ..cuda_stream import on_stream
-from ..types import ColourMatrix, ColourRange, FloatArray, IntArray
+from vdet.cuda_stream import on_stream
+from vdet.types import ColourMatrix, ColourRange, FloatArray, IntArray
 
 # Columns of a decode + NMS output row.
 DETECTION_COLUMNS = 6
@@ -356,8 +356,8 @@ def kernel_ops(device: int = 0) -> tuple[PreprocessFn, DecodeNmsFn]:
     calling stream gets its own decode + NMS workspace, made on the first (eager, warm-up)
     call, so the captured launches allocate nothing and sources never share scratch memory.
     """
-    from ..plugins.launch import stream_handle
-    from ..plugins.ops import GpuOps, decode_nms_workspace_bytes
+    from vdet.plugins.launch import stream_handle
+    from vdet.plugins.ops import GpuOps, decode_nms_workspace_bytes
 
     ops = GpuOps(device=device)
     workspaces: dict[tuple[int, int, int, int], torch.Tensor] = {}

@@ -31,10 +31,10 @@ from typing import Generic, Protocol, TypeVar
 import numpy as np
 import torch
 
-from ..capture_guard import CUDA_WORK
-from ..cuda_stream import on_stream
-from ..types import ColourMatrix, ColourRange, Detections, FloatArray
-from .gpu_ops import (
+from vdet.capture_guard import CUDA_WORK
+from vdet.cuda_stream import on_stream
+from vdet.types import ColourMatrix, ColourRange, Detections, FloatArray
+from vdet.pipeline.gpu_ops import (
     DETECTION_COLUMNS,
     DecodeNmsFn,
     Nv12Geometry,
@@ -43,7 +43,7 @@ from .gpu_ops import (
     nv12_letterbox_reference,
     rows_to_arrays,
 )
-from .postprocess import PostprocessParams, decode_and_nms_image
+from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
 
 log = logging.getLogger(__name__)
 

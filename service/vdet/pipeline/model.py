@@ -23,7 +23,7 @@ from pathlib import Path
 
 import onnx
 
-from ..contract import STRIDE
+from vdet.contract import STRIDE
 
 # A dimension as the graph declares it: a fixed size, a symbolic name, or nothing at all.
 Dim = int | str | None

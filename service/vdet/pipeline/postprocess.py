@@ -35,9 +35,9 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from ..contract import LetterboxTransform
-from ..contract import PostprocessParams as PostprocessParams
-from ..types import Detections, FloatArray
+from vdet.contract import LetterboxTransform
+from vdet.contract import PostprocessParams as PostprocessParams
+from vdet.types import Detections, FloatArray
 
 AnchorArray = npt.NDArray[np.intp]
 

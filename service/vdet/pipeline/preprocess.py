@@ -32,10 +32,10 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from ..contract import PAD_VALUE, UNIT_SCALE, compute_letterbox
-from ..contract import LetterboxTransform as LetterboxTransform
-from ..contract import rect_input_hw as rect_input_hw
-from ..types import FloatArray, ImageArray
+from vdet.contract import PAD_VALUE, UNIT_SCALE, compute_letterbox
+from vdet.contract import LetterboxTransform as LetterboxTransform
+from vdet.contract import rect_input_hw as rect_input_hw
+from vdet.types import FloatArray, ImageArray
 
 # uint8 -> float32 in [0, 1] by a true float32 division (uint8 converts to float32 exactly, and
 # IEEE division rounds once), written straight into the output: half the time of a table lookup

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import contract
+from vdet import contract
 
 # Where the header lies in a checkout, from its root (the installed package holds a copy of it).
 HEADER = Path("service", "vdet", "kernels", "vdet_contract.h")

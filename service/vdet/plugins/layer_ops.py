@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .launch import Backend, CudaBackend, DeviceArray, KernelArg, stream_handle
+from vdet.plugins.launch import Backend, CudaBackend, DeviceArray, KernelArg, stream_handle
 
 BLOCK = 256
 HALF = np.dtype(np.float16)

@@ -24,8 +24,8 @@ from typing import Literal
 
 import numpy as np
 
-from .. import contract
-from ..contract import (
+from vdet import contract
+from vdet.contract import (
     CHROMA_OFFSET,
     MAX_TOP_K,
     LetterboxTransform,
@@ -33,8 +33,8 @@ from ..contract import (
     YuvCoefficients,
     compute_letterbox,
 )
-from ..types import ColourMatrix, ColourRange, ImageArray
-from .launch import Backend, CudaBackend, DeviceArray, KernelArg, stream_handle
+from vdet.types import ColourMatrix, ColourRange, ImageArray
+from vdet.plugins.launch import Backend, CudaBackend, DeviceArray, KernelArg, stream_handle
 
 # Mirrors of vdet_kernels.h (a test checks that they agree). MAX_TOP_K and the pad value come
 # from vdet.contract, which also generates their C copy (vdet_contract.h).

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .base import InferenceBackend
+from vdet.pipeline.backends.base import InferenceBackend
 
 AUTO = "auto"
 

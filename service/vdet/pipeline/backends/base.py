@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from ...types import FloatArray
-from ..model import ModelInfo
+from vdet.types import FloatArray
+from vdet.pipeline.model import ModelInfo
 
 
 class InferenceBackend(ABC):

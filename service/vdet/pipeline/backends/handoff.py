@@ -14,9 +14,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from ...engines.cache import BackgroundEngineBuilder
-from ...types import FloatArray
-from .base import InferenceBackend
+from vdet.engines.cache import BackgroundEngineBuilder
+from vdet.types import FloatArray
+from vdet.pipeline.backends.base import InferenceBackend
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import queue
 import numpy as np
 import onnxruntime as ort
 
-from ...types import FloatArray
-from ..model import load_model_info
-from . import BackendSpec, register_backend
-from .base import InferenceBackend
+from vdet.types import FloatArray
+from vdet.pipeline.model import load_model_info
+from vdet.pipeline.backends import BackendSpec, register_backend
+from vdet.pipeline.backends.base import InferenceBackend
 
 # The metadata entry `vdet quantize` stamps on the models it writes (vdet.engines.quantize).
 _QUANTIZATION_KEY = "vdet_quantization"

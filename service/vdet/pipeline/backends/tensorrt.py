@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...contract import STRIDE
-from ...engines.cache import (
+from vdet.contract import STRIDE
+from vdet.engines.cache import (
     CachedEngine,
     EngineCache,
     EngineKey,
@@ -44,15 +44,15 @@ from ...engines.cache import (
     EngineMismatchError,
     verify_plan,
 )
-from ...engines.gpu import CudaError, GpuIdentity, cuda_call, gpu_count, gpu_identity, runtime
-from ...engines.library import TENSORRT, TENSORRT_RTX, LibraryError, TensorRTLibrary, library
-from ...types import FloatArray
-from ..model import ModelInfo
-from . import BackendSpec, register_backend
-from .base import InferenceBackend
+from vdet.engines.gpu import CudaError, GpuIdentity, cuda_call, gpu_count, gpu_identity, runtime
+from vdet.engines.library import TENSORRT, TENSORRT_RTX, LibraryError, TensorRTLibrary, library
+from vdet.types import FloatArray
+from vdet.pipeline.model import ModelInfo
+from vdet.pipeline.backends import BackendSpec, register_backend
+from vdet.pipeline.backends.base import InferenceBackend
 
 if TYPE_CHECKING:
-    from ...config import EngineSettings
+    from vdet.config import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class TensorRTBackend(InferenceBackend):
     name = TENSORRT.flavour
 
     def __init__(self, plan: str | os.PathLike[str], *, device: int = 0) -> None:
-        from ...engines.build import _make_logger
+        from vdet.engines.build import _make_logger
 
         plan = Path(plan)
         manifest = verify_plan(plan)
@@ -572,7 +572,7 @@ def _model_info(plan: Path, manifest: EngineManifest) -> ModelInfo:
 
 
 def _engine_settings(engine: EngineSettings | None) -> EngineSettings:
-    from ...config import ConfigError, EngineSettings, load_settings
+    from vdet.config import ConfigError, EngineSettings, load_settings
 
     if engine is not None:
         return engine
@@ -600,7 +600,7 @@ def create_tensorrt_backend(
     mismatching one is built, in the background while the torch backend on CUDA (else ONNX
     Runtime) serves when `build_in_background` (default: `engine.build_in_background`).
     """
-    from ...engines.build import BuildOptions, engine_request
+    from vdet.engines.build import BuildOptions, engine_request
 
     lib = library(flavour)
     path = Path(model_path)
@@ -614,7 +614,7 @@ def create_tensorrt_backend(
             f"{why_not}"
         )
     try:
-        from ...config import load_settings
+        from vdet.config import load_settings
 
         detection = load_settings().detection
     except Exception:  # thresholds only matter for plugin_nms; defaults then
@@ -638,7 +638,7 @@ def create_tensorrt_backend(
         build_in_background = settings.build_in_background
     if not build_in_background:
         return build()
-    from .handoff import serve_while_building
+    from vdet.pipeline.backends.handoff import serve_while_building
 
     fallback = _serve_meanwhile(path, device)
     log.info(
@@ -650,12 +650,12 @@ def create_tensorrt_backend(
 
 def _serve_meanwhile(path: Path, device: int) -> InferenceBackend:
     """What serves while an engine builds: torch on this GPU where it can, else ONNX Runtime."""
-    from .onnxruntime import OnnxRuntimeBackend
-    from .torch import torch_cuda_available
+    from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
+    from vdet.pipeline.backends.torch import torch_cuda_available
 
     if torch_cuda_available():
         try:
-            from .torch import TorchBackend
+            from vdet.pipeline.backends.torch import TorchBackend
 
             return TorchBackend(path, device=f"cuda:{device}")
         except Exception as exc:

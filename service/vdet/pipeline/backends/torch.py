@@ -43,13 +43,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import onnx
 
-from ...types import FloatArray
-from ..model import ModelInfo, load_model_info
-from . import BackendSpec, register_backend
-from .base import InferenceBackend
+from vdet.types import FloatArray
+from vdet.pipeline.model import ModelInfo, load_model_info
+from vdet.pipeline.backends import BackendSpec, register_backend
+from vdet.pipeline.backends.base import InferenceBackend
 
 if TYPE_CHECKING:  # torch_layers imports torch, which the CPU image does not have
-    from .torch_layers import LayerKernels
+    from vdet.pipeline.backends.torch_layers import LayerKernels
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ def load_onnx_network(
         else layer_kernels
     )
     if kernels is not None:
-        from .torch_layers import use_layer_kernels
+        from vdet.pipeline.backends.torch_layers import use_layer_kernels
 
         use_layer_kernels(module, kernels)
     _host_constant_args(module)
@@ -508,7 +508,7 @@ class TorchBackend(InferenceBackend):
     def _capture(self) -> None:
         import torch
 
-        from ...capture_guard import CUDA_WORK
+        from vdet.capture_guard import CUDA_WORK
 
         assert self._stream is not None
         self._stream.wait_stream(torch.cuda.current_stream(self._torch_device))
@@ -558,7 +558,7 @@ class TorchBackend(InferenceBackend):
 
         batch = self.check_batch(batch)
         outputs = []
-        from ...capture_guard import CUDA_WORK
+        from vdet.capture_guard import CUDA_WORK
 
         with self._lock, CUDA_WORK.work():
             if self.network is None:
