@@ -63,7 +63,7 @@ def _messages(offset: int, count: int) -> list[Any]:
     import numpy as np
 
     from vdet.api.schemas import encode_result_tail
-    from vdet.types import DetectionResult, Detections, StageTimings
+    from vdet.core.types import DetectionResult, Detections, StageTimings
 
     names = tuple(f"class{i}" for i in range(80))
     rng = np.random.default_rng(offset)
@@ -200,7 +200,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def _apply(variant: dict[str, Any], default_switch: float, default_batch: int) -> None:
-    from vdet import hub
+    from vdet.results import hub
 
     hub._Outbox.batch = variant.get("batch", default_batch)
     switch = variant.get("switch_interval_s")
@@ -215,7 +215,7 @@ def main() -> None:
     from vdet.api.app import create_app
     from vdet.api.server import server_config
     from vdet.config import Settings, WorkerSettings
-    from vdet.types import SourceState
+    from vdet.core.types import SourceState
     from vdet.workers.channel import PublishedBatch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -333,7 +333,7 @@ def main() -> None:
         )
     windows: list[dict[str, Any]] = []
     default_switch = sys.getswitchinterval()
-    from vdet import hub
+    from vdet.results import hub
 
     default_batch = hub._Outbox.batch
 

@@ -47,9 +47,9 @@ from fastapi import FastAPI, WebSocket
 
 from vdet.api.schemas import ResultEventEncoder, encode_result_tail
 from vdet.api.server import server_config
-from vdet.bench import environment
-from vdet.hub import ResultsHub
-from vdet.types import DetectionResult, Detections, StageTimings
+from vdet.bench.pipeline import environment
+from vdet.core.types import DetectionResult, Detections, StageTimings
+from vdet.results.hub import ResultsHub
 
 SOURCES = 64
 DETECTIONS = 10
@@ -58,10 +58,10 @@ NAMES = tuple(f"class{i}" for i in range(80))
 
 
 def baseline_hub_module(ref: str) -> ModuleType:
-    """`vdet.hub` as it was at git `ref`, loaded beside this checkout's."""
+    """`vdet.results.hub` as it was at git `ref`, loaded beside this checkout's."""
     repo = Path(__file__).resolve().parent.parent
     # The module's file since the src layout, and before it.
-    for where in ("service/vdet/hub.py", "service/hub.py"):
+    for where in ("service/vdet/results/hub.py", "service/hub.py"):
         shown = subprocess.run(
             ["git", "-C", str(repo), "show", f"{ref}:{where}"],
             check=False,

@@ -36,7 +36,7 @@ import httpx
 import numpy as np
 import yaml
 
-from vdet.bench import environment
+from vdet.bench.pipeline import environment
 from vdet.cli import asset_path
 
 QUERY = {"fps": "15", "boxes": "false", "max_width": "960"}
@@ -171,7 +171,7 @@ def _cpu_costs(frames: int, width: int, quality: int) -> dict[str, Any]:
     """
     import av
 
-    from vdet.api.frames import encode_frame
+    from vdet.streams.pictures import encode_frame
 
     decode_ms, images = [], []
     with av.open(str(asset_path("sample.mp4"))) as container:

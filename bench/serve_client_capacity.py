@@ -17,7 +17,7 @@ import time
 
 from websockets.asyncio.server import ServerConnection, serve
 
-from vdet.bench_serve.events_client import client_main
+from vdet.bench.serve.events_client import client_main
 
 WINDOW_S = 4.0
 DETECTION = {"class": "car", "class_id": 2, "score": 0.91, "box": [100.5, 200.25, 300.0, 400.75]}

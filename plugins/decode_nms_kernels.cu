@@ -1,4 +1,4 @@
-/* The decode + NMS kernels of service/vdet/kernels/decode_nms.cu, compiled into the plugin
+/* The decode + NMS kernels of service/vdet/cuda/kernels/decode_nms.cu, compiled into the plugin
  * library, and the handles decode_nms_launch.cpp launches them by (a __global__ function's host
  * stub address is its cudaLaunchKernel handle). Nothing else lives here: the kernels are the
  * same source the Python launcher compiles with NVRTC.

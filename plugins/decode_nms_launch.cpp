@@ -1,7 +1,7 @@
 /* Host-side launch of the decode + NMS kernels; see decode_nms_launch.h.
  *
- * Workspace layout and launch shapes mirror vdet.plugins.ops (decode_nms_layout and
- * GpuOps._decode_nms), which follow service/vdet/kernels/decode_nms.cu:
+ * Workspace layout and launch shapes mirror vdet.cuda.ops (decode_nms_layout and
+ * GpuOps._decode_nms), which follow service/vdet/cuda/kernels/decode_nms.cu:
  *
  *   memset counts[0:B] = 0
  *   decode_candidates  grid (ceil(N / 32), B)  block (32, 8)

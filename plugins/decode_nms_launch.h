@@ -1,7 +1,7 @@
-/* Host-side launch of the decode + NMS kernels (service/vdet/kernels/decode_nms.cu) from C/C++.
+/* Host-side launch of the decode + NMS kernels (service/vdet/cuda/kernels/decode_nms.cu) from C/C++.
  *
  * The TensorRT plugin (vdet_plugin.cpp) calls this; it is the C++ twin of
- * vdet.plugins.ops.GpuOps._decode_nms and decode_nms_layout, which launch the very same kernels
+ * vdet.cuda.ops.GpuOps._decode_nms and decode_nms_layout, which launch the very same kernels
  * from Python through NVRTC. Both must agree on the workspace layout and the launch shapes that
  * decode_nms.cu documents; plugins/tests/plugin_harness.cpp and
  * tests/engines/test_engines_plugin_emulated.py check this one against the CPU reference.

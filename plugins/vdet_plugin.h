@@ -3,7 +3,7 @@
  * One input, the raw YOLOv8 head [B, 4 + nc, N] (float32 or float16, linear); two outputs:
  *   0 detections      [B, max_det, 6] float32  x1, y1, x2, y2, score, class
  *   1 num_detections  [B] int32
- * computed by the decode + NMS kernels of service/vdet/kernels/ (the same source the Python GPU
+ * computed by the decode + NMS kernels of service/vdet/cuda/kernels/ (the same source the Python GPU
  * path compiles), launched through decode_nms_launch.h. Fields (ONNX attributes of the node that
  * engines/surgery.py adds): score_threshold, iou_threshold (kFLOAT32), top_k, max_det,
  * class_agnostic (kINT32).
@@ -116,7 +116,7 @@ private:
 bool paramsFromFields(nvinfer1::PluginFieldCollection const& fc, VdetDecodeNmsParams& params,
                       std::string& error) noexcept;
 
-// The defaults of vdet.contract (kernels/vdet_contract.h, generated from it).
+// The defaults of vdet.core.contract (kernels/vdet_contract.h, generated from it).
 VdetDecodeNmsParams defaultParams() noexcept;
 
 }  // namespace vdet

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.apptest import write_tiny_model
 
-from vdet import bench
+from vdet.bench import pipeline as bench
 from vdet.cli import main
 
 

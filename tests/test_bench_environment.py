@@ -1,4 +1,4 @@
-"""`vdet.bench.environment()`: the machine record every benchmark's result file carries.
+"""`vdet.bench.pipeline.environment()`: the machine record every benchmark's result file carries.
 
 There is no GPU here: `nvidia-smi` is a stand-in script on PATH that prints what the real one
 prints for an H200 (a line per GPU), or fails, so that the parsing is what is tested.
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vdet.bench import environment, gpus
+from vdet.bench.pipeline import environment, gpus
 
 H200 = "NVIDIA H200, 580.159.04, 1980 MHz, 143771 MiB"
 

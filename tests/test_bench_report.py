@@ -297,8 +297,8 @@ def test_existing_results_get_headline_tables(name: str, kind: str, expected: st
 
 
 def test_gpu_pipeline_machine_from_its_environment_or_the_older_top_level() -> None:
-    """bench/gpu/pipeline.py writes vdet.bench.environment() and its percentile method; files
-    from before it have the GPU, torch and Python at the top level."""
+    """bench/gpu/pipeline.py writes vdet.bench.pipeline.environment() and its percentile method;
+    files from before it have the GPU, torch and Python at the top level."""
     latency = {"p50_ms": 1.5, "p90_ms": 2.0, "p99_ms": 3.0, "mean_ms": 1.6, "n": 300}
     model = {"model": "demo.onnx", "graph": {"latency": latency, "host_launch": latency}}
     env = {

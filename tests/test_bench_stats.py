@@ -1,4 +1,4 @@
-"""The one percentile definition (vdet.bench_stats) and the figures built on it, which must keep
+"""The one percentile definition (vdet.bench.stats) and the figures built on it, which must keep
 the meaning the committed result files give them."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import statistics
 import numpy as np
 import pytest
 
-from vdet.bench import summarize_ms
-from vdet.bench_serve.events_client import latency_summary_ms
-from vdet.bench_stats import percentile_key, percentiles
+from vdet.bench.pipeline import summarize_ms
+from vdet.bench.serve.events_client import latency_summary_ms
+from vdet.bench.stats import percentile_key, percentiles
 
 
 def _old_pipeline_nearest(values: list[float], q: float) -> float:
-    """bench/gpu/pipeline.py's own percentile before vdet.bench_stats (its results' meaning)."""
+    """bench/gpu/pipeline.py's own percentile before vdet.bench.stats (its results' meaning)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 

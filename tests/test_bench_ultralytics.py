@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vdet.bench_ultralytics import match_count
+from vdet.bench.ultralytics import match_count
 from vdet.cli import main
 
 ASSETS = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets"

@@ -1,4 +1,4 @@
-"""CUDA-graph capture kept apart from per-frame CUDA work (vdet.capture_guard), on the CPU."""
+"""CUDA-graph capture kept apart from per-frame CUDA work (vdet.cuda.capture_guard), on the CPU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from support.waiting import wait_until
 
-from vdet.capture_guard import CUDA_WORK, CaptureGuard
+from vdet.cuda.capture_guard import CUDA_WORK, CaptureGuard
 
 
 def _in_thread(target: Callable[[], None]) -> threading.Thread:
@@ -77,10 +77,10 @@ def test_work_runs_side_by_side_and_a_failed_capture_releases_the_guard() -> Non
 
 def test_the_graph_runner_captures_alone() -> None:
     torch = pytest.importorskip("torch")
-    from vdet.pipeline.gpu_ops import Nv12Geometry
-    from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions
-    from vdet.pipeline.postprocess import PostprocessParams
-    from vdet.types import ColourMatrix, ColourRange
+    from vdet.core.types import ColourMatrix, ColourRange
+    from vdet.gpu.frame_ops import Nv12Geometry
+    from vdet.gpu.graphs import CudaGraphRunner, RunnerOptions
+    from vdet.inference.postprocess import PostprocessParams
 
     seen: list[tuple[int, bool]] = []
 

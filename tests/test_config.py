@@ -17,8 +17,8 @@ from vdet.config import (
     default_model_path,
     load_settings,
 )
+from vdet.ingest.source_thread import IngestOptions
 from vdet.ingest.urls import SourcePolicy
-from vdet.ingest.worker import IngestOptions
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""vdet.contract is the one source of the shared numbers: its values, and everything that uses them.
+"""vdet.core.contract is the one source of the shared numbers: its values, and everything that uses
+them.
 
 Every consumer's defaults are read back and compared with the contract (settings, CLI, TensorRT
 plugin node, the C header the kernels and the plugin include), and the import graph is checked
@@ -15,9 +16,10 @@ import pytest
 from support.import_closure import imports_of, module_file
 from support.tools import REPO
 
-from vdet import cli, contract
+from vdet import cli
 from vdet.config import DetectionDefaults
-from vdet.contract import (
+from vdet.core import contract
+from vdet.core.contract import (
     EVAL_PARAMS,
     LetterboxTransform,
     PostprocessParams,
@@ -28,11 +30,11 @@ from vdet.contract import (
     resized_size,
     yuv_coefficients,
 )
-from vdet.engines import export
-from vdet.engines.surgery import DecodeNmsAttributes
-from vdet.pipeline.model import ModelInfo
-from vdet.plugins import contract_header
-from vdet.types import ColourMatrix, ColourRange
+from vdet.core.model import ModelInfo
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.cuda import contract_header
+from vdet.modelkit import export
+from vdet.tensorrt.surgery import DecodeNmsAttributes
 
 # ---- values ---------------------------------------------------------------------------------
 
@@ -189,7 +191,7 @@ def test_model_stride_default_is_the_contract() -> None:
 
 
 def test_committed_header_is_what_the_contract_generates() -> None:
-    """Fails after a contract change until `python -m vdet.plugins.contract_header` is run."""
+    """Fails after a contract change until `python -m vdet.cuda.contract_header` is run."""
     committed = (REPO / contract_header.HEADER).read_text(encoding="utf-8")
     assert committed == contract_header.render(), (
         f"{contract_header.HEADER} is stale: run `{contract_header.GENERATOR}`"
@@ -213,7 +215,7 @@ def test_c_sources_take_the_numbers_from_the_header() -> None:
     assert '#include "kernels/vdet_contract.h"' in plugin
     for name in ("SCORE_THRESHOLD", "IOU_THRESHOLD", "TOP_K", "MAX_DET", "CLASS_AGNOSTIC"):
         assert f"= VDET_DEFAULT_{name};" in plugin
-    kernel_dir = REPO / "service" / "vdet" / "kernels"
+    kernel_dir = REPO / "service" / "vdet" / "cuda" / "kernels"
     kernels = (kernel_dir / "vdet_kernels.h").read_text(encoding="utf-8")
     assert '#include "vdet_contract.h"' in kernels
     preprocess = (kernel_dir / "preprocess.cuh").read_text(encoding="utf-8")
@@ -237,24 +239,22 @@ def _vdet_closure(root: str) -> set[str]:
     return seen - {root}
 
 
-# Every module of vdet.plugins (service/vdet/plugins/*.py).
+# Every module of vdet.cuda (service/vdet/cuda/*.py).
 KERNEL_LAYER = sorted(
-    "vdet.plugins" if path.stem == "__init__" else f"vdet.plugins.{path.stem}"
-    for path in (REPO / "service" / "vdet" / "plugins").glob("*.py")
+    "vdet.cuda" if path.stem == "__init__" else f"vdet.cuda.{path.stem}"
+    for path in (REPO / "service" / "vdet" / "cuda").glob("*.py")
 )
 
 
 def test_kernel_layer_is_listed() -> None:
-    assert {"vdet.plugins.ops", "vdet.plugins.launch", "vdet.plugins.contract_header"} <= set(
-        KERNEL_LAYER
-    )
+    assert {"vdet.cuda.ops", "vdet.cuda.launch", "vdet.cuda.contract_header"} <= set(KERNEL_LAYER)
 
 
 @pytest.mark.parametrize("module", KERNEL_LAYER)
 def test_kernel_layer_imports_nothing_from_the_pipeline(module: str) -> None:
     reached = _vdet_closure(module)
-    assert not {m for m in reached if m.startswith("vdet.pipeline")}, reached
+    assert not {m for m in reached if m.startswith("vdet.inference")}, reached
 
 
 def test_contract_imports_only_core_types() -> None:
-    assert _vdet_closure("vdet.contract") <= {"vdet", "vdet.types"}
+    assert _vdet_closure("vdet.core.contract") <= {"vdet", "vdet.core", "vdet.core.types"}

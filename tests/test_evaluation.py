@@ -9,7 +9,7 @@ import pytest
 from faster_coco_eval import COCO
 
 from vdet.cli import main
-from vdet.evaluation import score_detections
+from vdet.modelkit.evaluation import score_detections
 
 NAMES = ("a", "b")
 

@@ -14,8 +14,7 @@ import pytest
 from support.waiting import wait_until
 
 from vdet.config import EventSnapshotSettings
-from vdet.event_snapshots import EventSnapshots
-from vdet.types import (
+from vdet.core.types import (
     DecodedFrame,
     DetectionResult,
     Detections,
@@ -24,6 +23,7 @@ from vdet.types import (
     VideoFrame,
     ZoneEvent,
 )
+from vdet.streams.event_snapshots import EventSnapshots
 
 NAMES = ("person", "car")
 ENTER = ZoneEvent("zone_enter", "door", 1, 0)

@@ -15,17 +15,17 @@ import pytest
 import torch
 from support.toy_network import toy_network as _network
 
-from vdet.gpu_batcher import Batcher
-from vdet.ingest.nvdec import GpuVideoFrame
-from vdet.pipeline.gpu_ops import Nv12Geometry, nv12_letterbox_reference
-from vdet.pipeline.gpu_runner import (
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.gpu.batcher import Batcher
+from vdet.gpu.frame_ops import Nv12Geometry, nv12_letterbox_reference
+from vdet.gpu.graphs import (
     BatchedGraphRunner,
     CudaGraphRunner,
     RunnerOptions,
     as_numpy_rows,
 )
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.types import ColourMatrix, ColourRange
+from vdet.inference.postprocess import PostprocessParams
+from vdet.ingest.nvdec import GpuVideoFrame
 
 INPUT_HW = (64, 64)
 LOOSE = PostprocessParams(conf_threshold=0.3, iou_threshold=0.5, max_det=10)

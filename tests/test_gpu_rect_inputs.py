@@ -21,12 +21,12 @@ import torch
 from support.toy_network import toy_network
 
 from vdet.config import GpuSettings
-from vdet.gpu_workers import GpuWorker
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.gpu.devices import GpuWorker
+from vdet.gpu.graphs import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows
+from vdet.gpu.input_shapes import COMMON_SOURCE_WH, InputShapes
+from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.nvdec import GpuVideoFrame
-from vdet.input_shapes import COMMON_SOURCE_WH, InputShapes
-from vdet.pipeline.gpu_runner import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.types import ColourMatrix, ColourRange
 
 DEMO = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets" / "demo.onnx"
 MODEL_HW = (64, 64)
@@ -259,8 +259,8 @@ def test_torch_backend_network_at_a_rect_input_matches_onnxruntime() -> None:
     (tests/gpu/test_gpu_rect.py)."""
     input_hw = (384, 640)
     pytest.importorskip("onnx2torch")
-    from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
-    from vdet.pipeline.backends.torch import TorchBackend
+    from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
+    from vdet.inference.backends.torch import TorchBackend
 
     H, W = input_hw
     images = np.random.default_rng(1).random((1, 3, H, W), dtype=np.float32)

@@ -26,15 +26,15 @@ from support.truth import SAMPLE, recall  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 
 from vdet.config import GpuSettings, StreamSpec  # noqa: E402
-from vdet.gpu_workers import GpuPool, GpuWorker, build_gpu_pool  # noqa: E402
-from vdet.hub import ResultsHub  # noqa: E402
+from vdet.core.types import DetectionResult  # noqa: E402
+from vdet.gpu.devices import GpuPool, GpuWorker, build_gpu_pool  # noqa: E402
+from vdet.gpu.placement import PlacementError  # noqa: E402
+from vdet.inference.backends.torch import TorchBackend  # noqa: E402
+from vdet.inference.detector import Detector  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
-from vdet.metrics import Metrics  # noqa: E402
-from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
-from vdet.pipeline.detector import Detector  # noqa: E402
-from vdet.placement import PlacementError  # noqa: E402
-from vdet.streams import StreamManager  # noqa: E402
-from vdet.types import DetectionResult  # noqa: E402
+from vdet.metrics.registry import Metrics  # noqa: E402
+from vdet.results.hub import ResultsHub  # noqa: E402
+from vdet.streams.manager import StreamManager  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets" / "demo.onnx"
 

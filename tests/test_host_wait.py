@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vdet.config import GpuSettings
-from vdet.host_wait import HOST_WAITS, sched_flags, set_host_wait
+from vdet.cuda.host_wait import HOST_WAITS, sched_flags, set_host_wait
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,8 @@ def test_an_unknown_mode_is_refused_before_cuda_is_touched() -> None:
 def test_without_a_gpu_the_pool_logs_and_keeps_cuda_default(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from vdet.gpu_workers import _apply_host_wait
+    from vdet.gpu.devices import _apply_host_wait
 
-    with caplog.at_level(logging.WARNING, logger="vdet.gpu_workers"):
+    with caplog.at_level(logging.WARNING, logger="vdet.gpu.devices"):
         _apply_host_wait(0, "block")
     assert "not applied on GPU 0" in caplog.text

@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from vdet.hub import (
+from vdet.core.types import DetectionResult, Detections, StageTimings
+from vdet.results.hub import (
     EncodedResult,
     ResultsHub,
     SubscriptionEnd,
     SubscriptionEndedError,
     _Outbox,
 )
-from vdet.types import DetectionResult, Detections, StageTimings
 
 
 def result(source: str = "a", index: int = 0) -> DetectionResult:

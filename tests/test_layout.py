@@ -45,7 +45,7 @@ STAGES = {"ingest", "pipeline", "tracking", "hub", "plugins", "contract", "types
 
 
 def test_every_module_is_found_where_its_name_says() -> None:
-    assert "vdet.pipeline.detector" in MODULES and "vdet.plugins.launch" in MODULES
+    assert "vdet.inference.detector" in MODULES and "vdet.cuda.launch" in MODULES
     for module in MODULES:
         path = module_file(module)
         assert path is not None and path.is_relative_to(PACKAGE), module
@@ -84,6 +84,6 @@ def test_stages_and_kernels_do_not_import_the_assembly(module: str) -> None:
 
 @pytest.mark.parametrize("module", [m for m in MODULES if room(m) == "plugins"])
 def test_kernel_layer_imports_only_the_contract_and_types(module: str) -> None:
-    allowed = {"vdet", "vdet.contract", "vdet.types"}
+    allowed = {"vdet", "vdet.core.contract", "vdet.core.types"}
     reached = {name for name in vdet_imports(module) if room(name) != "plugins"}
     assert reached <= allowed, f"{module} imports {sorted(reached - allowed)}"

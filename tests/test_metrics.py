@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vdet.metrics import STAGES, Metrics
-from vdet.types import DetectionResult, Detections, SourceState, SourceStatus, StageTimings
+from vdet.core.types import DetectionResult, Detections, SourceState, SourceStatus, StageTimings
+from vdet.metrics.registry import STAGES, Metrics
 
 
 def samples(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -272,7 +272,7 @@ def test_folded_frames_match_one_observe_per_frame() -> None:
     the one per-frame `observe()` calls give, bucket bounds themselves included."""
     import numpy as np
 
-    from vdet.metrics import FOLD_AT, LATENCY_BUCKETS_SECONDS
+    from vdet.metrics.registry import FOLD_AT, LATENCY_BUCKETS_SECONDS
 
     rng = np.random.default_rng(7)
     edges = [*LATENCY_BUCKETS_SECONDS, 0.0, 5.0]  # on a bound, below the first, past the last
@@ -299,7 +299,7 @@ def test_folded_frames_match_one_observe_per_frame() -> None:
 
 
 def test_pending_frames_are_folded_past_the_bound_without_a_scrape() -> None:
-    from vdet.metrics import FOLD_AT
+    from vdet.metrics.registry import FOLD_AT
 
     metrics = Metrics()
     metrics.add_source("cam", SourceState.STREAMING)

@@ -1,4 +1,4 @@
-"""Source-to-GPU placement and replica sharding: the rules in vdet.placement's docstring."""
+"""Source-to-GPU placement and replica sharding: the rules in vdet.gpu.placement's docstring."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from vdet.placement import PlacementError, SourceDemand, assign, load_by_gpu, shard_of
+from vdet.gpu.placement import PlacementError, SourceDemand, assign, load_by_gpu, shard_of
 
 
 def demands(*ids: str, **pinned: int) -> list[SourceDemand]:

@@ -11,10 +11,10 @@ from pathlib import Path
 import onnx
 import pytest
 
-from vdet import runtime
+from vdet import root as runtime
 from vdet.cli import asset_path
 from vdet.config import Settings, demo_cpu_int8_path
-from vdet.pipeline.model import file_sha256, load_model_info
+from vdet.core.model import file_sha256, load_model_info
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "auto"])

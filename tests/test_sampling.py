@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from vdet.sampling import FrameSampler
+from vdet.ingest.sampling import FrameSampler
 
 
 def kept(sampler: FrameSampler, times: list[float]) -> list[float]:

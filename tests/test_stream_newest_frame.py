@@ -12,13 +12,13 @@ import pytest
 from support.truth import SAMPLE
 from support.waiting import wait_until
 
-from vdet.api.frames import encode_latest
 from vdet.config import StreamSpec
-from vdet.hub import ResultsHub
-from vdet.metrics import Metrics
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.streams import StreamManager
-from vdet.types import Detections, ImageArray, StageTimings
+from vdet.core.types import Detections, ImageArray, StageTimings
+from vdet.inference.postprocess import PostprocessParams
+from vdet.metrics.registry import Metrics
+from vdet.results.hub import ResultsHub
+from vdet.streams.manager import StreamManager
+from vdet.streams.pictures import encode_latest
 
 DETECT_S = 0.2  # six frames of the 30 fps clip go by while one is detected
 

@@ -14,11 +14,11 @@ from support.truth import SAMPLE
 from support.waiting import wait_until
 
 from vdet.config import StreamSpec
-from vdet.hub import ResultsHub
-from vdet.metrics import Metrics
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.streams import StreamManager
-from vdet.types import Detections, ImageArray, StageTimings
+from vdet.core.types import Detections, ImageArray, StageTimings
+from vdet.inference.postprocess import PostprocessParams
+from vdet.metrics.registry import Metrics
+from vdet.results.hub import ResultsHub
+from vdet.streams.manager import StreamManager
 
 
 def _nothing_found(count: int) -> list[tuple[Detections, StageTimings]]:

@@ -13,11 +13,11 @@ from support.truth import SAMPLE
 from support.waiting import wait_until
 
 from vdet.config import StreamSpec
-from vdet.hub import ResultsHub
-from vdet.metrics import Metrics
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.streams import StreamManager
-from vdet.types import DetectionResult, Detections, ImageArray, StageTimings
+from vdet.core.types import DetectionResult, Detections, ImageArray, StageTimings
+from vdet.inference.postprocess import PostprocessParams
+from vdet.metrics.registry import Metrics
+from vdet.results.hub import ResultsHub
+from vdet.streams.manager import StreamManager
 
 
 class _NoBoxes:
@@ -76,7 +76,7 @@ def test_a_result_that_fails_to_publish_is_logged_and_publishing_goes_on(
     hub.publish = publish_once_failing  # type: ignore[method-assign]
     manager = _manager(hub)
     try:
-        with caplog.at_level(logging.ERROR, logger="vdet.streams"):
+        with caplog.at_level(logging.ERROR, logger="vdet.streams.manager"):
             manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False, loop=True))
             wait_until(lambda: manager.get("cam").frames_processed >= 5, 60, what="5 results")
         assert failed.is_set() and "publishing a result of cam failed" in caplog.text

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vdet.config import StreamSpec
-from vdet.stream_store import (
+from vdet.streams.store import (
     MAX_STORE_BYTES,
     StoredStream,
     StreamStore,
@@ -147,7 +147,7 @@ def test_a_killed_holder_leaves_the_file_free(tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import sys, pathlib; from vdet.stream_store import StreamStore; "
+            "import sys, pathlib; from vdet.streams.store import StreamStore; "
             "StreamStore(pathlib.Path(sys.argv[1])).lock(); print('locked', flush=True); "
             "sys.stdin.read()",
             str(path),

@@ -7,7 +7,7 @@ import pickle
 import numpy as np
 import pytest
 
-from vdet.types import Detections
+from vdet.core.types import Detections
 
 
 def _detections(n: int, tracked: bool, class_dtype: type[np.integer]) -> Detections:

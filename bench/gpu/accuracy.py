@@ -23,14 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from vdet.bench import environment
-from vdet.dataset import clip_truth as truth
+from vdet.bench.pipeline import environment
+from vdet.core.types import Detections
+from vdet.gpu.frame_ops import Nv12Geometry, kernel_ops
+from vdet.gpu.graphs import CudaGraphRunner, RunnerOptions
+from vdet.inference.backends.torch import TorchBackend
+from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.nvdec import decode_file
-from vdet.pipeline.backends.torch import TorchBackend
-from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops
-from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.types import Detections
+from vdet.modelkit.dataset import clip_truth as truth
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"

@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from vdet.bench import environment
-from vdet.pipeline.backends.torch import TorchBackend
-from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops
-from vdet.pipeline.gpu_runner import BatchedGraphRunner, RunnerOptions
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.types import ColourMatrix, ColourRange
+from vdet.bench.pipeline import environment
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.gpu.frame_ops import Nv12Geometry, kernel_ops
+from vdet.gpu.graphs import BatchedGraphRunner, RunnerOptions
+from vdet.inference.backends.torch import TorchBackend
+from vdet.inference.postprocess import PostprocessParams
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"

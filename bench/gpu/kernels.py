@@ -33,19 +33,19 @@ import torch
 import torchvision
 from torch.nn import functional
 
-from vdet.bench import environment
-from vdet.bench_stats import PercentileMethod, percentiles
-from vdet.contract import compute_letterbox
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.pipeline.preprocess import letterbox
-from vdet.plugins import launch
-from vdet.plugins.ops import GpuOps, decode_nms_workspace_bytes, yuv_coefficients
+from vdet.bench.pipeline import environment
+from vdet.bench.stats import PercentileMethod, percentiles
+from vdet.core.contract import compute_letterbox
+from vdet.cuda import launch
+from vdet.cuda.ops import GpuOps, decode_nms_workspace_bytes, yuv_coefficients
+from vdet.inference.postprocess import PostprocessParams
+from vdet.inference.preprocess import letterbox
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 
 
-# Linear interpolation (vdet.bench_stats), recorded in the JSON. Result files without the key
+# Linear interpolation (vdet.bench.stats), recorded in the JSON. Result files without the key
 # (2026-12-02) took p10/p90 as the sample at index n // 10 and 9n // 10 of the sorted list; the
 # medians are the same either way.
 PERCENTILE_METHOD: PercentileMethod = "linear"
@@ -278,7 +278,8 @@ def ultralytics_style_nms(
 
 
 def kernel_environment(ops: GpuOps) -> dict[str, Any]:
-    """The machine (vdet.bench.environment) and what the kernels were built for and run on."""
+    """The machine (vdet.bench.pipeline.environment) and what the kernels were built for and run
+    on."""
     backend: Any = ops.backend
     return {
         **environment(),
@@ -361,7 +362,7 @@ def bench_preprocess(ops: GpuOps) -> dict[str, Any]:
 def bench_decode_nms(ops: GpuOps) -> dict[str, Any]:
     results: dict[str, Any] = {}
     rng = np.random.default_rng(0)
-    params = PostprocessParams()  # the serving defaults of vdet.contract
+    params = PostprocessParams()  # the serving defaults of vdet.core.contract
     stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
 
     def ours(batch: int, dense: bool = True) -> tuple[Callable[[torch.cuda.Stream], None], Any]:

@@ -5,7 +5,7 @@ Run on the GPU machine (bench/gpu/run_pipeline_device.sh does):
 
 Per model (the demo YOLOv8n, and a yolov8s.yaml-built ONNX when ultralytics is importable),
 FP16, batch 1, 1080p frames letterboxed to 640; sections `graph`/`eager` put the torch reference
-ops (vdet.pipeline.gpu_ops) around the network, `graph_cuda`/`eager_cuda` (and memory, streams,
+ops (vdet.gpu.frame_ops) around the network, `graph_cuda`/`eager_cuda` (and memory, streams,
 nvdec) vdet's CUDA kernels, as the service does; `graph_cuda_rect` is `graph_cuda` with the
 1080p frames letterboxed into their rectangular input (384x640, `input_shape: rect`; the
 network converted at that shape), the square/rect pair measured in the same run (target for
@@ -53,15 +53,15 @@ import cv2
 import numpy as np
 import torch
 
-from vdet.bench import environment
-from vdet.bench_stats import PercentileMethod, percentiles
-from vdet.contract import rect_input_hw
-from vdet.dataset.synthetic import SceneConfig, render_image
-from vdet.pipeline.backends.torch import load_onnx_network
-from vdet.pipeline.gpu_ops import Nv12Geometry
-from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.types import ColourMatrix, ColourRange
+from vdet.bench.pipeline import environment
+from vdet.bench.stats import PercentileMethod, percentiles
+from vdet.core.contract import rect_input_hw
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.gpu.frame_ops import Nv12Geometry
+from vdet.gpu.graphs import CudaGraphRunner, RunnerOptions
+from vdet.inference.backends.torch import load_onnx_network
+from vdet.inference.postprocess import PostprocessParams
+from vdet.modelkit.dataset.synthetic import SceneConfig, render_image
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
@@ -88,7 +88,7 @@ def _nv12_frames(count: int, size: tuple[int, int] = (1920, 1080)) -> list[torch
 
 
 # The sample nearest each rank rather than linear interpolation: these results have always
-# been measured values (vdet.bench_stats says how the two differ); the JSON records it.
+# been measured values (vdet.bench.stats says how the two differ); the JSON records it.
 PERCENTILE_METHOD: PercentileMethod = "nearest"
 
 
@@ -104,7 +104,7 @@ def _percentiles(values: list[float]) -> dict[str, float]:
 
 def _kernel_ops() -> dict[str, Any]:
     """vdet's CUDA kernels (NVRTC) as the runner's preprocess and decode + NMS."""
-    from vdet.pipeline.gpu_ops import kernel_ops
+    from vdet.gpu.frame_ops import kernel_ops
 
     preprocess, decode_nms = kernel_ops(torch.cuda.current_device())
     return {"preprocess": preprocess, "decode_nms": decode_nms}

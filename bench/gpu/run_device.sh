@@ -36,8 +36,8 @@ export PYTHONPATH=$SITE${source_path:-}
 print('torch', torch.__version__, 'cuda-bindings', cuda.bindings.__version__, 'cv2', cv2.__version__, \
 'numpy', numpy.__version__, 'pytest', pytest.__version__)"
   python3 -c "import av; print('av', av.__version__)"
-  python3 -c "import vdet.plugins.ops as o; print('vdet kernels at', o.__file__)"
-  python3 -c "from vdet.plugins.launch import kernel_sources as k; print(*sorted(k()))"
+  python3 -c "import vdet.cuda.ops as o; print('vdet kernels at', o.__file__)"
+  python3 -c "from vdet.cuda.launch import kernel_sources as k; print(*sorted(k()))"
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 

@@ -80,14 +80,14 @@ log "TensorRT headers: ${roots[*]}"
 # As plugins/CMakeLists.txt: -Wall -Wextra (here also -Werror), TensorRT's headers as system
 # headers, hidden visibility (getCreators and setLoggerFinder are the only exports), the shared
 # CUDA runtime (one runtime per process, the one TensorRT uses too), no libnvinfer. The kernel
-# sources are included as "kernels/..." from the package (service/vdet/kernels/).
+# sources are included as "kernels/..." from the package (service/vdet/cuda/kernels/).
 rm -rf "$BUILD"
 mkdir -p "$BUILD" "$WORK"
-cxx=(g++ -std=c++17 -O2 -g -fPIC -Wall -Wextra -Werror -Iplugins -Iservice/vdet -isystem "$CUDA_HOME/include")
+cxx=(g++ -std=c++17 -O2 -g -fPIC -Wall -Wextra -Werror -Iplugins -Iservice/vdet/cuda -isystem "$CUDA_HOME/include")
 hidden=(-fvisibility=hidden -fvisibility-inlines-hidden)
 cudalib=(-L"$CUDA_HOME/lib64" -lcudart -Xlinker -rpath -Xlinker "$CUDA_HOME/lib64")
 step "$NVCC" -std=c++17 -O3 -lineinfo -gencode "arch=compute_$ARCH,code=sm_$ARCH" \
-  -Xcompiler -fPIC,-fvisibility=hidden -Iplugins -Iservice/vdet -c plugins/decode_nms_kernels.cu \
+  -Xcompiler -fPIC,-fvisibility=hidden -Iplugins -Iservice/vdet/cuda -c plugins/decode_nms_kernels.cu \
   -o "$BUILD/decode_nms_kernels.o" || fail "nvcc plugins/decode_nms_kernels.cu"
 step "${cxx[@]}" "${hidden[@]}" -c plugins/decode_nms_launch.cpp -o "$BUILD/decode_nms_launch.o" ||
   fail "g++ plugins/decode_nms_launch.cpp"

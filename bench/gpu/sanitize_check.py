@@ -12,9 +12,9 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
-from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
-from vdet.pipeline.preprocess import letterbox
-from vdet.plugins.ops import GpuOps, nv12_to_bgr, yuv_coefficients
+from vdet.cuda.ops import GpuOps, nv12_to_bgr, yuv_coefficients
+from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
+from vdet.inference.preprocess import letterbox
 
 
 def main() -> None:

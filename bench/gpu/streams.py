@@ -4,7 +4,7 @@ Run on the GPU machine (bench/gpu/run_streams_device.sh does):
     python3 bench/gpu/streams.py --out $OUT/streams.json
 
 Each run is N copies of the sample clip (1920x1080, 30 fps, H.264) added as looping file
-streams to a `StreamManager` with a GPU worker (vdet.gpu_workers: PyAV demux -> NVDEC ->
+streams to a `StreamManager` with a GPU worker (vdet.gpu.devices: PyAV demux -> NVDEC ->
 CUDA graph of our preprocess kernel, the demo YOLOv8n FP16 and our decode + NMS kernel ->
 pinned host -> results hub), exactly as `vdet serve` runs them, either paced at real time like
 cameras or unpaced (as fast as the decoders go; the mailbox drops what inference cannot take).
@@ -41,8 +41,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from vdet.bench_stats import percentiles
-from vdet.host_wait import HOST_WAITS, HostWait
+from vdet.bench.stats import percentiles
+from vdet.cuda.host_wait import HOST_WAITS, HostWait
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
@@ -280,12 +280,12 @@ def _mps_clients(log_dir: Path) -> int:
 
 def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     from vdet.config import GpuSettings, StreamSpec
-    from vdet.hub import ResultsHub
+    from vdet.core.types import DetectionResult
+    from vdet.inference.detector import Detector
     from vdet.ingest.urls import bundled_assets_dir
-    from vdet.metrics import Metrics
-    from vdet.pipeline.detector import Detector
-    from vdet.streams import StreamManager
-    from vdet.types import DetectionResult
+    from vdet.metrics.registry import Metrics
+    from vdet.results.hub import ResultsHub
+    from vdet.streams.manager import StreamManager
 
     sources, paced = spec["sources"], spec["paced"]
     cpu_backend = spec["system"] == "cpu_backend"
@@ -295,8 +295,8 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     detector = Detector.open(DEMO, "onnxruntime" if cpu_backend else "torch")
     pool = None
     if not cpu_backend:
-        from vdet.gpu_workers import build_gpu_pool
-        from vdet.interpreter import tune_interpreter_for_streams
+        from vdet.gpu.devices import build_gpu_pool
+        from vdet.gpu.gil import tune_interpreter_for_streams
 
         tune_interpreter_for_streams()  # as vdet serve does with GPU workers
         settings = GpuSettings(
@@ -430,10 +430,10 @@ def _reader_totals(readers: list[Any]) -> dict[str, float]:
 
 
 def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
-    from vdet.host_wait import set_host_wait
+    from vdet.cuda.host_wait import set_host_wait
+    from vdet.gpu.gil import tune_interpreter_for_streams
     from vdet.ingest.nvdec import GpuVideoFrame
     from vdet.ingest.nvdec_reader import NvdecSourceReader
-    from vdet.interpreter import tune_interpreter_for_streams
 
     tune_interpreter_for_streams()
     set_host_wait(0, _host_wait(spec))
@@ -513,8 +513,8 @@ def _run_ultralytics(spec: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("YOLO_OFFLINE", "1")
     from ultralytics import YOLO  # type: ignore[attr-defined]
 
+    from vdet.core.types import VideoFrame
     from vdet.ingest.reader import SourceReader
-    from vdet.types import VideoFrame
 
     model = YOLO("yolov8n.yaml")  # the demo's architecture (random weights; its NMS sees few boxes)
     kwargs: dict[str, Any] = {"half": True, "device": 0, "verbose": False}
@@ -952,7 +952,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.run:
         return _child(json.loads(args.run), args.run_out)
-    from vdet.bench import environment  # here: a run's child imports only what its run needs
+    from vdet.bench.pipeline import (
+        environment,  # here: a run's child imports only what its run needs
+    )
 
     report: dict[str, Any] = {
         "benchmark": "streams",

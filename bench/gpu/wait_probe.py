@@ -2,7 +2,7 @@
 
 Run on the GPU machine: python3 bench/gpu/wait_probe.py --out wait_probe.json
 
-For each `gpu.host_wait` mode (the primary context's scheduling flag, vdet.host_wait):
+For each `gpu.host_wait` mode (the primary context's scheduling flag, vdet.cuda.host_wait):
 - `event`: a ~1 ms GPU sleep kernel, then a torch event's `synchronize()`, with a default
   event and with a blocking-sync event;
 - `nvdec`: `NvdecDecoder.decode` of the sample clip's packets (PyNvVideoCodec's `Decode`
@@ -34,10 +34,10 @@ import torch
 from accuracy import demo_runner
 from nvdec_scaling import _packets_pyav
 
-from vdet.bench import environment
-from vdet.host_wait import set_host_wait
+from vdet.bench.pipeline import environment
+from vdet.cuda.host_wait import set_host_wait
+from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.nvdec import NvdecDecoder, decode_file
-from vdet.pipeline.postprocess import PostprocessParams
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"

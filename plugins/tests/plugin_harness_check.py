@@ -9,7 +9,7 @@ For every harness binary: its self-checks (no arguments: creator, fields, getOut
 getOutputShapes with a dynamic batch, supportsFormatCombination, getWorkspaceSize,
 configurePlugin, onShapeChange, the getFieldsToSerialize -> createPlugin round trip, enqueue on
 a hand-computed head), then every case below through `--raw`, compared image by image with
-`vdet.pipeline.postprocess.decode_and_nms_image`:
+`vdet.inference.postprocess.decode_and_nms_image`:
 
     counts                      exact
     classes                     exact
@@ -50,7 +50,7 @@ Reference = Callable[[FloatArray, Any], tuple[Any, Any]]
 def _import_reference() -> tuple[type, Reference]:
     """PostprocessParams and decode_and_nms_image (NumPy only: no OpenCV, no GPU packages)."""
     try:
-        from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
+        from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
     except ImportError as error:
         raise SystemExit(
             f"cannot import vdet ({error}): install it, or run with PYTHONPATH={ROOT / 'service'}"

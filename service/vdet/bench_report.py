@@ -5,7 +5,7 @@ One markdown file per input (`<stem>.md`) and, for the streams benchmark, PNG pl
 output folder. The markdown links the plots by file name, so it reads correctly from that folder.
 
 The streams schema (``"benchmark": "streams"``) is the main one; `vdet bench serve` results
-(``"benchmark": "serve"``) get their markdown from vdet.bench_serve.report and the streams
+(``"benchmark": "serve"``) get their markdown from vdet.bench.serve.report and the streams
 plots of their steps. The older result files in
 bench/results/ (CPU pipeline, GPU pipeline, CUDA kernels, model eval, INT8 studies) get a table
 of their headline figures. A file of none of these shapes is skipped with a note.
@@ -369,8 +369,8 @@ def _pipeline_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
 
 def _gpu_pipeline_markdown(data: Mapping[str, Any], stem: str) -> list[str]:
     lines = [f"# GPU pipeline benchmark: {stem}", ""]
-    # vdet.bench.environment() under "environment"; files from before it have the GPU, torch
-    # and Python at the top level.
+    # vdet.bench.pipeline.environment() under "environment"; files from before it have the GPU,
+    # torch and Python at the top level.
     env = data.get("environment")
     lines += _bullets(
         [
@@ -588,7 +588,7 @@ def render_markdown(
     if kind == "streams":
         lines = _streams_markdown(data, stem, plots or {})
     elif kind == "serve":
-        from vdet.bench_serve.report import render_serve_markdown
+        from vdet.bench.serve.report import render_serve_markdown
 
         lines = render_serve_markdown(data, stem, plots or {})
     else:
@@ -855,8 +855,8 @@ def write_report(inputs: Sequence[Path], out_dir: Path) -> Report:
 
 
 def _as_streams(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A serve result's steps as streams runs, for the streams plots (vdet.bench_serve.report)."""
-    from vdet.bench_serve.report import as_streams_runs
+    """A serve result's steps as streams runs, for the streams plots (vdet.bench.serve.report)."""
+    from vdet.bench.serve.report import as_streams_runs
 
     return {"runs": as_streams_runs(data)}
 

@@ -16,11 +16,11 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from vdet import contract
+from vdet.core import contract
 
 if TYPE_CHECKING:
-    from vdet.pipeline.detector import Detector
-    from vdet.types import Detections, ImageArray, StageTimings
+    from vdet.core.types import Detections, ImageArray, StageTimings
+    from vdet.inference.detector import Detector
 
 DEMO_SOURCE_ID = "demo"
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
@@ -259,7 +259,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--frames frames before and after the variants, for a same-run baseline",
     )
     p.add_argument("--output", type=Path, default=None)
-    from vdet.bench_serve.options import add_arguments as add_serve_arguments
+    from vdet.bench.serve.options import add_arguments as add_serve_arguments
 
     add_serve_arguments(p)
     p.set_defaults(func=_cmd_bench)
@@ -320,9 +320,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _detector(args: argparse.Namespace) -> tuple[Detector, contract.PostprocessParams]:
-    from vdet.pipeline.detector import Detector
-    from vdet.pipeline.model import ModelError
-    from vdet.streams import resolve_classes
+    from vdet.core.model import ModelError
+    from vdet.inference.detector import Detector
+    from vdet.streams.manager import resolve_classes
 
     model = args.model or asset_path("demo.onnx")
     try:
@@ -344,9 +344,9 @@ def _cmd_detect(args: argparse.Namespace) -> int:
     import cv2
 
     from vdet.api.images import draw_detections
-    from vdet.dataset.writers import ClipWriter
     from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
     from vdet.ingest.urls import redact, validate_source_url
+    from vdet.modelkit.dataset.writers import ClipWriter
 
     detector, params = _detector(args)
     names = detector.info.names
@@ -441,8 +441,8 @@ def _frame_record(
 
 def _eval_detector(args: argparse.Namespace) -> Detector:
     """The detector `vdet eval` (and `eval --track`) scores; a bad model is a usage error."""
-    from vdet.pipeline.detector import Detector
-    from vdet.pipeline.model import ModelError
+    from vdet.core.model import ModelError
+    from vdet.inference.detector import Detector
 
     try:
         return Detector.open(
@@ -454,7 +454,7 @@ def _eval_detector(args: argparse.Namespace) -> Detector:
 
 def _print_report(args: argparse.Namespace, report: dict[str, object]) -> int:
     """Print an evaluation report with the machine it ran on; also to --output when given."""
-    from vdet.bench import environment
+    from vdet.bench.pipeline import environment
 
     text = json.dumps({**report, "environment": environment()}, indent=2)
     if args.output:
@@ -465,7 +465,7 @@ def _print_report(args: argparse.Namespace, report: dict[str, object]) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from vdet.evaluation import evaluate
+    from vdet.modelkit.evaluation import evaluate
 
     if args.track:
         return _cmd_eval_track(args)
@@ -489,7 +489,7 @@ def _cmd_eval_track(args: argparse.Namespace) -> int:
         raise UsageError("--track needs py-motmetrics: pip install 'vdet[eval]'")
     if not 1 <= args.clips <= 100 or not 1.0 <= args.seconds <= 600.0:
         raise UsageError("--clips must be 1..100 and --seconds 1..600")
-    from vdet.tracking.evaluation import evaluate_tracking
+    from vdet.modelkit.tracking_evaluation import evaluate_tracking
 
     detector = _eval_detector(args)
     with detector:
@@ -501,8 +501,8 @@ def _cmd_eval_track(args: argparse.Namespace) -> int:
 
 def _heldout_set(cache_dir: Path, count: int) -> Path:
     """The held-out synthetic evaluation set, rendered once into `cache_dir`."""
-    from vdet.dataset.writers import write_dataset
-    from vdet.engines.train import HELDOUT_SEED_BASE
+    from vdet.modelkit.dataset.writers import write_dataset
+    from vdet.modelkit.train import HELDOUT_SEED_BASE
 
     root = cache_dir / f"heldout-{count}"
     coco = root / "heldout_coco.json"
@@ -522,7 +522,7 @@ def _progress(label: str) -> Callable[[int, int], None]:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from vdet.engines.export import ExportError, export_onnx
+    from vdet.modelkit.export import ExportError, export_onnx
 
     try:
         info = export_onnx(
@@ -550,14 +550,14 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from vdet.engines.quantize import (
+    from vdet.core.model import ModelError, load_model_info
+    from vdet.modelkit.quantize import (
         QuantizeError,
         collect_calibration_frames,
         quantize_onnx,
         quantize_onnx_for_cpu,
         save_calibration_frames,
     )
-    from vdet.pipeline.model import ModelError, load_model_info
 
     model = args.model or asset_path("demo.onnx")
     excluded = [] if args.no_exclude else args.exclude
@@ -591,9 +591,9 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from vdet.config import ConfigError, EngineSettings, load_settings
-    from vdet.engines.build import BuildError, BuildOptions, build_cached
-    from vdet.engines.library import FLAVOURS, LibraryError, parse_targets
-    from vdet.plugins.loader import PluginLibraryError
+    from vdet.tensorrt.build import BuildError, BuildOptions, build_cached
+    from vdet.tensorrt.library import FLAVOURS, LibraryError, parse_targets
+    from vdet.tensorrt.plugin_library import PluginLibraryError
 
     try:
         settings = load_settings(args.config)
@@ -656,7 +656,7 @@ def _cmd_engine_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_engine_inspect(args: argparse.Namespace) -> int:
-    from vdet.engines.build import BuildError, can_deserialize, inspect_plan, tensorrt_io
+    from vdet.tensorrt.build import BuildError, can_deserialize, inspect_plan, tensorrt_io
 
     if not args.plan.is_file():
         raise UsageError(f"plan not found: {args.plan}")
@@ -670,7 +670,11 @@ def _cmd_engine_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
-    from vdet.dataset.writers import write_counting_clip, write_dataset, write_video_with_truth
+    from vdet.modelkit.dataset.writers import (
+        write_counting_clip,
+        write_dataset,
+        write_video_with_truth,
+    )
 
     if args.kind == "dataset":
         paths = write_dataset(args.output, {"images": range(args.seed, args.seed + args.count)})
@@ -690,10 +694,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
         return run_cli(args.inputs, args.out_dir)
     if args.scenario == "serve":
-        from vdet.bench_serve.command import run_cli as run_serve_cli
+        from vdet.bench.serve.command import run_cli as run_serve_cli
 
         return run_serve_cli(args)
-    from vdet.bench import (
+    from vdet.bench.pipeline import (
         GPU_SCRIPTS,
         gpu_script,
         run_engine_bench,
@@ -723,7 +727,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             return 2
         result = run_engine_bench(model, args.backend, batches, iterations=args.iterations)
     elif args.scenario == "tracking":
-        from vdet.tracking.bench import run_tracking_bench
+        from vdet.bench.tracking import run_tracking_bench
 
         result = run_tracking_bench(
             model=str(model),
@@ -734,7 +738,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     else:
         source = args.source or str(asset_path("sample.mp4"))
         if args.baseline == "ultralytics":
-            from vdet.bench_ultralytics import run_pipeline_vs_ultralytics
+            from vdet.bench.ultralytics import run_pipeline_vs_ultralytics
 
             if args.backend not in ("auto", "onnxruntime") or args.input_shape != "rect":
                 print(

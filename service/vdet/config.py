@@ -33,11 +33,11 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from vdet import contract
+from vdet.core import contract
+from vdet.core.types import ZoneEventType
+from vdet.ingest.source_thread import IngestOptions
 from vdet.ingest.urls import SourcePolicy, redact
-from vdet.ingest.worker import IngestOptions
 from vdet.tracking.specs import TrackingSpec, ZoneList
-from vdet.types import ZoneEventType
 
 CONFIG_ENV_VAR = "VDET_CONFIG"
 STREAM_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
@@ -184,7 +184,7 @@ class StreamSpec(_Strict):
 class DetectionDefaults(_Strict):
     """Postprocessing defaults for streams and uploads that do not set their own.
 
-    The defaults are vdet.contract's, as are those of the CLI and the TensorRT plugin node.
+    The defaults are vdet.core.contract's, as are those of the CLI and the TensorRT plugin node.
     """
 
     conf_threshold: ConfThreshold = contract.CONF_THRESHOLD
@@ -290,7 +290,8 @@ class IngestSettings(_Strict):
 
 
 class EventSnapshotSettings(_Strict):
-    """JPEGs of the frames whose results carried zone or line events (vdet.event_snapshots)."""
+    """JPEGs of the frames whose results carried zone or line events
+    (vdet.streams.event_snapshots)."""
 
     per_stream: int = Field(
         default=20,
@@ -1012,7 +1013,7 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
 OTHER_ENV_VARS: frozenset[str] = frozenset(
     {
         CONFIG_ENV_VAR,
-        "VDET_KERNEL_CACHE",  # compiled CUDA kernels (vdet.plugins.launch)
+        "VDET_KERNEL_CACHE",  # compiled CUDA kernels (vdet.cuda.launch)
     }
 )
 

@@ -6,8 +6,8 @@ import cv2
 import numpy as np
 import pytest
 
-from vdet.api.frames import encode_frame
-from vdet.types import Detections
+from vdet.core.types import Detections
+from vdet.streams.pictures import encode_frame
 
 
 def _frame(width: int, height: int) -> np.ndarray:

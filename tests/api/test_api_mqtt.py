@@ -22,11 +22,11 @@ from support.tls import self_signed_ca
 from support.waiting import wait_until
 
 from vdet.api.app import create_app
-from vdet.api.notify import Notifier
 from vdet.config import MqttSettings, NotifySettings
-from vdet.hub import ResultsHub
-from vdet.metrics import Metrics
-from vdet.types import ZoneEvent
+from vdet.core.types import ZoneEvent
+from vdet.metrics.registry import Metrics
+from vdet.notify.notifier import Notifier
+from vdet.results.hub import ResultsHub
 
 ENTER = ZoneEvent("zone_enter", "door", 3, 0)
 CROSS = ZoneEvent("line_cross", "middle", 4, 1, direction="in")
@@ -156,9 +156,9 @@ def test_the_broker_says_offline_when_vdet_vanishes_without_a_word(
     """The will: a process that dies (no DISCONNECT) is reported offline by the broker."""
     script = f"""
 import os, time
-from vdet.api.mqtt import MqttPublisher
+from vdet.notify.mqtt import MqttPublisher
 from vdet.config import MqttSettings
-from vdet.metrics import Metrics
+from vdet.metrics.registry import Metrics
 metrics = Metrics()
 MqttPublisher(MqttSettings(host="127.0.0.1", port={broker.port}), metrics).start()
 deadline = time.monotonic() + 10
@@ -183,7 +183,9 @@ def test_the_app_publishes_a_stream_s_zone_events(
         sources=[stream_body(clip, "gate", zones=[zone])],
     )
     with TestClient(create_app(app_settings)) as client:
-        wait_until(lambda: subscriber.on("vdet/streams/gate/events"), 20, what="an events message")
+        wait_until(
+            lambda: subscriber.on("vdet/streams/gate/events"), 20, what="an events message"
+        )
         metrics = client.get("/metrics").text
     body = subscriber.events("vdet/streams/gate/events")[0]
     assert {e["type"] for e in body["events"]} == {"zone_enter"}
@@ -267,7 +269,7 @@ async def test_a_broker_with_tls_and_passwords_gets_events_only_from_the_right_u
         await until(lambda: sub.on("vdet/status") == ["online"])
         await asyncio.to_thread(hub.publish, result("gate", ENTER))
         await until(lambda: len(sub.on("vdet/streams/gate/events")) == 1)
-        with caplog.at_level(logging.WARNING, logger="vdet.api.mqtt"):
+        with caplog.at_level(logging.WARNING, logger="vdet.notify.mqtt"):
             wrong.start()
             await until(lambda: "refused the connection" in caplog.text)
         assert connected(metrics, broker) == 1

@@ -16,14 +16,14 @@ from vdet.api.schemas import (
     result_out,
     result_text,
 )
-from vdet.hub import EncodedResult
-from vdet.types import (
+from vdet.core.types import (
     DetectionResult,
     Detections,
     StageTimings,
     TrackingSummary,
     ZoneEvent,
 )
+from vdet.results.hub import EncodedResult
 
 NAMES = ("person", "car", "dog")
 

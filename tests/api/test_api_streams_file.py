@@ -119,7 +119,7 @@ def test_a_change_that_cannot_be_written_is_kept_counted_and_written_with_the_ne
     settings = make_settings(streams_file=folder / "streams.json")
     with TestClient(create_app(settings)) as client:
         shutil.rmtree(folder)  # the volume went away under the running service
-        with caplog.at_level(logging.ERROR, logger="vdet.stream_store"):
+        with caplog.at_level(logging.ERROR, logger="vdet.streams.store"):
             r = client.post("/v1/streams", json=stream_body(clip, "yard"))
         assert r.status_code == 201, r.text
         assert ids(client) == ["yard"]
@@ -147,7 +147,7 @@ def test_a_stream_from_the_file_that_no_longer_starts_is_left_out_and_the_rest_s
         streams_file=path, ingest={"source_policy": {"schemes": ["rtsp"]}}
     )
     with (
-        caplog.at_level(logging.ERROR, logger="vdet.runtime"),
+        caplog.at_level(logging.ERROR, logger="vdet.root"),
         TestClient(create_app(strict)) as client,
     ):
         assert ids(client) == ["cam"]
@@ -211,7 +211,7 @@ def test_a_configured_source_whose_kept_changes_no_longer_start_runs_as_configur
     onnx.save(model, str(renamed := tmp_path / "renamed.onnx"))
     settings = make_settings(streams_file=path, sources=[gate], model_path=renamed)
     with (
-        caplog.at_level(logging.ERROR, logger="vdet.runtime"),
+        caplog.at_level(logging.ERROR, logger="vdet.root"),
         TestClient(create_app(settings)) as client,
     ):
         assert spec_of(client, "gate")["classes"] is None

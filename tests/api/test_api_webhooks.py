@@ -24,14 +24,14 @@ from support.waiting import wait_until
 from support.webhooks import Receiver
 
 from vdet.api.app import create_app
-from vdet.api.event_filter import EventFilter
-from vdet.api.notify import Notifier
 from vdet.api.schemas import encode_result_tail, result_with_events
-from vdet.api.webhooks import SIGNATURE_HEADER, signature
 from vdet.config import NotifySettings, Settings, WebhookSettings
-from vdet.hub import EncodedResult, ResultsHub
-from vdet.metrics import Metrics
-from vdet.types import DetectionResult, ZoneEvent
+from vdet.core.types import DetectionResult, ZoneEvent
+from vdet.metrics.registry import Metrics
+from vdet.notify.filters import EventFilter
+from vdet.notify.notifier import Notifier
+from vdet.notify.webhooks import SIGNATURE_HEADER, signature
+from vdet.results.hub import EncodedResult, ResultsHub
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ import pytest
 from support.apptest import CLIP_WH, write_tiny_model
 from support.videos import write_h264_clip
 
+from vdet.bench.serve.results import ServeBenchResult
 from vdet.bench_report import render_markdown
-from vdet.bench_serve.results import ServeBenchResult
 from vdet.cli import main
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vdet.bench_serve.options import (
+from vdet.bench.serve.options import (
     ServeBenchUsageError,
     Variant,
     options_from_args,

@@ -9,18 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vdet.bench_serve import proctree
-from vdet.bench_serve.events_client import latency_samples_ms, latency_summary_ms
-from vdet.bench_serve.gpu_memory import parse_devices, parse_processes
-from vdet.bench_serve.kill import KillRecord, pick_worker, summarize
-from vdet.bench_serve.results import ClientFigures, CloseEvent
-from vdet.bench_serve.scrape import (
+from vdet.bench.serve import proctree
+from vdet.bench.serve.events_client import latency_samples_ms, latency_summary_ms
+from vdet.bench.serve.gpu_memory import parse_devices, parse_processes
+from vdet.bench.serve.kill import KillRecord, pick_worker, summarize
+from vdet.bench.serve.results import ClientFigures, CloseEvent
+from vdet.bench.serve.scrape import (
     StreamCounters,
     api_stalls,
     per_stream_counters,
     stream_counters,
 )
-from vdet.bench_serve.shards import harness_run, run_shards
+from vdet.bench.serve.shards import harness_run, run_shards
 
 
 def test_the_tree_holds_a_child_and_adds_up_its_cpu_and_memory() -> None:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from vdet.bench.serve.report import as_streams_runs
+from vdet.bench.serve.results import ServeBenchResult
 from vdet.bench_report import DASH, render_markdown, result_kind
-from vdet.bench_serve.report import as_streams_runs
-from vdet.bench_serve.results import ServeBenchResult
 
 
 def _latency(p50: float, p99: float) -> dict[str, float]:

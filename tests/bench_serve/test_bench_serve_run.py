@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.videos import write_h264_clip
 
-from vdet.bench_serve.results import ServeBenchResult
+from vdet.bench.serve.results import ServeBenchResult
 from vdet.cli import main
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Recall against a clip's exact truth (vdet.dataset.clip_truth), on the bundled sample's."""
+"""Recall against a clip's exact truth (vdet.modelkit.dataset.clip_truth), on the bundled
+sample's."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from vdet.dataset.clip_truth import (
+from vdet.core.types import Detections
+from vdet.modelkit.dataset.clip_truth import (
     as_dicts,
     best_aligned_frame,
     countable,
@@ -16,7 +18,6 @@ from vdet.dataset.clip_truth import (
     sample_clip,
     sample_truth,
 )
-from vdet.types import Detections
 
 
 def _truth_as_detections(index: int) -> list[dict[str, Any]]:

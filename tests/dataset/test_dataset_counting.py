@@ -5,8 +5,13 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from vdet.dataset.counting import LINE_X, counting_zones, expected_counts, iter_counting_video
-from vdet.dataset.synthetic import Annotation, SceneConfig, VideoFrameTruth, iter_video
+from vdet.modelkit.dataset.counting import (
+    LINE_X,
+    counting_zones,
+    expected_counts,
+    iter_counting_video,
+)
+from vdet.modelkit.dataset.synthetic import Annotation, SceneConfig, VideoFrameTruth, iter_video
 from vdet.tracking.specs import ZoneSpec
 
 
@@ -66,8 +71,8 @@ def test_counting_clip_objects_keep_their_lanes() -> None:
 def test_counting_clip_file_carries_zones_and_answer(tmp_path: Path) -> None:
     import json
 
-    from vdet.dataset.writers import write_counting_clip
     from vdet.ingest.reader import SourceReader
+    from vdet.modelkit.dataset.writers import write_counting_clip
 
     truth_path = write_counting_clip(tmp_path / "count.mp4", seed=0, seconds=0.3)
     record = json.loads(truth_path.read_text())

@@ -9,7 +9,7 @@ import av
 import numpy as np
 import pytest
 
-from vdet.dataset.synthetic import (
+from vdet.modelkit.dataset.synthetic import (
     CLASS_NAMES,
     SceneConfig,
     class_colour_bgr,
@@ -20,7 +20,7 @@ from vdet.dataset.synthetic import (
     render_image,
     render_video,
 )
-from vdet.dataset.writers import write_dataset, write_video_with_truth
+from vdet.modelkit.dataset.writers import write_dataset, write_video_with_truth
 
 SMALL = SceneConfig(width=480, height=270, min_size=12, max_size=120)
 

@@ -205,11 +205,11 @@ def test_cpu_build_stage_makes_a_wheel_with_the_model_and_clip_inside(tmp_path: 
         "vdet/assets/demo.onnx",
         "vdet/assets/sample.mp4",
         "vdet/cli.py",
-        "vdet/placement.py",
+        "vdet/gpu/placement.py",
         "vdet/api/app.py",
-        "vdet/engines/build.py",
-        "vdet/plugins/launch.py",
-        "vdet/kernels/decode_nms.cu",
-        "vdet/kernels/vdet_contract.h",
+        "vdet/tensorrt/build.py",
+        "vdet/cuda/launch.py",
+        "vdet/cuda/kernels/decode_nms.cu",
+        "vdet/cuda/kernels/vdet_contract.h",
     ):
         assert needed in names, needed

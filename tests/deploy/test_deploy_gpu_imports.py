@@ -23,7 +23,7 @@ from support.import_closure import (
 )
 from support.tools import REPO
 
-from vdet.engines.library import TENSORRT_RTX
+from vdet.tensorrt.library import TENSORRT_RTX
 
 GPU_DOCKERFILE = REPO / "deploy/Dockerfile.gpu"
 
@@ -32,13 +32,13 @@ GPU_DOCKERFILE = REPO / "deploy/Dockerfile.gpu"
 GPU_PATH = (
     "vdet.cli",
     "vdet.api.app",
-    "vdet.gpu_workers",
+    "vdet.gpu.devices",
     "vdet.ingest.nvdec_reader",
-    "vdet.pipeline.backends.torch",
-    "vdet.pipeline.backends.tensorrt",
-    "vdet.plugins.launch",
-    "vdet.engines.build",
-    "vdet.engines.quantize",
+    "vdet.inference.backends.torch",
+    "vdet.inference.backends.tensorrt",
+    "vdet.cuda.launch",
+    "vdet.tensorrt.build",
+    "vdet.modelkit.quantize",
 )
 # Reached through `vdet.cli` but never by `vdet serve`: other commands' optional libraries.
 NOT_SERVING = {
@@ -63,8 +63,8 @@ def missing_imports(run: str) -> dict[str, set[str]]:
     extras, packages = pip_install_targets(run)
     provided = provided_distributions(vdet_requirements(extras) | packages)
     imported = third_party_imports(GPU_PATH)
-    # vdet.engines.library imports the engine library by the name it holds, not a literal.
-    imported.setdefault(TENSORRT_RTX.module, set()).add("vdet.engines.library")
+    # vdet.tensorrt.library imports the engine library by the name it holds, not a literal.
+    imported.setdefault(TENSORRT_RTX.module, set()).add("vdet.tensorrt.library")
     missing = {}
     for name, importers in imported.items():
         if name in NOT_SERVING:
@@ -90,7 +90,7 @@ def test_the_gpu_libraries_are_imported_at_build_time_too() -> None:
     assert "from cuda.bindings import driver, nvrtc, runtime" in check
     imported = third_party_imports(GPU_PATH)
     for name in ("torch", "onnx2torch", "PyNvVideoCodec", "cuda", "tensorrt_rtx_bindings"):
-        if name != "tensorrt_rtx_bindings":  # loaded by name through vdet.engines.library
+        if name != "tensorrt_rtx_bindings":  # loaded by name through vdet.tensorrt.library
             assert name in imported, f"the GPU path no longer imports {name}?"
 
 

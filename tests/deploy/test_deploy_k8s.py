@@ -1,7 +1,7 @@
 """deploy/k8s: the manifests parse, fit together, and follow the sharding rule.
 
 No cluster here: these are structural checks, plus vdet's own validation of each shard's
-settings and vdet.placement.shard_of for the sources each shard lists.
+settings and vdet.gpu.placement.shard_of for the sources each shard lists.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import yaml
 from support.tools import REPO
 
 from vdet.config import load_settings
-from vdet.placement import shard_of
+from vdet.gpu.placement import shard_of
 
 K8S = REPO / "deploy/k8s"
 SHARD_LABEL = "vdet.example.com/shard"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vdet.cli import asset_path
-from vdet.engines.quantize import QuantizeResult
+from vdet.modelkit.quantize import QuantizeResult
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,7 @@ def demo_int8(tmp_path_factory: pytest.TempPathFactory) -> QuantizeResult:
     two frames of the sample clip: the tests that take it check what the model is made of and
     what TensorRT for RTX accepts, not the calibration's accuracy (docs/quantization.md
     measures that), and ModelOpt's fixed cost is most of a quantization's time."""
-    from vdet.engines import quantize as q
+    from vdet.modelkit import quantize as q
 
     folder: Path = tmp_path_factory.mktemp("demo_int8")
     frames = q.collect_calibration_frames(asset_path("sample.mp4"), (640, 640), 2, every=100)

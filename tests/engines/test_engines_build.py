@@ -1,4 +1,5 @@
-"""vdet.engines.build, vdet.plugins.loader and `vdet engine` on a machine without TensorRT.
+"""vdet.tensorrt.build, vdet.tensorrt.plugin_library and `vdet engine` on a machine without
+TensorRT.
 
 What is tested here is vdet's own logic around TensorRT: which precision/typing a build uses on
 10.x and 11.x, the optimization profile, the engine key of a request (computed from a given
@@ -19,7 +20,9 @@ from onnx import TensorProto, helper
 from support.engine_stand_ins import StandInBuilds, make_key
 
 from vdet.cli import main
-from vdet.engines.build import (
+from vdet.cuda.runtime import gpu_count
+from vdet.inference.backends import create_backend, known_backends
+from vdet.tensorrt.build import (
     BuildError,
     BuildOptions,
     EngineRequest,
@@ -34,11 +37,8 @@ from vdet.engines.build import (
     tensorrt_installed,
     tensorrt_version_tuple,
 )
-from vdet.engines.cache import EngineCache, OptimizationProfile, manifest_path
-from vdet.engines.gpu import gpu_count
-from vdet.engines.surgery import DecodeNmsAttributes
-from vdet.pipeline.backends import create_backend, known_backends
-from vdet.plugins.loader import (
+from vdet.tensorrt.cache import EngineCache, OptimizationProfile, manifest_path
+from vdet.tensorrt.plugin_library import (
     LIBRARY_NAME,
     PluginLibraryError,
     candidate_paths,
@@ -46,6 +46,7 @@ from vdet.plugins.loader import (
     library_sha256,
     load_for_plan,
 )
+from vdet.tensorrt.surgery import DecodeNmsAttributes
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 HAVE_TENSORRT = tensorrt_installed()

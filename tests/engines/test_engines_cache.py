@@ -1,4 +1,4 @@
-"""vdet.engines.cache on the CPU: engine keys, manifests, refusal and rebuild, background hand-off.
+"""vdet.tensorrt.cache on the CPU: engine keys, manifests, refusal and rebuild, background hand-off.
 
 No TensorRT here. Where a test needs "a build", it uses `write_stand_in_plan`: a real function
 that writes bytes to the plan path the cache hands it, so the cache's own logic (locking, temp
@@ -21,8 +21,13 @@ import pytest
 from support.engine_stand_ins import StandInBuilds, make_key
 
 from vdet.config import ConfigError, EngineSettings, load_settings
-from vdet.engines.build import BuildOptions
-from vdet.engines.cache import (
+from vdet.core.model import file_sha256
+from vdet.core.types import FloatArray
+from vdet.inference.backends.base import InferenceBackend
+from vdet.inference.backends.handoff import SwappableBackend, serve_while_building
+from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
+from vdet.tensorrt.build import BuildOptions
+from vdet.tensorrt.cache import (
     MANIFEST_SCHEMA,
     BackgroundEngineBuilder,
     EngineCache,
@@ -34,12 +39,7 @@ from vdet.engines.cache import (
     read_manifest,
     verify_plan,
 )
-from vdet.engines.surgery import DecodeNmsAttributes
-from vdet.pipeline.backends.base import InferenceBackend
-from vdet.pipeline.backends.handoff import SwappableBackend, serve_while_building
-from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
-from vdet.pipeline.model import file_sha256
-from vdet.types import FloatArray
+from vdet.tensorrt.surgery import DecodeNmsAttributes
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
@@ -167,7 +167,7 @@ def test_mismatching_plan_is_refused_then_rebuilt(
     assert reason in str(refused.value)
 
     new = StandInBuilds(b"new plan")
-    with caplog.at_level(logging.WARNING, logger="vdet.engines.cache"):
+    with caplog.at_level(logging.WARNING, logger="vdet.tensorrt.cache"):
         rebuilt = cache.get_or_build(new_key, "demo", new.write_stand_in_plan)
     assert rebuilt.built and new.calls == 1
     assert "refusing the cached engine" in caplog.text and reason in caplog.text

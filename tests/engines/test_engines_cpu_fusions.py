@@ -1,4 +1,4 @@
-"""`vdet.engines.cpu_fusions`: the SiLU and DFL rewrites for ONNX Runtime's CPU provider change
+"""`vdet.modelkit.cpu_fusions`: the SiLU and DFL rewrites for ONNX Runtime's CPU provider change
 what runs, never what comes out. Checked on the demo model after ONNX Runtime's quantization
 pre-pass (what `vdet quantize --target cpu` hands them, in FP32), run by ONNX Runtime (outputs
 within 1e-5 of the model as exported, at the rect and the square input), on the bundled INT8
@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from vdet.config import demo_cpu_int8_path
-from vdet.engines.cpu_fusions import CpuFusions, fuse_for_onnxruntime_cpu
+from vdet.modelkit.cpu_fusions import CpuFusions, fuse_for_onnxruntime_cpu
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
@@ -73,7 +73,7 @@ def test_the_bundled_cpu_int8_build_is_fused() -> None:
     provenance = json.loads(
         next(p.value for p in model.metadata_props if p.key == "vdet_quantization")
     )
-    # The backbone's and neck's 45 SiLUs run on uint8 (vdet.engines.quantize.CPU_QUANTIZED_OPS);
+    # The backbone's and neck's 45 SiLUs run on uint8 (vdet.modelkit.quantize.CPU_QUANTIZED_OPS);
     # the Detect head's 12 are the float ones fused.
     assert provenance["fused_silu"] == 12 and provenance["fused_dfl"] == 1
     ops = [n.op_type for n in model.graph.node]

@@ -39,7 +39,7 @@ def test_export_round_trip(
     import torch
     from ultralytics import YOLO
 
-    from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
+    from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
 
     checkpoint = tmp_path / "model.pt"
     with warnings.catch_warnings():
@@ -73,7 +73,7 @@ def test_the_cpu_quantizer_finds_the_detect_head_of_an_export(
     """`vdet quantize` finds the head as the Ultralytics module that produces the output (not
     always 22): the CPU target keeps its own operators float, and both targets keep its DFL and
     box-branch convs (DEFAULT_NODES_TO_EXCLUDE) float there."""
-    from vdet.engines.quantize import default_nodes_to_exclude, detect_head
+    from vdet.modelkit.quantize import default_nodes_to_exclude, detect_head
 
     rc, _, _ = _export([model, "--output", "model.onnx", "--imgsz", "320"], capsys)
     assert rc == 0

@@ -30,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
-from vdet.plugins import ops
+from vdet.cuda import ops
+from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
 
 pytestmark = pytest.mark.slow
 
@@ -64,8 +64,8 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trt_include, cuda_include = _tensorrt_include(), _cuda_include()
     if cxx is None or trt_include is None or cuda_include is None:
         pytest.skip("needs g++, TensorRT headers ($TensorRT_ROOT/include) and CUDA headers")
-    if not (PACKAGE / "kernels" / "decode_nms.cu").is_file():
-        pytest.skip("service/vdet/kernels/ (the decode + NMS kernels) is not present")
+    if not (PACKAGE / "cuda" / "kernels" / "decode_nms.cu").is_file():
+        pytest.skip("service/vdet/cuda/kernels/ (the decode + NMS kernels) is not present")
     try:
         from gpu.gpu_emulator import build_emulator  # tests/gpu, the kernels' CPU emulator
     except ImportError:
@@ -76,7 +76,7 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [
         cxx, "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-DVDET_LAUNCH_EMULATION",
         "-isystem", str(trt_include), "-isystem", str(cuda_include),
-        f"-I{PLUGINS}", f"-I{PACKAGE}",
+        f"-I{PLUGINS}", f"-I{PACKAGE / 'cuda'}",
         str(PLUGINS / "tests" / "plugin_harness.cpp"), str(PLUGINS / "vdet_plugin.cpp"),
         str(PLUGINS / "decode_nms_launch.cpp"), str(emulator), f"-Wl,-rpath,{emulator.parent}",
         "-o", str(binary),
@@ -165,7 +165,7 @@ def test_enqueue_matches_the_cpu_reference(
     assert total > batch  # the case exercised NMS, not an empty output
 
 
-# ---- the C launcher and vdet.plugins.ops agree (no TensorRT headers needed) ---------------------
+# ---- the C launcher and vdet.cuda.ops agree (no TensorRT headers needed) ---------------------
 
 
 def test_launcher_constants_mirror_ops() -> None:
@@ -201,7 +201,7 @@ def launcher(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     library = work / "liblauncher.so"
     command = [
         cxx, "-std=c++17", "-O1", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror",
-        "-DVDET_LAUNCH_EMULATION", f"-I{PLUGINS}", f"-I{PACKAGE}",
+        "-DVDET_LAUNCH_EMULATION", f"-I{PLUGINS}", f"-I{PACKAGE / 'cuda'}",
         str(PLUGINS / "decode_nms_launch.cpp"), str(emulator), f"-Wl,-rpath,{emulator.parent}",
         "-o", str(library),
     ]  # fmt: skip

@@ -19,12 +19,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from vdet.cli import main
-from vdet.pipeline.model import load_model_info
-from vdet.pipeline.preprocess import letterbox
+from vdet.core.model import load_model_info
+from vdet.inference.preprocess import letterbox
 
 pytest.importorskip("modelopt.onnx.quantization")
 
-from vdet.engines import quantize as q
+from vdet.modelkit import quantize as q
 
 NAMES = "{0: 'a', 1: 'b', 2: 'c', 3: 'd', 4: 'e', 5: 'f'}"
 TINY_HW = (64, 64)
@@ -240,7 +240,7 @@ def test_methods_differ_and_max_covers_the_range(tiny: dict[str, Any], tmp_path:
 
 
 def test_qdq_model_runs_in_onnxruntime_close_to_fp32(tiny: dict[str, Any]) -> None:
-    from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
+    from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
 
     batch = tiny["frames"].batch[:4]
     with OnnxRuntimeBackend(tiny["model"], threads=1) as fp32_backend:
@@ -442,7 +442,7 @@ def test_failure_after_calibration_leaves_no_partial_file(
 
 
 def test_fp16_copy_keeps_io_types_and_metadata(tiny: dict[str, Any], tmp_path: Path) -> None:
-    from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
+    from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
 
     half = q.convert_fp16(tiny["model"], tmp_path / "half.onnx")
     proto = onnx.load(str(half))

@@ -17,11 +17,11 @@ from onnx import TensorProto, numpy_helper
 from support.truth import SAMPLE
 
 from vdet.cli import main
-from vdet.engines import quantize as q
+from vdet.core.model import load_model_info
+from vdet.core.types import ImageArray, VideoFrame
+from vdet.inference.detector import Detector
 from vdet.ingest.reader import SourceReader
-from vdet.pipeline.detector import Detector
-from vdet.pipeline.model import load_model_info
-from vdet.types import ImageArray, VideoFrame
+from vdet.modelkit import quantize as q
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 

@@ -26,18 +26,18 @@ import pytest
 from onnx import TensorProto, helper
 
 from vdet.cli import main
-from vdet.engines.build import BuildError, BuildOptions, build_cached, engine_request
-from vdet.engines.cache import (
+from vdet.cuda.runtime import GpuIdentity, gpu_count, gpu_identity
+from vdet.inference.backends.tensorrt import plan_refusals, runtime_cache_path, unavailable_reason
+from vdet.tensorrt.build import BuildError, BuildOptions, build_cached, engine_request
+from vdet.tensorrt.cache import (
     PORTABLE_GPU,
     EngineMismatchError,
     manifest_path,
     read_manifest,
     verify_plan,
 )
-from vdet.engines.gpu import GpuIdentity, gpu_count, gpu_identity
-from vdet.engines.library import TENSORRT, TENSORRT_RTX, LibraryError, parse_targets
-from vdet.engines.surgery import DecodeNmsAttributes
-from vdet.pipeline.backends.tensorrt import plan_refusals, runtime_cache_path, unavailable_reason
+from vdet.tensorrt.library import TENSORRT, TENSORRT_RTX, LibraryError, parse_targets
+from vdet.tensorrt.surgery import DecodeNmsAttributes
 
 if not TENSORRT_RTX.installed():
     pytest.skip(
@@ -182,7 +182,7 @@ def test_a_plan_from_another_version_is_refused_and_rebuilt(
     manifest = json.loads(manifest_path(fp32).read_text())
     manifest["key"]["tensorrt_version"] = "1.6.0.22"
     manifest_path(plan).write_text(json.dumps(manifest))
-    with caplog.at_level(logging.WARNING, logger="vdet.engines.cache"):
+    with caplog.at_level(logging.WARNING, logger="vdet.tensorrt.cache"):
         rebuilt = build_cached(DEMO, BuildOptions(), tmp_path, lib="tensorrt-rtx", targets=("8.6",))
     assert rebuilt.built and rebuilt.plan == plan
     assert f"tensorrt_version: plan has '1.6.0.22', this machine wants '{VERSION}'" in caplog.text
@@ -198,7 +198,7 @@ def test_a_plan_for_another_target_is_refused_and_rebuilt(
     assert slot.name == "demo.rtx-sm89.fp32.b1-1-8.plan"
     shutil.copy(fp32, slot)
     shutil.copy(manifest_path(fp32), manifest_path(slot))
-    with caplog.at_level(logging.WARNING, logger="vdet.engines.cache"):
+    with caplog.at_level(logging.WARNING, logger="vdet.tensorrt.cache"):
         rebuilt = build_cached(DEMO, BuildOptions(), tmp_path, lib="tensorrt-rtx", targets=("8.9",))
     assert rebuilt.built
     assert "compute_capability: plan has '8.6', this machine wants '8.9'" in caplog.text
@@ -266,7 +266,7 @@ def test_what_cannot_be_built_is_refused_with_the_reason(
 
 @pytest.mark.skipif(gpu_count() > 0, reason="checks a machine without a GPU")
 def test_without_a_gpu_auto_passes_tensorrt_rtx_over_and_says_why() -> None:
-    from vdet.pipeline.backends import create_backend, known_backends
+    from vdet.inference.backends import create_backend, known_backends
 
     assert {"tensorrt", "tensorrt-rtx"} <= set(known_backends())
     with pytest.raises(RuntimeError, match=r"tensorrt-rtx backend needs .* no CUDA GPU is visible"):
@@ -336,8 +336,8 @@ def test_on_a_supported_gpu_the_engine_matches_onnxruntime_and_keeps_its_runtime
 ) -> None:
     if (why := _supported_gpu_reason()) is not None:
         pytest.skip(why)
-    from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
-    from vdet.pipeline.backends.tensorrt import TensorRTBackend, create_tensorrt_rtx_backend
+    from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
+    from vdet.inference.backends.tensorrt import TensorRTBackend, create_tensorrt_rtx_backend
 
     gpu = gpu_identity(0)
     plan = build_cached(DEMO, BuildOptions(), tmp_path, lib="tensorrt-rtx").plan
@@ -358,19 +358,19 @@ def test_on_a_supported_gpu_the_engine_matches_onnxruntime_and_keeps_its_runtime
 @pytest.mark.gpu
 def test_on_a_supported_gpu_the_cuda_graph_path_replays_what_eager_gives(tmp_path: Path) -> None:
     """Our NV12 letterbox kernel, the engine's enqueue and our NVRTC decode + NMS in one CUDA
-    graph per stream (vdet.gpu_workers), replay against eager and against ONNX Runtime."""
+    graph per stream (vdet.gpu.devices), replay against eager and against ONNX Runtime."""
     if (why := _supported_gpu_reason()) is not None:
         pytest.skip(why)
     import cv2
     import torch
 
     from vdet.config import GpuSettings
-    from vdet.dataset.synthetic import SceneConfig, render_image
-    from vdet.gpu_workers import build_gpu_pool
+    from vdet.core.types import ColourMatrix, ColourRange
+    from vdet.gpu.devices import build_gpu_pool
+    from vdet.inference.backends.tensorrt import TensorRTBackend
+    from vdet.inference.detector import Detector
     from vdet.ingest.nvdec import GpuVideoFrame
-    from vdet.pipeline.backends.tensorrt import TensorRTBackend
-    from vdet.pipeline.detector import Detector
-    from vdet.types import ColourMatrix, ColourRange
+    from vdet.modelkit.dataset.synthetic import SceneConfig, render_image
 
     plan = build_cached(DEMO, BuildOptions(), tmp_path, lib="tensorrt-rtx").plan
     frames = []

@@ -1,4 +1,4 @@
-"""vdet.engines.surgery on the CPU: the VdetDecodeNms node after the raw head.
+"""vdet.tensorrt.surgery on the CPU: the VdetDecodeNms node after the raw head.
 
 Checks the rewritten graph the way TensorRT's ONNX parser will read it (op type, plugin_version
 and plugin_namespace strings, field attributes with ONNX INT/FLOAT types, outputs) and that the
@@ -19,7 +19,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from vdet.engines.surgery import (
+from vdet.inference.postprocess import PostprocessParams
+from vdet.tensorrt.surgery import (
     DETECTIONS,
     NUM_DETECTIONS,
     PLUGIN_DOMAIN,
@@ -35,7 +36,6 @@ from vdet.engines.surgery import (
     head_model,
     plugin_node,
 )
-from vdet.pipeline.postprocess import PostprocessParams
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
@@ -228,7 +228,7 @@ def test_yolov8s_from_the_ultralytics_yaml(
     pytest.importorskip("ultralytics")
     monkeypatch.setenv("YOLO_OFFLINE", "1")
     monkeypatch.chdir(tmp_path)  # Ultralytics writes next to a .yaml model's name
-    from vdet.engines.export import export_onnx
+    from vdet.modelkit.export import export_onnx
 
     onnx_path = tmp_path / "yolov8s.onnx"
     with warnings.catch_warnings():

@@ -1,7 +1,7 @@
-"""A `vdet.plugins.launch.Backend` that runs the CUDA kernels on the CPU, for tests.
+"""A `vdet.cuda.launch.Backend` that runs the CUDA kernels on the CPU, for tests.
 
-`build_emulator` compiles service/vdet/kernels/*.cu with g++ against tests/gpu/emulator/emu.h (a
-fiber-per-thread emulation of blocks, barriers and warp intrinsics) into a shared library;
+`build_emulator` compiles service/vdet/cuda/kernels/*.cu with g++ against tests/gpu/emulator/emu.h
+(a fiber-per-thread emulation of blocks, barriers and warp intrinsics) into a shared library;
 `EmuBackend` launches through it with the same arguments the CUDA backend passes to
 cuLaunchKernel. "Device" memory is host memory: tensors are NumPy arrays. Scratch allocations
 carry guard bytes on both sides, checked when freed, so an out-of-bounds write into them fails
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vdet.plugins.launch import (
+from vdet.cuda.launch import (
     KERNEL_DIR,
     DeviceArray,
     Dim3,

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from gpu_emulator import EmuBackend, build_emulator, compiler
 
-from vdet.plugins.launch import CudaUnavailableError
-from vdet.plugins.ops import GpuOps
+from vdet.cuda.launch import CudaUnavailableError
+from vdet.cuda.ops import GpuOps
 
 SAMPLE_CLIP = Path(__file__).parents[2] / "service" / "vdet" / "assets" / "sample.mp4"
 DEMO_MODEL = Path(__file__).parents[2] / "service" / "vdet" / "assets" / "demo.onnx"

@@ -14,10 +14,9 @@ import cv2
 import numpy as np
 import pytest
 
-from vdet import contract
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.plugins import launch, ops
-from vdet.plugins.launch import (
+from vdet.core import contract
+from vdet.cuda import launch, ops
+from vdet.cuda.launch import (
     KERNEL_DIR,
     CudaUnavailableError,
     DeviceArray,
@@ -31,7 +30,8 @@ from vdet.plugins.launch import (
     pick_arch,
     stream_handle,
 )
-from vdet.plugins.ops import GpuOps, decode_nms_layout, nv12_to_bgr, yuv_coefficients
+from vdet.cuda.ops import GpuOps, decode_nms_layout, nv12_to_bgr, yuv_coefficients
+from vdet.inference.postprocess import PostprocessParams
 
 # ---- cache keys and targets -------------------------------------------------------------------
 

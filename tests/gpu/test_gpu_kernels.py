@@ -1,4 +1,4 @@
-"""CUDA kernels (vdet.plugins.ops) against the CPU references, on the GPU and on the emulator.
+"""CUDA kernels (vdet.cuda.ops) against the CPU references, on the GPU and on the emulator.
 
 Every test takes `harness`: `[cuda]` runs on the GPU (marked gpu; skipped without one) and
 `[emu]` runs the same kernels on the CPU emulator (tests/gpu/emulator). Only the sample-clip
@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 from gpu_harness import DEMO_MODEL, SAMPLE_CLIP, Harness
 
-from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
-from vdet.pipeline.preprocess import letterbox
-from vdet.plugins import ops as ops_module
-from vdet.plugins.ops import (
+from vdet.cuda import ops as ops_module
+from vdet.cuda.ops import (
     MAX_FRAMES,
     YuvMatrix,
     decode_nms_workspace_bytes,
     nv12_to_bgr,
     yuv_coefficients,
 )
+from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
+from vdet.inference.preprocess import letterbox
 
 ONE_LEVEL = 1.0 / 255.0 + 1e-7  # a resized value may differ from OpenCV's by one uint8 level
 PAD = np.float32(114) / np.float32(255)

@@ -30,10 +30,10 @@ from test_gpu_kernels import (
     sample_frames,
 )
 
-from vdet.contract import rect_input_hw
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.pipeline.preprocess import letterbox
-from vdet.plugins.ops import YuvMatrix, nv12_to_bgr, yuv_coefficients
+from vdet.core.contract import rect_input_hw
+from vdet.cuda.ops import YuvMatrix, nv12_to_bgr, yuv_coefficients
+from vdet.inference.postprocess import PostprocessParams
+from vdet.inference.preprocess import letterbox
 
 MODEL_HW = (640, 640)
 

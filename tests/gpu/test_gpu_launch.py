@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from vdet.host_wait import host_wait_of, set_host_wait
-from vdet.pipeline.gpu_runner import graph_launcher
+from vdet.cuda.host_wait import host_wait_of, set_host_wait
+from vdet.gpu.graphs import graph_launcher
 
 pytestmark = [
     pytest.mark.gpu,

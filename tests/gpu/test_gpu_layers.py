@@ -1,4 +1,4 @@
-"""The layer kernels (vdet.plugins.layer_ops: conv bias + SiLU, same max pool) against NumPy
+"""The layer kernels (vdet.cuda.layer_ops: conv bias + SiLU, same max pool) against NumPy
 references, on the GPU (`[cuda]`, marked gpu) and on the CPU emulator (`[emu]`).
 
 Tolerances: the max pool is exact (a max of halves is one of them). bias + SiLU computes in
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from gpu_harness import Harness
 
-from vdet.plugins.layer_ops import LayerOps
+from vdet.cuda.layer_ops import LayerOps
 
 
 def _ops(harness: Harness) -> LayerOps:
@@ -130,8 +130,8 @@ def test_real_activations_of_the_demo_network(cuda_harness: Harness) -> None:
     torch = cuda_harness.torch
     from gpu_harness import DEMO_MODEL, SAMPLE_CLIP
 
-    from vdet.pipeline.backends.torch import load_onnx_network
-    from vdet.pipeline.preprocess import letterbox
+    from vdet.inference.backends.torch import load_onnx_network
+    from vdet.inference.preprocess import letterbox
 
     av = pytest.importorskip("av")
     with av.open(str(SAMPLE_CLIP)) as container:
@@ -184,10 +184,10 @@ def test_the_demo_network_with_layer_kernels_finds_what_it_finds_without(
     torch = cuda_harness.torch
     from gpu_harness import DEMO_MODEL, SAMPLE_CLIP
 
-    from vdet.pipeline.backends.torch import load_onnx_network
-    from vdet.pipeline.backends.torch_layers import BiasSiLU, MaxPoolSame
-    from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
-    from vdet.pipeline.preprocess import letterbox
+    from vdet.inference.backends.torch import load_onnx_network
+    from vdet.inference.backends.torch_layers import BiasSiLU, MaxPoolSame
+    from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
+    from vdet.inference.preprocess import letterbox
 
     av = pytest.importorskip("av")
     fast = load_onnx_network(DEMO_MODEL, batch=1, input_hw=(384, 640))

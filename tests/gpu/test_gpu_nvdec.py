@@ -34,6 +34,7 @@ with warnings.catch_warnings():  # whatever its import warns about must not stop
     warnings.simplefilter("ignore")
     pytest.importorskip("PyNvVideoCodec")
 
+from vdet.core.types import ColourMatrix, ColourRange  # noqa: E402
 from vdet.ingest.nvdec import (  # noqa: E402
     GpuVideoFrame,
     NvdecDecoder,
@@ -43,7 +44,6 @@ from vdet.ingest.nvdec import (  # noqa: E402
     nvdec_available,
     packet_bytes,
 )
-from vdet.types import ColourMatrix, ColourRange  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 

@@ -38,15 +38,15 @@ from test_gpu_torch_backend import (  # noqa: E402
 )
 
 from vdet.config import GpuSettings  # noqa: E402
-from vdet.gpu_workers import GpuWorker, choose_ops  # noqa: E402
+from vdet.core.types import ColourMatrix, ColourRange  # noqa: E402
+from vdet.gpu.devices import GpuWorker, choose_ops  # noqa: E402
+from vdet.gpu.frame_ops import Nv12Geometry  # noqa: E402
+from vdet.gpu.graphs import CudaGraphRunner, RunnerOptions  # noqa: E402
+from vdet.gpu.input_shapes import InputShapes  # noqa: E402
+from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
+from vdet.inference.backends.torch import TorchBackend  # noqa: E402
+from vdet.inference.detector import Detector  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
-from vdet.input_shapes import InputShapes  # noqa: E402
-from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
-from vdet.pipeline.detector import Detector  # noqa: E402
-from vdet.pipeline.gpu_ops import Nv12Geometry  # noqa: E402
-from vdet.pipeline.gpu_runner import CudaGraphRunner, RunnerOptions  # noqa: E402
-from vdet.types import ColourMatrix, ColourRange  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 

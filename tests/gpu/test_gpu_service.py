@@ -37,14 +37,14 @@ pytest.importorskip("cuda.bindings")
 from support import truth  # noqa: E402
 
 from vdet.config import GpuSettings, StreamSpec  # noqa: E402
-from vdet.gpu_workers import GpuPool, build_gpu_pool  # noqa: E402
-from vdet.hub import ResultsHub  # noqa: E402
+from vdet.core.types import DetectionResult  # noqa: E402
+from vdet.gpu.devices import GpuPool, build_gpu_pool  # noqa: E402
+from vdet.inference.detector import Detector  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
 from vdet.ingest.urls import bundled_assets_dir  # noqa: E402
-from vdet.metrics import Metrics  # noqa: E402
-from vdet.pipeline.detector import Detector  # noqa: E402
-from vdet.streams import StreamManager  # noqa: E402
-from vdet.types import DetectionResult  # noqa: E402
+from vdet.metrics.registry import Metrics  # noqa: E402
+from vdet.results.hub import ResultsHub  # noqa: E402
+from vdet.streams.manager import StreamManager  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
@@ -140,7 +140,7 @@ def test_batched_streams_find_the_same_objects(
 
 
 def test_torch_reference_ops_and_our_kernels_agree_on_a_decoded_frame(detector: Detector) -> None:
-    from vdet.gpu_workers import GpuWorker
+    from vdet.gpu.devices import GpuWorker
 
     workers = []
     detections = []

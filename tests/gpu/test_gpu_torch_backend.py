@@ -1,8 +1,8 @@
 """The torch backend and the CUDA-graph runners on the GPU, against ONNX Runtime on the CPU.
 
 Needs a CUDA GPU and onnx2torch (skipped otherwise; not PyAV, not torchvision, not
-ultralytics). Inputs are the project's synthetic scenes (vdet.dataset.synthetic: numpy + cv2),
-on which the demo model detects reliably; NV12 frames are made from them on the host with
+ultralytics). Inputs are the project's synthetic scenes (vdet.modelkit.dataset.synthetic: numpy +
+cv2), on which the demo model detects reliably; NV12 frames are made from them on the host with
 OpenCV, so the runner's input and the CPU reference's input are the very same pixels.
 
 FP16 tolerances (the network runs in float16 on the GPU, ONNX Runtime in float32):
@@ -37,22 +37,22 @@ with warnings.catch_warnings():  # whatever its import warns about must not stop
     warnings.simplefilter("ignore")
     pytest.importorskip("onnx2torch")
 
-from vdet.dataset.synthetic import SceneConfig, render_image  # noqa: E402
-from vdet.pipeline.backends import create_backend  # noqa: E402
-from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from vdet.pipeline.backends.torch import TorchBackend  # noqa: E402
-from vdet.pipeline.detector import Detector  # noqa: E402
-from vdet.pipeline.gpu_ops import Nv12Geometry, kernel_ops, nv12_to_rgb_u8  # noqa: E402
-from vdet.pipeline.gpu_runner import (  # noqa: E402
+from vdet.core.types import ColourMatrix, ColourRange, Detections  # noqa: E402
+from vdet.gpu.frame_ops import Nv12Geometry, kernel_ops, nv12_to_rgb_u8  # noqa: E402
+from vdet.gpu.graphs import (  # noqa: E402
     BatchedGraphRunner,
     CudaGraphRunner,
     RunnerOptions,
     RunResult,
     as_numpy_rows,
 )
-from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image  # noqa: E402
-from vdet.pipeline.preprocess import letterbox  # noqa: E402
-from vdet.types import ColourMatrix, ColourRange, Detections  # noqa: E402
+from vdet.inference.backends import create_backend  # noqa: E402
+from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
+from vdet.inference.backends.torch import TorchBackend  # noqa: E402
+from vdet.inference.detector import Detector  # noqa: E402
+from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image  # noqa: E402
+from vdet.inference.preprocess import letterbox  # noqa: E402
+from vdet.modelkit.dataset.synthetic import SceneConfig, render_image  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
@@ -286,7 +286,8 @@ def test_nvdec_frames_through_the_runner(backend: TorchBackend) -> None:
 
 
 def test_runner_with_the_cuda_kernels(backend: TorchBackend) -> None:
-    """The vdet/kernels/ kernels (letterbox, decode + NMS) in the same graph, against the torch ops.
+    """The vdet/cuda/kernels/ kernels (letterbox, decode + NMS) in the same graph, against the
+    torch ops.
 
     The kernels are tested on their own in test_gpu_kernels.py; here they only have to fit the
     runner: captured once per shape, and detections twins of the reference ops' ones.

@@ -38,7 +38,7 @@ from support.serve import Service, alive, start_service  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from vdet.bench_serve.gpu_memory import read_gpu_memory  # noqa: E402
+from vdet.bench.serve.gpu_memory import read_gpu_memory  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 from support.rtsp import free_port
 from support.videos import write_corrupt_copy, write_h264_clip
 
-from vdet.ingest.worker import IngestOptions, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, SourceWorker
 
 
 @pytest.fixture(scope="session")

@@ -20,10 +20,10 @@ from support.truth import SAMPLE
 from support.videos import write_damaged_packets_copy
 from support.waiting import wait_until
 
+from vdet.core.types import SourceState, VideoFrame
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import DamagedFrame, SourceReader
-from vdet.ingest.worker import IngestOptions, SourceWorker
-from vdet.types import SourceState, VideoFrame
+from vdet.ingest.source_thread import IngestOptions, SourceWorker
 
 
 @pytest.fixture(scope="module")

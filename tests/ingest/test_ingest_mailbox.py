@@ -6,8 +6,8 @@ import time
 import numpy as np
 import pytest
 
+from vdet.core.types import VideoFrame
 from vdet.ingest.mailbox import FrameMailbox
-from vdet.types import VideoFrame
 
 
 def frame(index: int) -> VideoFrame:

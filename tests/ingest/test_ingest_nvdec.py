@@ -21,6 +21,7 @@ import pytest
 import torch
 from support.fake_nvc import FakeNvc
 
+from vdet.core.types import ColourMatrix, ColourRange, VideoFrame
 from vdet.ingest.nvdec import (
     GpuVideoFrame,
     NvdecDecoder,
@@ -36,7 +37,6 @@ from vdet.ingest.nvdec import (
 )
 from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
 from vdet.ingest.reader import DecodeError, SourceError, SourceReader
-from vdet.types import ColourMatrix, ColourRange, VideoFrame
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "gpu" / "data"

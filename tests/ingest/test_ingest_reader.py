@@ -8,6 +8,7 @@ import av
 import numpy as np
 import pytest
 
+from vdet.core.types import VideoFrame
 from vdet.ingest.reader import (
     DamagedFrame,
     DecodeError,
@@ -17,7 +18,6 @@ from vdet.ingest.reader import (
     open_options,
 )
 from vdet.ingest.urls import ffmpeg_whitelists
-from vdet.types import VideoFrame
 
 
 def read_all(reader: SourceReader, limit: int | None = None) -> list[VideoFrame | DecodeError]:

@@ -11,8 +11,8 @@ from support.ingest import Transition, start_worker
 from support.rtsp import RtspServerFactory
 from support.waiting import wait_until
 
-from vdet.ingest.worker import IngestOptions, SourceWorker
-from vdet.types import SourceState, VideoFrame
+from vdet.core.types import SourceState, VideoFrame
+from vdet.ingest.source_thread import IngestOptions, SourceWorker
 
 
 def take(worker: SourceWorker, count: int, timeout: float = 10.0) -> list[VideoFrame]:

@@ -17,8 +17,10 @@ from support.waiting import wait_until
 
 from vdet.cli import asset_path
 from vdet.config import IngestSettings
+from vdet.core.types import SourceState
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
+from vdet.ingest.source_thread import IngestOptions, SourceWorker
 from vdet.ingest.urls import (
     REFUSED_FILE,
     SourcePolicy,
@@ -26,8 +28,6 @@ from vdet.ingest.urls import (
     redact,
     validate_source_url,
 )
-from vdet.ingest.worker import IngestOptions, SourceWorker
-from vdet.types import SourceState
 
 DEFAULT = SourcePolicy()
 

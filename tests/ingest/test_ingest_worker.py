@@ -11,9 +11,9 @@ import pytest
 from support.ingest import Transition, drain, start_worker, take_in_background
 from support.waiting import wait_until
 
+from vdet.core.types import SourceState, VideoFrame
 from vdet.ingest.mailbox import FrameMailbox
-from vdet.ingest.worker import IngestOptions, SourceWorker, backoff_delay
-from vdet.types import SourceState, VideoFrame
+from vdet.ingest.source_thread import IngestOptions, SourceWorker, backoff_delay
 
 # ------------------------------------------------------------------ options and backoff
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from onnx import TensorProto
 
-from vdet.pipeline import backends
-from vdet.pipeline.backends import BackendSpec, create_backend, known_backends, register_backend
-from vdet.pipeline.backends.base import InferenceBackend
-from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
-from vdet.pipeline.model import ModelError, ModelInfo
+from vdet.core.model import ModelError, ModelInfo
+from vdet.inference import backends
+from vdet.inference.backends import BackendSpec, create_backend, known_backends, register_backend
+from vdet.inference.backends.base import InferenceBackend
+from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
 
 HeadModelWriter = Callable[..., Path]  # the conftest fixture
 YoloExporter = Callable[[int | tuple[int, int], bool], tuple[object, Path]]  # conftest

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vdet.contract import PostprocessParams
-from vdet.pipeline.class_thresholds import ClassThresholds, thresholds_by_class
-from vdet.pipeline.postprocess import decode_and_nms
-from vdet.types import Detections
+from vdet.core.contract import PostprocessParams
+from vdet.core.types import Detections
+from vdet.inference.class_thresholds import ClassThresholds, thresholds_by_class
+from vdet.inference.postprocess import decode_and_nms
 
 NAMES = ("person", "car", "dog")
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from vdet.pipeline.postprocess import (
+from vdet.inference.postprocess import (
     PostprocessParams,
     decode_and_nms,
     decode_and_nms_image,
@@ -17,7 +17,7 @@ from vdet.pipeline.postprocess import (
     postprocess,
     xywh_to_xyxy,
 )
-from vdet.pipeline.preprocess import compute_letterbox
+from vdet.inference.preprocess import compute_letterbox
 
 MakeHead = Callable[[Any, Any], np.ndarray]
 

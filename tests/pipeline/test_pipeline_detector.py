@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vdet.pipeline.detector import Detector, InputShape
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.pipeline.preprocess import letterbox_batch
-from vdet.types import StageTimings
+from vdet.core.types import StageTimings
+from vdet.inference.detector import Detector, InputShape
+from vdet.inference.postprocess import PostprocessParams
+from vdet.inference.preprocess import letterbox_batch
 
 HeadModelWriter = Callable[..., Path]  # the conftest fixture
 YoloExporter = Callable[[int | tuple[int, int], bool], tuple[object, Path]]  # conftest

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from vdet.pipeline.gpu_ops import (
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.gpu.frame_ops import (
     Nv12Geometry,
     ReferenceDecodeNms,
     nv12_letterbox_reference,
     nv12_to_rgb_u8,
 )
-from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
-from vdet.pipeline.preprocess import letterbox
-from vdet.types import ColourMatrix, ColourRange
+from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
+from vdet.inference.preprocess import letterbox
 
 PAD = np.float32(114) / np.float32(255)
 RESIZE_TOLERANCE = 1 / 255 + 1e-6

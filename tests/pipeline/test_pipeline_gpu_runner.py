@@ -18,8 +18,9 @@ import pytest
 import torch
 from support.toy_network import toy_network as _network
 
-from vdet.pipeline.gpu_ops import Nv12Geometry, nv12_to_rgb_u8
-from vdet.pipeline.gpu_runner import (
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.gpu.frame_ops import Nv12Geometry, nv12_to_rgb_u8
+from vdet.gpu.graphs import (
     BatchedGraphRunner,
     CudaGraphRunner,
     GraphCache,
@@ -28,9 +29,8 @@ from vdet.pipeline.gpu_runner import (
     as_numpy_rows,
     batch_buckets,
 )
-from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms_image
-from vdet.pipeline.preprocess import letterbox
-from vdet.types import ColourMatrix, ColourRange
+from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
+from vdet.inference.preprocess import letterbox
 
 INPUT_HW = (64, 64)
 PARAMS = PostprocessParams(conf_threshold=0.3, iou_threshold=0.5, max_det=10)
@@ -143,7 +143,7 @@ def test_failed_capture_runs_eagerly_counts_each_frame_and_logs_once(
     fallbacks: list[int] = []
     runner = _runner(capture=_failing_capture, on_eager_fallback=lambda: fallbacks.append(1))
     eager = _runner(use_graphs=False)
-    with caplog.at_level(logging.WARNING, logger="vdet.pipeline.gpu_runner"):
+    with caplog.at_level(logging.WARNING, logger="vdet.gpu.graphs"):
         for i, (w, h) in enumerate([(96, 48), (96, 48), (64, 64)]):
             result = runner.run(_frame(w, h, i), _geometry(w, h), PARAMS)
             expected = eager.run(_frame(w, h, i), _geometry(w, h), PARAMS)
@@ -248,7 +248,7 @@ def test_batched_runner_replays_the_smallest_bucket_that_holds_the_frames() -> N
 
 
 def test_graph_launcher_replays_graphs_torch_does_not_make() -> None:
-    from vdet.pipeline.gpu_runner import graph_launcher
+    from vdet.gpu.graphs import graph_launcher
 
     ran: list[int] = []
     graph = _FakeGraph(lambda: ran.append(1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vdet.pipeline.preprocess import (
+from vdet.inference.preprocess import (
     PAD_VALUE,
     LetterboxTransform,
     compute_letterbox,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from onnx import TensorProto
 
-from vdet.pipeline.model import ModelError, ModelInfo, load_model_info
+from vdet.core.model import ModelError, ModelInfo, load_model_info
 
 HeadModelWriter = Callable[..., Path]  # the conftest fixture
 NAMES = {"names": "{0: 'person', 1: 'car'}"}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from vdet.cli import asset_path
-from vdet.pipeline.detector import Detector
+from vdet.inference.detector import Detector
 from vdet.tracking.bytetrack import box_iou
 
 
@@ -88,7 +88,7 @@ def test_frames_of_different_sizes_in_one_call_come_back_in_order(
 
 
 def test_the_shapes_benchmark_times_both_shapes_on_the_same_frames() -> None:
-    from vdet.bench import run_pipeline_shapes_bench
+    from vdet.bench.pipeline import run_pipeline_shapes_bench
 
     report = run_pipeline_shapes_bench(
         asset_path("demo.onnx"), "onnxruntime", str(asset_path("sample.mp4")), frames=3, warmup=1

@@ -19,9 +19,9 @@ import torch
 
 pytest.importorskip("onnx2torch")
 
-from vdet.pipeline.backends import create_backend, known_backends
-from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend
-from vdet.pipeline.backends.torch import TorchBackend, load_onnx_network
+from vdet.inference.backends import create_backend, known_backends
+from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend
+from vdet.inference.backends.torch import TorchBackend, load_onnx_network
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 
@@ -67,7 +67,7 @@ def test_fp16_channels_last_module_runs() -> None:
 
 
 def test_registered_with_priority_200_and_unavailable_without_cuda() -> None:
-    from vdet.pipeline import backends
+    from vdet.inference import backends
 
     assert "torch" in known_backends()
     spec = backends._REGISTRY["torch"]
@@ -83,7 +83,7 @@ def test_onnx2torch_imports_without_torchvision() -> None:
     absent for everyone else)."""
     code = (
         "import sys; sys.modules['torchvision'] = None\n"
-        "from vdet.pipeline.backends.torch import import_onnx2torch\n"
+        "from vdet.inference.backends.torch import import_onnx2torch\n"
         "module = import_onnx2torch(); assert hasattr(module, 'convert')\n"
         "assert sys.modules.get('torchvision') is None\n"
         "print('ok')\n"
@@ -96,7 +96,7 @@ def test_onnx2torch_imports_without_torchvision() -> None:
 
 
 def test_yolov8_silu_is_one_module_and_a_shared_sigmoid_is_left_alone() -> None:
-    from vdet.pipeline.backends.torch import _fuse_silu
+    from vdet.inference.backends.torch import _fuse_silu
 
     network = load_onnx_network(
         DEMO, batch=1, input_hw=(640, 640), device="cpu", fp16=False, channels_last=False

@@ -1,5 +1,5 @@
 """The rewrite that runs conv bias + SiLU and same max pools through vdet's layer kernels
-(vdet.pipeline.backends.torch_layers), on the CPU: which layers it replaces, and that the
+(vdet.inference.backends.torch_layers), on the CPU: which layers it replaces, and that the
 rewritten demo network computes what the converted one does. The kernels themselves are tested
 against their references in tests/gpu/test_gpu_layers.py (GPU and emulator)."""
 
@@ -14,14 +14,14 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx2torch")
 
-from vdet.pipeline.backends.torch import load_onnx_network  # noqa: E402
-from vdet.pipeline.backends.torch_layers import (  # noqa: E402
+from vdet.inference.backends.torch import load_onnx_network  # noqa: E402
+from vdet.inference.backends.torch_layers import (  # noqa: E402
     BiasSiLU,
     MaxPoolSame,
     ReferenceLayers,
     use_layer_kernels,
 )
-from vdet.pipeline.preprocess import letterbox  # noqa: E402
+from vdet.inference.preprocess import letterbox  # noqa: E402
 
 DEMO = Path(__file__).parents[2] / "service" / "vdet" / "assets" / "demo.onnx"
 SAMPLE = DEMO.with_name("sample.mp4")
@@ -101,7 +101,7 @@ def test_the_gpu_setting_reaches_the_networks_the_backend_builds() -> None:
 
     assert GpuSettings().layer_kernels is True
     assert GpuSettings(layer_kernels=False).layer_kernels is False
-    from vdet.pipeline.backends.torch import TorchBackend
+    from vdet.inference.backends.torch import TorchBackend
 
     backend = TorchBackend(DEMO, device="cpu", fp16=False, cuda_graph=False)
     assert backend.layer_kernels

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from vdet.engines.cache import EngineKey, OptimizationProfile
+from vdet.tensorrt.cache import EngineKey, OptimizationProfile
 
 
 def make_key(**changes: object) -> EngineKey:

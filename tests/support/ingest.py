@@ -5,9 +5,9 @@ from __future__ import annotations
 import random
 import threading
 
+from vdet.core.types import SourceState, VideoFrame
 from vdet.ingest.mailbox import FrameMailbox
-from vdet.ingest.worker import IngestOptions, SourceWorker
-from vdet.types import SourceState, VideoFrame
+from vdet.ingest.source_thread import IngestOptions, SourceWorker
 
 Transition = tuple[str, SourceState, SourceState]
 

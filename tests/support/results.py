@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from vdet.types import DetectionResult, Detections, StageTimings, ZoneEvent
+from vdet.core.types import DetectionResult, Detections, StageTimings, ZoneEvent
 
 NAMES = ("person", "car", "dog")
 

@@ -1,9 +1,9 @@
 """The sample clip and its exact truth for the tests; the scoring is the package's own
-(vdet.dataset.clip_truth, which the accuracy benchmark uses too)."""
+(vdet.modelkit.dataset.clip_truth, which the accuracy benchmark uses too)."""
 
 from __future__ import annotations
 
-from vdet.dataset.clip_truth import (
+from vdet.modelkit.dataset.clip_truth import (
     as_dicts,
     best_aligned_frame,
     countable,

@@ -1,4 +1,4 @@
-"""TensorRT itself: engines built by vdet.engines.build, run by the tensorrt backend.
+"""TensorRT itself: engines built by vdet.tensorrt.build, run by the tensorrt backend.
 
 (This folder is not called tests/tensorrt/: with tests/ on sys.path, as this project's
 conftest puts it, that folder would be importable as a namespace package `tensorrt` and
@@ -30,11 +30,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from vdet.engines.build import BuildError, BuildOptions, build_cached, tensorrt_installed
-from vdet.engines.cache import OptimizationProfile, manifest_path
-from vdet.engines.gpu import cuda_call, gpu_count, runtime
-from vdet.engines.surgery import DecodeNmsAttributes
-from vdet.pipeline.postprocess import PostprocessParams, decode_and_nms, decode_and_nms_image
+from vdet.cuda.runtime import cuda_call, gpu_count, runtime
+from vdet.inference.postprocess import PostprocessParams, decode_and_nms, decode_and_nms_image
+from vdet.tensorrt.build import BuildError, BuildOptions, build_cached, tensorrt_installed
+from vdet.tensorrt.cache import OptimizationProfile, manifest_path
+from vdet.tensorrt.surgery import DecodeNmsAttributes
 
 pytestmark = pytest.mark.tensorrt
 
@@ -44,8 +44,8 @@ trt = pytest.importorskip("tensorrt")
 if gpu_count() == 0:
     pytest.skip("TensorRT is installed but no GPU is visible", allow_module_level=True)
 
-from vdet.pipeline.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
-from vdet.pipeline.backends.tensorrt import TensorRTBackend  # noqa: E402
+from vdet.inference.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
+from vdet.inference.backends.tensorrt import TensorRTBackend  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
@@ -113,7 +113,7 @@ def test_fp16_engine_is_close_to_onnxruntime(cache_dir: Path) -> None:
 
 
 def test_plan_from_another_tensorrt_is_refused(fp32_plan: Path, tmp_path: Path) -> None:
-    from vdet.engines.cache import EngineMismatchError
+    from vdet.tensorrt.cache import EngineMismatchError
 
     copy = tmp_path / fp32_plan.name
     shutil.copy(fp32_plan, copy)
@@ -290,7 +290,7 @@ def _device_buffers(
 def _replay_equals_eager(plan: Path, x1: np.ndarray, x2: np.ndarray, plugin: Path | None) -> None:
     rt = runtime()
     if plugin is not None:
-        from vdet.plugins.loader import load_into_tensorrt
+        from vdet.tensorrt.plugin_library import load_into_tensorrt
 
         load_into_tensorrt(trt, plugin)
     logger = trt.Logger(trt.Logger.WARNING)
@@ -394,9 +394,9 @@ def _nv12_frame(seed: int) -> Any:
     import cv2
     import torch
 
-    from vdet.dataset.synthetic import SceneConfig, render_image
+    from vdet.core.types import ColourMatrix, ColourRange
     from vdet.ingest.nvdec import GpuVideoFrame
-    from vdet.types import ColourMatrix, ColourRange
+    from vdet.modelkit.dataset.synthetic import SceneConfig, render_image
 
     bgr = render_image(seed, SceneConfig(width=1920, height=1080)).image_bgr
     h, w = bgr.shape[:2]
@@ -428,8 +428,8 @@ def test_gpu_workers_on_the_engine_find_what_onnxruntime_finds(fp32_plan: Path, 
     demo's engine has a profile over rectangular inputs, so the 1080p frames run at 384x640
     (input_shape: rect, the default), as the CPU reference does."""
     from vdet.config import GpuSettings
-    from vdet.gpu_workers import build_gpu_pool
-    from vdet.pipeline.detector import Detector
+    from vdet.gpu.devices import build_gpu_pool
+    from vdet.inference.detector import Detector
 
     frames = [_nv12_frame(seed) for seed in range(3)]
     with TensorRTBackend(fp32_plan) as engine, Detector.open(DEMO, "onnxruntime") as reference:

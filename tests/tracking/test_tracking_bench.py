@@ -7,7 +7,7 @@ from pathlib import Path
 from support.apptest import CLIP_WH, write_tiny_model
 from support.videos import write_h264_clip
 
-from vdet.tracking.bench import run_tracking_bench, synthetic_detections
+from vdet.bench.tracking import run_tracking_bench, synthetic_detections
 
 
 def test_synthetic_detections_are_valid_and_reproducible() -> None:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from vdet.core.types import NO_TRACK, Detections
 from vdet.tracking.bytetrack import ByteTracker, TrackerParams, box_iou
-from vdet.types import NO_TRACK, Detections
 
 
 def dets(

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vdet.dataset.synthetic import Annotation, VideoFrameTruth
-from vdet.types import Detections
+from vdet.core.types import Detections
+from vdet.modelkit.dataset.synthetic import Annotation, VideoFrameTruth
 
 mm = pytest.importorskip("motmetrics")
 
-from vdet.tracking.evaluation import _accumulate  # noqa: E402
+from vdet.modelkit.tracking_evaluation import _accumulate  # noqa: E402
 
 
 def frame(index: int, *objects: tuple[int, int, float]) -> VideoFrameTruth:

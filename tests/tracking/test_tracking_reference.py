@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from vdet.tracking.bench import FRAME_WH, synthetic_detections
+from vdet.bench.tracking import FRAME_WH, synthetic_detections
+from vdet.bench.tracking_reference import ReferenceByteTracker, ReferenceZoneMonitor
 from vdet.tracking.bytetrack import ByteTracker, TrackerParams
-from vdet.tracking.reference import ReferenceByteTracker, ReferenceZoneMonitor
 from vdet.tracking.specs import ZoneSpec
 from vdet.tracking.zones import ZoneMonitor, resolve_zones
 

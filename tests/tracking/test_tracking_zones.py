@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from vdet.core.types import Detections
 from vdet.tracking.geometry import points_in_polygon, self_intersection, side_of_line
 from vdet.tracking.specs import MAX_ZONES, TrackingSpec, ZoneSpec
 from vdet.tracking.zones import ZoneMonitor, check_in_frame, resolve_zones
-from vdet.types import Detections
 
 SQUARE = [[10.0, 10.0], [20.0, 10.0], [20.0, 20.0], [10.0, 20.0]]
 # A "U": the notch x 13..17, y 10..17 is outside.
@@ -255,9 +255,9 @@ def test_a_tracked_result_crosses_processes_as_plain_data() -> None:
     adds must survive that unchanged."""
     import pickle
 
+    from vdet.core.types import DetectionResult, StageTimings
     from vdet.tracking.specs import TrackingSpec
     from vdet.tracking.stream_tracking import StreamTracking
-    from vdet.types import DetectionResult, StageTimings
 
     zones = resolve_zones([zone(points=SQUARE, normalized=False)], lambda c: None)
     frame = StreamTracking().update(

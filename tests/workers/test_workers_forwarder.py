@@ -8,7 +8,7 @@ import multiprocessing
 
 import numpy as np
 
-from vdet.types import DetectionResult, Detections, StageTimings
+from vdet.core.types import DetectionResult, Detections, StageTimings
 from vdet.workers.channel import Channel, Published, PublishedBatch
 from vdet.workers.child import _Forwarder
 

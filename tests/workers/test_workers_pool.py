@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from vdet.config import Settings, StreamSpec
-from vdet.hub import ResultsHub
 from vdet.ingest.urls import REFUSED_FILE
-from vdet.metrics import Metrics
-from vdet.streams import LimitError
+from vdet.metrics.registry import Metrics
+from vdet.results.hub import ResultsHub
+from vdet.streams.manager import LimitError
 from vdet.workers.plan import WorkerPlan
 from vdet.workers.pool import WorkerPool
 

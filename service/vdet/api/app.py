@@ -1,6 +1,6 @@
 """The FastAPI application factory and its lifespan.
 
-`create_app(settings)` wires one independent instance around its own `Runtime` (vdet.runtime,
+`create_app(settings)` wires one independent instance around its own `Runtime` (vdet.root,
 the composition root: metrics registry, results hub, and, started by the lifespan off the event
 loop, the streams wherever they run). Shutdown ends WebSocket feeds, then stops every stream.
 This module only wires the web layer; the routes live in `routes_*.py`, the wire format in
@@ -35,11 +35,11 @@ from vdet.api import (
 )
 from vdet.api.auth import require_api_key
 from vdet.api.live import LiveVideo
-from vdet.api.notify import Notifier
 from vdet.api.schemas import ErrorOut, ResultEventEncoder
 from vdet.config import Settings
-from vdet.runtime import DetectorFactory, Runtime, default_detector_factory
-from vdet.streams import DuplicateStreamError, LimitError, UnknownStreamError
+from vdet.notify.notifier import Notifier
+from vdet.root import DetectorFactory, Runtime, default_detector_factory
+from vdet.streams.manager import DuplicateStreamError, LimitError, UnknownStreamError
 from vdet.workers.pool import WorkerUnavailableError
 
 _DESCRIPTION = """

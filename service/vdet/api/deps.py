@@ -1,4 +1,4 @@
-"""What routes share: the app's `Runtime` (vdet.runtime) and the dependencies that hand its
+"""What routes share: the app's `Runtime` (vdet.root) and the dependencies that hand its
 parts out.
 
 The runtime is made by `create_app` and started by the lifespan. Routes reach its streams
@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from starlette.requests import HTTPConnection
 
-from vdet.runtime import Runtime, StreamService
+from vdet.root import Runtime, StreamService
 
 
 def runtime_of(conn: HTTPConnection) -> Runtime:

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vdet.types import Detections, ImageArray
+from vdet.core.types import Detections, ImageArray
 
 SUPPORTED_FORMATS = ("jpeg", "png", "bmp", "webp")
 # 16 megapixels (4096 x 4096): above every camera stream; a decode of that size takes about

@@ -5,7 +5,7 @@ A viewer (one open MJPEG response) holds a `ViewerSlot` from `LiveVideo.admit`; 
 open, at most once per new picture per (stream, boxes, width, newest or processed frames) and
 at most live.max_fps times a second: viewers asking for the same picture share one encode, and
 encodes run on at most `live.encoder_threads` worker threads, never on the event loop. Frames
-come from `vdet.api.frames.latest_jpeg` and nowhere else.
+come from `vdet.streams.pictures.latest_jpeg` and nowhere else.
 
 This module owns admission, sharing and the multipart framing; it does not pace viewers
 (the route does) or decide where frames come from (frames.py does).
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import anyio
 import anyio.to_thread
 
-from vdet.api.frames import EncodedFrame, Picture, latest_jpeg
 from vdet.config import LiveSettings
-from vdet.metrics import Metrics
-from vdet.runtime import StreamService
+from vdet.metrics.registry import Metrics
+from vdet.root import StreamService
+from vdet.streams.pictures import EncodedFrame, Picture, latest_jpeg
 
 BOUNDARY = "vdetframe"
 MEDIA_TYPE = f"multipart/x-mixed-replace; boundary={BOUNDARY}"

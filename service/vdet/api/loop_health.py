@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from vdet.metrics import Metrics
+from vdet.metrics.registry import Metrics
 
 # Often enough to catch stalls of a few milliseconds, rarely enough to cost nothing measurable
 # (20 wake-ups a second, each a few microseconds).

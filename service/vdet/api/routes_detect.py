@@ -20,7 +20,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from vdet.api.deps import RuntimeDep, StreamsDep
 from vdet.api.images import SUPPORTED_FORMATS, UnsupportedImageError, decode_image
 from vdet.api.schemas import DetectOut, ErrorOut, detections_out, timings_out
-from vdet.streams import resolve_params
+from vdet.streams.manager import resolve_params
 
 router = APIRouter(tags=["detect"])
 

@@ -36,8 +36,8 @@ from starlette.websockets import WebSocketDisconnected
 from vdet.api.auth import websocket_auth
 from vdet.api.deps import runtime_of
 from vdet.api.schemas import EndEvent, GapEvent, ResultEventEncoder
-from vdet.hub import Subscription, SubscriptionEnd, SubscriptionEndedError
-from vdet.runtime import Runtime
+from vdet.results.hub import Subscription, SubscriptionEnd, SubscriptionEndedError
+from vdet.root import Runtime
 
 router = APIRouter()
 

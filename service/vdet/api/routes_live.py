@@ -17,11 +17,11 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from vdet.api.deps import RuntimeDep, StreamsDep
-from vdet.api.frames import Picture
 from vdet.api.live import MEDIA_TYPE, LiveVideo, PictureKey, ViewerLimitError, multipart_part
 from vdet.api.schemas import ErrorOut
-from vdet.runtime import Runtime, StreamService
-from vdet.streams import UnknownStreamError
+from vdet.root import Runtime, StreamService
+from vdet.streams.manager import UnknownStreamError
+from vdet.streams.pictures import Picture
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vdet.api.deps import RuntimeDep
 from vdet.api.schemas import HealthOut, ReadyOut
-from vdet.metrics import CONTENT_TYPE
+from vdet.metrics.registry import CONTENT_TYPE
 
 router = APIRouter(tags=["ops"])
 

@@ -1,5 +1,5 @@
 """Event snapshots over REST: GET /v1/streams/{id}/snapshots lists the JPEGs kept of a stream's
-frames with zone and line events (vdet.event_snapshots), GET
+frames with zone and line events (vdet.streams.event_snapshots), GET
 /v1/streams/{id}/snapshots/{frame_index}.jpg answers one. The webhook and MQTT bodies name the
 second by `snapshot_path`."""
 

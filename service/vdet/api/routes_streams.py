@@ -14,7 +14,6 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 
 from vdet.api.deps import RuntimeDep, StreamsDep
-from vdet.api.frames import latest_jpeg
 from vdet.api.schemas import (
     DetectionResultOut,
     EffectiveParams,
@@ -27,9 +26,10 @@ from vdet.api.schemas import (
     result_text,
 )
 from vdet.config import StreamSpec
-from vdet.hub import EncodedResult
 from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url, redact
-from vdet.streams import StreamView, UnknownStreamError
+from vdet.results.hub import EncodedResult
+from vdet.streams.manager import StreamView, UnknownStreamError
+from vdet.streams.pictures import latest_jpeg
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 

@@ -9,9 +9,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, Field
 
-from vdet.api.notify import Notifier
 from vdet.api.schemas import ErrorOut
-from vdet.api.webhooks import Webhook, WebhookBusyError
+from vdet.notify.notifier import Notifier
+from vdet.notify.webhooks import Webhook, WebhookBusyError
 
 router = APIRouter(prefix="/v1/webhooks", tags=["ops"])
 

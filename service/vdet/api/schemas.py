@@ -26,9 +26,9 @@ from vdet.config import (
     MaxDet,
     StreamSpec,
 )
-from vdet.hub import EncodedResult, HubResult
+from vdet.core.types import NO_TRACK, DetectionResult, Detections, SourceState, StageTimings
+from vdet.results.hub import EncodedResult, HubResult
 from vdet.tracking.specs import TrackingSpec, ZoneList
-from vdet.types import NO_TRACK, DetectionResult, Detections, SourceState, StageTimings
 
 
 class ErrorOut(BaseModel):

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vdet.core.types import ZoneEvent
 from vdet.tracking.specs import ZoneList, ZoneSpec
-from vdet.types import ZoneEvent
 
 
 class ZoneEventOut(BaseModel):

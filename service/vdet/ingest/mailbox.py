@@ -18,8 +18,8 @@ One producer (the source's worker) and any number of consumers; thread-safe. It 
 about sources' states or the pipeline's batching.
 
 A stream may ask for fewer detections than frames (`set_detect_fps`): the box then takes only
-evenly spaced frames (vdet.sampling) and lets the others go at once, counted as `skipped`, not
-`dropped`. Deciding here, where frames change hands, means a frame that is not wanted never
+evenly spaced frames (vdet.ingest.sampling) and lets the others go at once, counted as `skipped`,
+not `dropped`. Deciding here, where frames change hands, means a frame that is not wanted never
 occupies the slot: it cannot push out one that is, nor hold a lossless producer up.
 
 The box also keeps a reference to the newest frame in host memory ever put, taken or not, so a
@@ -35,8 +35,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from vdet.sampling import FrameSampler
-from vdet.types import DecodedFrame, VideoFrame
+from vdet.core.types import DecodedFrame, VideoFrame
+from vdet.ingest.sampling import FrameSampler
 
 # How often a lossless `put` asks its producer whether to keep waiting for the taker.
 _WAIT_CHECK_S = 0.1

@@ -44,9 +44,9 @@ import numpy as np
 import torch
 from torch.utils.dlpack import from_dlpack
 
-from vdet.capture_guard import CUDA_WORK
-from vdet.cuda_stream import on_stream
-from vdet.types import ColourMatrix, ColourRange
+from vdet.core.types import ColourMatrix, ColourRange
+from vdet.cuda.capture_guard import CUDA_WORK
+from vdet.cuda.cuda_stream import on_stream
 
 log = logging.getLogger(__name__)
 
@@ -409,7 +409,7 @@ class NvdecDecoder:
 
     def _run(self, packet: Any, pts_known: bool = True) -> list[DecodedNv12]:
         # Decoding and copying frames out is CUDA work that must not overlap a CUDA-graph
-        # capture elsewhere in the process (vdet.capture_guard).
+        # capture elsewhere in the process (vdet.cuda.capture_guard).
         with CUDA_WORK.work():
             try:
                 frames = self._session.Decode(packet)

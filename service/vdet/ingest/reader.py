@@ -38,8 +38,8 @@ import av.container
 import av.container.core
 import numpy as np
 
+from vdet.core.types import ImageArray, VideoFrame
 from vdet.ingest.urls import ffmpeg_whitelists, is_network_url, redact
-from vdet.types import ImageArray, VideoFrame
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
+from vdet.core.types import Detections, FloatArray, IntArray
 from vdet.tracking import compiled
-from vdet.types import Detections, FloatArray, IntArray
 
 # Gains of the alpha-beta filter: how far a matched track's box moves toward the detection
 # (alpha) and how much of the residual goes into its velocity (beta). High alpha: the boxes

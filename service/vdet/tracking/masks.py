@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from vdet.core.types import Detections
 from vdet.tracking.geometry import points_in_polygon
 from vdet.tracking.zones import Zone
-from vdet.types import Detections
 
 
 def without_masks(zones: tuple[Zone, ...]) -> tuple[tuple[Zone, ...], tuple[Zone, ...]]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from vdet.core.types import Detections, TrackingSummary, ZoneEvent
 from vdet.tracking.bytetrack import ByteTracker, TrackerParams
 from vdet.tracking.zones import Zone, ZoneMonitor
-from vdet.types import Detections, TrackingSummary, ZoneEvent
 
 
 @dataclass(frozen=True)

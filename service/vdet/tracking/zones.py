@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from vdet.tracking import compiled
-from vdet.tracking.geometry import Points
-from vdet.tracking.specs import ZoneSpec
-from vdet.types import (
+from vdet.core.types import (
     NO_TRACK,
     Detections,
     ZoneEvent,
     ZoneOccupancy,
 )
+from vdet.tracking import compiled
+from vdet.tracking.geometry import Points
+from vdet.tracking.specs import ZoneSpec
 
 _NO_IDS = np.zeros(0, np.int64)
 

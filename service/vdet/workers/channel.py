@@ -22,8 +22,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-from vdet.metrics import ResultObservation
-from vdet.types import DetectionResult
+from vdet.core.types import DetectionResult
+from vdet.metrics.registry import ResultObservation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Ready:
     """Worker -> API, once: the model is loaded and calls are served."""
 
     pid: int
-    backend: Any  # vdet.runtime.BackendInfo
+    backend: Any  # vdet.root.BackendInfo
     description: str
 
 

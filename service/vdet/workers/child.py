@@ -2,7 +2,7 @@
 
 `main` is the process's entry point (started with `spawn`, so nothing of the API process's
 state, threads or CUDA is inherited). It loads the model and builds `LocalStreams`, exactly as
-a one-process `vdet serve` does (vdet.runtime), with one difference: results go down the pipe
+a one-process `vdet serve` does (vdet.root), with one difference: results go down the pipe
 (`_Forwarder`) instead of into a hub here, already encoded for the wire, and the API process
 numbers them (so frame work stays out of the API process). Control calls run
 on a small thread pool, so a slow call (a removal joining threads) never holds up the others,
@@ -27,10 +27,10 @@ from typing import Any
 
 from vdet.api.schemas import encode_result_tail
 from vdet.config import Settings, StreamSpec
-from vdet.metrics import Metrics
-from vdet.pipeline.detector import Detector
-from vdet.runtime import LocalStreams, default_detector_factory, on_cpu, open_detector
-from vdet.types import DetectionResult
+from vdet.core.types import DetectionResult
+from vdet.inference.detector import Detector
+from vdet.metrics.registry import Metrics
+from vdet.root import LocalStreams, default_detector_factory, on_cpu, open_detector
 from vdet.workers.channel import (
     Call,
     Channel,

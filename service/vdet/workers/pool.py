@@ -1,12 +1,12 @@
 """The API process's side of the stream worker processes: start, supervise, route, collect.
 
-`WorkerPool` is the `StreamService` (vdet.runtime) of a `vdet serve` whose streams run in worker
+`WorkerPool` is the `StreamService` (vdet.root) of a `vdet serve` whose streams run in worker
 processes (vdet.workers.plan says how many, and on which GPU). It
 - starts every worker with `spawn`, always from its one long-lived supervisor thread: Linux
   sends a worker its parent-death signal when the *thread* that started it ends, so no
   short-lived thread may start one;
 - places a new stream: its GPU by the node's rules (pinned, sticky, least loaded:
-  vdet.placement), then the least-loaded worker of that GPU with room. A stream never moves;
+  vdet.gpu.placement), then the least-loaded worker of that GPU with room. A stream never moves;
 - sends each control call to the worker that owns the stream and waits for its reply, up to
   `workers.call_timeout_s` (then WorkerUnavailableError, which the API answers with 503);
 - reads every worker's pipe on the API's event loop, or on one thread without a loop
@@ -45,17 +45,23 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Literal
 
-from vdet.api.frames import EncodedFrame, Picture
 from vdet.config import DetectionDefaults, Settings, StreamSpec
-from vdet.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
-from vdet.hub import ResultsHub
+from vdet.core.types import (
+    Detections,
+    ImageArray,
+    SourceState,
+    SourceStatus,
+    StageTimings,
+)
+from vdet.gpu.placement import PlacementError, SourceDemand, assign
+from vdet.inference.class_thresholds import thresholds_by_class
+from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.urls import redact, validate_source_url
-from vdet.metrics import Metrics
-from vdet.pipeline.class_thresholds import thresholds_by_class
-from vdet.pipeline.postprocess import PostprocessParams
-from vdet.placement import PlacementError, SourceDemand, assign
-from vdet.runtime import BackendInfo, Health
-from vdet.streams import (
+from vdet.metrics.registry import Metrics
+from vdet.results.hub import ResultsHub
+from vdet.root import BackendInfo, Health
+from vdet.streams.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
+from vdet.streams.manager import (
     DuplicateStreamError,
     LimitError,
     StreamError,
@@ -64,13 +70,7 @@ from vdet.streams import (
     resolve_classes,
     resolve_params,
 )
-from vdet.types import (
-    Detections,
-    ImageArray,
-    SourceState,
-    SourceStatus,
-    StageTimings,
-)
+from vdet.streams.pictures import EncodedFrame, Picture
 from vdet.workers import child
 from vdet.workers.channel import Call, Channel, Fatal, Published, PublishedBatch, Ready, Reply, Stop
 from vdet.workers.inbox import Inbox

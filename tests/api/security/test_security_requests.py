@@ -22,7 +22,7 @@ from support.asgi import asgi_request
 from vdet.api.app import create_app
 from vdet.api.limits import MAX_REPORTED_ERRORS, http_protocol
 from vdet.api.schemas import ResultEventEncoder
-from vdet.types import DetectionResult, Detections, StageTimings
+from vdet.core.types import DetectionResult, Detections, StageTimings
 
 KEY = "abuse-test-key-0123"
 JSON = ("content-type", "application/json")

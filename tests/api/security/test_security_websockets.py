@@ -25,7 +25,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from vdet.api.app import create_app
 from vdet.api.server import GracefulServer, server_config
-from vdet.types import DetectionResult, Detections, StageTimings
+from vdet.core.types import DetectionResult, Detections, StageTimings
 
 
 def _big_result(index: int) -> DetectionResult:

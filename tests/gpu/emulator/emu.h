@@ -1,6 +1,6 @@
 // CPU emulation of the CUDA execution model, for running the vdet kernels in tests without a GPU.
 //
-// Force-included (g++ -include emu.h) before service/vdet/kernels/*.cu. Each CUDA thread of a block
+// Force-included (g++ -include emu.h) before service/vdet/cuda/kernels/*.cu. Each CUDA thread of a block
 // is a ucontext fiber on one OS thread; __syncthreads and every warp intrinsic are barriers at
 // which the fiber yields. Between barriers the fibers of a block run one after another in an
 // order shuffled per round (seeded), so a read of shared memory that a missing barrier leaves
