@@ -214,7 +214,8 @@ def main() -> None:
 
     from vdet.api.app import create_app
     from vdet.api.server import server_config
-    from vdet.config import Settings, WorkerSettings
+    from vdet.config.settings import Settings
+    from vdet.config.workers import WorkerSettings
     from vdet.core.types import SourceState
     from vdet.workers.channel import PublishedBatch
 

@@ -37,7 +37,7 @@ import numpy as np
 import yaml
 
 from vdet.bench.pipeline import environment
-from vdet.cli import asset_path
+from vdet.core.assets import asset_path
 
 QUERY = {"fps": "15", "boxes": "false", "max_width": "960"}
 # Debian's Chromium as the web page's tests run it: Playwright itself passes --headless,

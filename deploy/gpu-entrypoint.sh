@@ -14,7 +14,7 @@
 #      serves and why. Warnings here: no NVDEC capability, an engine cache it cannot write.
 set -eu
 
-ENGINE_DIR="${ENGINE_DIR:-/var/lib/vdet/engines}"
+ENGINE_DIR="${VDET_ENGINE__CACHE_DIR:-/var/lib/vdet/engines}"
 NVIDIA_DEVICE_DIR="${NVIDIA_DEVICE_DIR:-/dev}"
 
 log() {

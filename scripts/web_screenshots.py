@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from playwright.sync_api import sync_playwright
 
-from vdet.cli import asset_path
+from vdet.core.assets import asset_path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from vdet.config import (
-    ConfigError,
-    IngestSettings,
-    Settings,
-    StreamSpec,
-    default_model_path,
-    load_settings,
-)
+from vdet.config.base import ConfigError
+from vdet.config.ingest import IngestSettings
+from vdet.config.settings import Settings, load_settings
+from vdet.config.streams import StreamSpec
+from vdet.core.assets import default_model_path
 from vdet.ingest.source_thread import IngestOptions
 from vdet.ingest.urls import SourcePolicy
 
@@ -177,14 +173,16 @@ def test_every_field_is_described() -> None:
             assert field.description, f"{model.__name__}.{name} has no description"
 
 
-def test_ingest_settings_mirror_ingest_options() -> None:
-    """Same defaults and bounds as the worker's own options, and they convert losslessly."""
-    mirrored = IngestSettings.model_fields
-    for f in dataclasses.fields(IngestOptions):
-        if "min" not in f.metadata:
-            continue
-        assert mirrored[f.name].default == f.default
-    options = IngestSettings(stall_timeout_s=3.0).options(loop_files=True, realtime=False)
+def test_ingest_options_take_the_settings_defaults_and_bounds() -> None:
+    """A source thread's own options have the section's defaults and bounds, and the section
+    converts to them losslessly."""
+    defaults = IngestOptions()
+    for name, field in IngestSettings.model_fields.items():
+        if name != "source_policy":
+            assert getattr(defaults, name) == field.default, name
+    with pytest.raises(ValueError, match="connect_timeout_s must be in"):
+        IngestOptions(connect_timeout_s=0.0)
+    options = IngestOptions.of(IngestSettings(stall_timeout_s=3.0), loop_files=True, realtime=False)
     assert options == IngestOptions(
         stall_timeout_s=3.0, loop_files=True, realtime=False, policy=SourcePolicy()
     )

@@ -17,7 +17,7 @@ from support.import_closure import imports_of, module_file
 from support.tools import REPO
 
 from vdet import cli
-from vdet.config import DetectionDefaults
+from vdet.config.streams import DetectionDefaults
 from vdet.core import contract
 from vdet.core.contract import (
     EVAL_PARAMS,

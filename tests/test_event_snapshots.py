@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from support.waiting import wait_until
 
-from vdet.config import EventSnapshotSettings
+from vdet.config.event_snapshots import EventSnapshotSettings
 from vdet.core.types import (
     DecodedFrame,
     DetectionResult,

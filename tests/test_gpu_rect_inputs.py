@@ -20,7 +20,7 @@ import pytest
 import torch
 from support.toy_network import toy_network
 
-from vdet.config import GpuSettings
+from vdet.config.gpu import GpuSettings
 from vdet.core.types import ColourMatrix, ColourRange
 from vdet.gpu.devices import GpuWorker
 from vdet.gpu.graphs import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows

@@ -25,7 +25,8 @@ from support.fake_nvc import FakeNvc  # noqa: E402
 from support.truth import SAMPLE, recall  # noqa: E402
 from support.waiting import wait_until  # noqa: E402
 
-from vdet.config import GpuSettings, StreamSpec  # noqa: E402
+from vdet.config.gpu import GpuSettings  # noqa: E402
+from vdet.config.streams import StreamSpec  # noqa: E402
 from vdet.core.types import DetectionResult  # noqa: E402
 from vdet.gpu.devices import GpuPool, GpuWorker, build_gpu_pool  # noqa: E402
 from vdet.gpu.placement import PlacementError  # noqa: E402

@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from vdet.config import GpuSettings
+from vdet.config.gpu import GpuSettings
 from vdet.cuda.host_wait import HOST_WAITS, sched_flags, set_host_wait
 
 

@@ -12,8 +12,8 @@ import onnx
 import pytest
 
 from vdet import root as runtime
-from vdet.cli import asset_path
-from vdet.config import Settings, demo_cpu_int8_path
+from vdet.config.settings import Settings
+from vdet.core.assets import asset_path, demo_cpu_int8_path
 from vdet.core.model import file_sha256, load_model_info
 
 

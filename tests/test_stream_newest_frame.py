@@ -12,7 +12,7 @@ import pytest
 from support.truth import SAMPLE
 from support.waiting import wait_until
 
-from vdet.config import StreamSpec
+from vdet.config.streams import StreamSpec
 from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.inference.postprocess import PostprocessParams
 from vdet.metrics.registry import Metrics

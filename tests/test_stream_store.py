@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vdet.config import StreamSpec
+from vdet.config.streams import StreamSpec
 from vdet.streams.store import (
     MAX_STORE_BYTES,
     StoredStream,

@@ -13,7 +13,8 @@ import pytest
 from support.truth import SAMPLE
 from support.waiting import wait_until
 
-from vdet.config import IngestSettings, StreamSpec
+from vdet.config.ingest import IngestSettings
+from vdet.config.streams import StreamSpec
 from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.inference.postprocess import PostprocessParams
 from vdet.metrics.registry import Metrics

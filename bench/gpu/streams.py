@@ -279,10 +279,11 @@ def _mps_clients(log_dir: Path) -> int:
 
 
 def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
-    from vdet.config import GpuSettings, StreamSpec
+    from vdet.config.gpu import GpuSettings
+    from vdet.config.streams import StreamSpec
+    from vdet.core.assets import assets_dir
     from vdet.core.types import DetectionResult
     from vdet.inference.detector import Detector
-    from vdet.ingest.urls import bundled_assets_dir
     from vdet.metrics.registry import Metrics
     from vdet.results.hub import ResultsHub
     from vdet.streams.manager import StreamManager
@@ -326,7 +327,7 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     try:
         for stream_id in ids:
             # The installed package's clip: the one file the default source policy allows.
-            clip = bundled_assets_dir() / "sample.mp4"
+            clip = assets_dir() / "sample.mp4"
             manager.add(StreamSpec(id=stream_id, url=str(clip), loop=True, realtime=paced))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

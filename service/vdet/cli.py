@@ -12,11 +12,11 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from vdet.core import contract
+from vdet.core.assets import asset_path
 
 if TYPE_CHECKING:
     from vdet.core.types import Detections, ImageArray, StageTimings
@@ -28,11 +28,6 @@ IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"}
 
 class UsageError(Exception):
     """A problem with the command's input that the user can fix."""
-
-
-def asset_path(name: str) -> Path:
-    """A file shipped inside the package (the demo model and the sample clip)."""
-    return Path(str(files("vdet").joinpath("assets", name)))
 
 
 def _add_input_shape_arg(p: argparse.ArgumentParser, both: bool = False) -> None:
@@ -285,7 +280,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from vdet.api.app import create_app
     from vdet.api.server import GracefulServer, server_config
-    from vdet.config import CONFIG_ENV_VAR, ConfigError, StreamSpec, load_settings
+    from vdet.config.base import ConfigError
+    from vdet.config.settings import CONFIG_ENV_VAR, load_settings
+    from vdet.config.streams import StreamSpec
 
     if args.config is not None:
         # Parts that read the settings themselves (the tensorrt backend's engine settings)
@@ -590,7 +587,9 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 def _cmd_engine_build(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from vdet.config import ConfigError, EngineSettings, load_settings
+    from vdet.config.base import ConfigError
+    from vdet.config.engine import EngineSettings
+    from vdet.config.settings import load_settings
     from vdet.tensorrt.build import BuildError, BuildOptions, build_cached
     from vdet.tensorrt.library import FLAVOURS, LibraryError, parse_targets
     from vdet.tensorrt.plugin_library import PluginLibraryError

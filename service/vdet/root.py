@@ -21,13 +21,9 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from vdet.config import (
-    DetectionDefaults,
-    Settings,
-    StreamSpec,
-    default_model_path,
-    demo_cpu_int8_path,
-)
+from vdet.config.settings import Settings
+from vdet.config.streams import DetectionDefaults, StreamSpec
+from vdet.core.assets import default_model_path, demo_cpu_int8_path
 from vdet.core.types import Detections, ImageArray, SourceStatus, StageTimings
 from vdet.inference.detector import Detector
 from vdet.inference.postprocess import PostprocessParams

@@ -11,7 +11,7 @@ from support.apptest import CLIP_WH, MakeSettings, TestClient, write_tiny_model
 from support.videos import write_h264_clip
 
 from vdet.api.app import create_app
-from vdet.config import Settings
+from vdet.config.settings import Settings
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ from support.waiting import wait_until
 from support.webhooks import Receiver
 
 from vdet.api.app import create_app
-from vdet.config import EventSnapshotSettings, NotifySettings
+from vdet.config.event_snapshots import EventSnapshotSettings
+from vdet.config.notify import NotifySettings
 
 WHOLE_FRAME = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
 

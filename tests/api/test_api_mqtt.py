@@ -22,7 +22,7 @@ from support.tls import self_signed_ca
 from support.waiting import wait_until
 
 from vdet.api.app import create_app
-from vdet.config import MqttSettings, NotifySettings
+from vdet.config.notify import MqttSettings, NotifySettings
 from vdet.core.types import ZoneEvent
 from vdet.metrics.registry import Metrics
 from vdet.notify.notifier import Notifier
@@ -157,7 +157,7 @@ def test_the_broker_says_offline_when_vdet_vanishes_without_a_word(
     script = f"""
 import os, time
 from vdet.notify.mqtt import MqttPublisher
-from vdet.config import MqttSettings
+from vdet.config.notify import MqttSettings
 from vdet.metrics.registry import Metrics
 metrics = Metrics()
 MqttPublisher(MqttSettings(host="127.0.0.1", port={broker.port}), metrics).start()
@@ -183,9 +183,7 @@ def test_the_app_publishes_a_stream_s_zone_events(
         sources=[stream_body(clip, "gate", zones=[zone])],
     )
     with TestClient(create_app(app_settings)) as client:
-        wait_until(
-            lambda: subscriber.on("vdet/streams/gate/events"), 20, what="an events message"
-        )
+        wait_until(lambda: subscriber.on("vdet/streams/gate/events"), 20, what="an events message")
         metrics = client.get("/metrics").text
     body = subscriber.events("vdet/streams/gate/events")[0]
     assert {e["type"] for e in body["events"]} == {"zone_enter"}

@@ -16,7 +16,7 @@ from support.apptest import MakeSettings, TestClient, stream_body
 from support.rtsp import free_port
 
 from vdet.api.app import create_app
-from vdet.config import Settings
+from vdet.config.settings import Settings
 
 ZONE = {"kind": "polygon", "points": [[0, 0], [0.5, 0], [0.5, 1], [0, 1]]}
 

@@ -25,7 +25,8 @@ from support.webhooks import Receiver
 
 from vdet.api.app import create_app
 from vdet.api.schemas import encode_result_tail, result_with_events
-from vdet.config import NotifySettings, Settings, WebhookSettings
+from vdet.config.notify import NotifySettings, WebhookSettings
+from vdet.config.settings import Settings
 from vdet.core.types import DetectionResult, ZoneEvent
 from vdet.metrics.registry import Metrics
 from vdet.notify.filters import EventFilter

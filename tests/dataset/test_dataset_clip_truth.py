@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from vdet.core.assets import sample_clip
 from vdet.core.types import Detections
 from vdet.modelkit.dataset.clip_truth import (
     as_dicts,
@@ -15,7 +16,6 @@ from vdet.modelkit.dataset.clip_truth import (
     hits,
     iou,
     recall,
-    sample_clip,
     sample_truth,
 )
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from support.tools import REPO, require_tool
 
-from vdet.config import load_settings
+from vdet.config.settings import load_settings
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
 CAMERA_URL = "rtsp://camera:8554/demo"

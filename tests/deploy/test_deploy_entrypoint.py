@@ -55,7 +55,7 @@ def run_entrypoint(
         FAKE_CUDA=cuda,
         NVIDIA_DEVICE_DIR=str(devices),
         NVIDIA_DRIVER_CAPABILITIES="compute,utility,video",
-        ENGINE_DIR=str(engine_dir or tmp_path / "engines"),
+        VDET_ENGINE__CACHE_DIR=str(engine_dir or tmp_path / "engines"),
     )
     env.pop("ALLOW_CPU_FALLBACK", None)
     env.update(extra_env or {})

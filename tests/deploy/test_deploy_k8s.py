@@ -14,7 +14,7 @@ import pytest
 import yaml
 from support.tools import REPO
 
-from vdet.config import load_settings
+from vdet.config.settings import load_settings
 from vdet.gpu.placement import shard_of
 
 K8S = REPO / "deploy/k8s"

@@ -18,8 +18,8 @@ from support.rtsp import RtspServer, RtspServerFactory
 from support.waiting import wait_until
 
 from vdet.api.app import create_app
-from vdet.cli import asset_path
-from vdet.config import Settings
+from vdet.config.settings import Settings
+from vdet.core.assets import asset_path
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from support.apptest import TestClient
 from support.videos import write_slowed_copy
 
 from vdet.api.app import create_app
-from vdet.cli import asset_path
-from vdet.config import Settings
+from vdet.config.settings import Settings
+from vdet.core.assets import asset_path
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vdet.cli import asset_path
+from vdet.core.assets import asset_path
 from vdet.modelkit.quantize import QuantizeResult
 
 

@@ -307,7 +307,6 @@ def test_parser_errors_name_the_failing_nodes() -> None:
 
 
 def test_plugin_library_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("PLUGIN_DIR", raising=False)
     explicit = tmp_path / "mine" / LIBRARY_NAME
     with pytest.raises(PluginLibraryError) as missing:
         find_plugin_library(explicit)
@@ -316,14 +315,12 @@ def test_plugin_library_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
     image_dir = tmp_path / "opt-vdet-lib"
     image_dir.mkdir()
-    monkeypatch.setenv("PLUGIN_DIR", str(image_dir))
-    assert candidate_paths()[0] == image_dir / LIBRARY_NAME
+    assert candidate_paths(image_dir)[0] == image_dir / LIBRARY_NAME
     (image_dir / LIBRARY_NAME).write_bytes(b"x")
-    assert find_plugin_library() == image_dir / LIBRARY_NAME
+    assert find_plugin_library(image_dir) == image_dir / LIBRARY_NAME  # a folder holding it
     explicit.parent.mkdir()
     explicit.write_bytes(b"y")
-    assert find_plugin_library(explicit.parent) == explicit  # a folder holding the library
-    (image_dir / LIBRARY_NAME).unlink()
+    assert find_plugin_library(explicit) == explicit
     if not any(p.is_file() for p in candidate_paths()):
         with pytest.raises(PluginLibraryError, match="Searched:"):
             find_plugin_library()

@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 from support.engine_stand_ins import StandInBuilds, make_key
 
-from vdet.config import ConfigError, EngineSettings, load_settings
+from vdet.config.base import ConfigError
+from vdet.config.engine import EngineSettings
+from vdet.config.settings import load_settings
 from vdet.core.model import file_sha256
 from vdet.core.types import FloatArray
 from vdet.inference.backends.base import InferenceBackend
@@ -456,7 +458,6 @@ def test_an_engine_finished_after_close_is_closed(demo: Path, tmp_path: Path) ->
 def test_engine_settings_defaults_and_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("ENGINE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     engine = load_settings().engine
     assert engine.cache_dir == tmp_path / "xdg" / "vdet" / "engines"
@@ -466,7 +467,7 @@ def test_engine_settings_defaults_and_environment(
         True,
     )
 
-    monkeypatch.setenv("ENGINE_DIR", "/var/lib/vdet/engines")  # what the GPU image sets
+    monkeypatch.setenv("VDET_ENGINE__CACHE_DIR", "/var/lib/vdet/engines")  # the GPU image's
     monkeypatch.setenv("VDET_ENGINE__PRECISION", "fp16")
     monkeypatch.setenv("VDET_ENGINE__MAX_BATCH", "16")
     engine = load_settings().engine

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from vdet.config import demo_cpu_int8_path
+from vdet.core.assets import demo_cpu_int8_path
 from vdet.modelkit.cpu_fusions import CpuFusions, fuse_for_onnxruntime_cpu
 
 DEMO = Path(__file__).resolve().parents[2] / "service" / "vdet" / "assets" / "demo.onnx"

@@ -348,7 +348,7 @@ def test_on_a_supported_gpu_the_engine_matches_onnxruntime_and_keeps_its_runtime
         np.testing.assert_allclose(engine.infer(x), reference.infer(x), atol=2e-2, rtol=1e-2)
     assert runtime_cache_path(plan, gpu).is_file()
     # A cached plan for this GPU is what the backend factory serves.
-    from vdet.config import EngineSettings
+    from vdet.config.engine import EngineSettings
 
     served = create_tensorrt_rtx_backend(DEMO, engine=EngineSettings(cache_dir=tmp_path))
     with served:
@@ -364,7 +364,7 @@ def test_on_a_supported_gpu_the_cuda_graph_path_replays_what_eager_gives(tmp_pat
     import cv2
     import torch
 
-    from vdet.config import GpuSettings
+    from vdet.config.gpu import GpuSettings
     from vdet.core.types import ColourMatrix, ColourRange
     from vdet.gpu.devices import build_gpu_pool
     from vdet.inference.backends.tensorrt import TensorRTBackend

@@ -37,7 +37,7 @@ from test_gpu_torch_backend import (  # noqa: E402
     _scene,
 )
 
-from vdet.config import GpuSettings  # noqa: E402
+from vdet.config.gpu import GpuSettings  # noqa: E402
 from vdet.core.types import ColourMatrix, ColourRange  # noqa: E402
 from vdet.gpu.devices import GpuWorker, choose_ops  # noqa: E402
 from vdet.gpu.frame_ops import Nv12Geometry  # noqa: E402

@@ -36,12 +36,13 @@ pytest.importorskip("cuda.bindings")
 
 from support import truth  # noqa: E402
 
-from vdet.config import GpuSettings, StreamSpec  # noqa: E402
+from vdet.config.gpu import GpuSettings  # noqa: E402
+from vdet.config.streams import StreamSpec  # noqa: E402
+from vdet.core.assets import assets_dir  # noqa: E402
 from vdet.core.types import DetectionResult  # noqa: E402
 from vdet.gpu.devices import GpuPool, build_gpu_pool  # noqa: E402
 from vdet.inference.detector import Detector  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
-from vdet.ingest.urls import bundled_assets_dir  # noqa: E402
 from vdet.metrics.registry import Metrics  # noqa: E402
 from vdet.results.hub import ResultsHub  # noqa: E402
 from vdet.streams.manager import StreamManager  # noqa: E402
@@ -51,7 +52,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "service" / "vdet" / "assets" / "demo.onnx"
 # The installed package's own clip: the one file source the default source policy allows.
-SAMPLE = bundled_assets_dir() / "sample.mp4"
+SAMPLE = assets_dir() / "sample.mp4"
 RECALL_FLOOR = 0.85  # a broken mapping scores near 0 (module docstring)
 
 

@@ -15,8 +15,8 @@ import av
 import pytest
 from support.waiting import wait_until
 
-from vdet.cli import asset_path
-from vdet.config import IngestSettings
+from vdet.config.ingest import IngestSettings
+from vdet.core.assets import asset_path
 from vdet.core.types import SourceState
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
@@ -119,7 +119,7 @@ def test_settings_build_the_policy_and_reject_junk() -> None:
     ingest = IngestSettings(
         source_policy={"schemes": ["rtsp"], "hosts": ["10.0.0.0/8"], "file_roots": ["/srv"]}
     )
-    policy = ingest.options(loop_files=False, realtime=False).policy
+    policy = IngestOptions.of(ingest, loop_files=False, realtime=False).policy
     assert policy == SourcePolicy(
         schemes=("rtsp",), hosts=("10.0.0.0/8",), file_roots=(Path("/srv"),)
     )

@@ -35,10 +35,6 @@ def test_default_options_are_the_documented_ones() -> None:
         "pass_damaged_frames": False,
         "policy": None,
     }
-    for f in dataclasses.fields(IngestOptions):
-        assert f.metadata["doc"]
-        if isinstance(f.default, int | float) and not isinstance(f.default, bool):
-            assert f.metadata["min"] <= f.default <= f.metadata["max"]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import av
 import numpy as np
 import pytest
 
-from vdet.cli import asset_path
+from vdet.core.assets import asset_path
 from vdet.inference.detector import Detector
 from vdet.tracking.bytetrack import box_iou
 

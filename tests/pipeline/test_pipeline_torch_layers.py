@@ -97,7 +97,7 @@ def test_the_gpu_setting_reaches_the_networks_the_backend_builds() -> None:
     """gpu.layer_kernels false: build_gpu_pool sets the backend's flag, and network_for then
     builds (and caches apart) networks without the rewrite. On the CPU the rewrite never
     applies, so the flag is what is checked here; the GPU tests run both."""
-    from vdet.config import GpuSettings
+    from vdet.config.gpu import GpuSettings
 
     assert GpuSettings().layer_kernels is True
     assert GpuSettings(layer_kernels=False).layer_kernels is False

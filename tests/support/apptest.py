@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from vdet.config import Settings
+from vdet.config.settings import Settings
 
 with warnings.catch_warnings():
     # starlette.testclient warns when it runs on httpx instead of httpx2.

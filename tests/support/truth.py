@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from vdet.core.assets import sample_clip
 from vdet.modelkit.dataset.clip_truth import (
     as_dicts,
     best_aligned_frame,
@@ -11,7 +12,6 @@ from vdet.modelkit.dataset.clip_truth import (
     hits,
     iou,
     recall,
-    sample_clip,
     sample_truth,
 )
 

@@ -427,7 +427,7 @@ def test_gpu_workers_on_the_engine_find_what_onnxruntime_finds(fp32_plan: Path, 
     runner), our kernels around the engine, all in one CUDA graph; replay against eager. The
     demo's engine has a profile over rectangular inputs, so the 1080p frames run at 384x640
     (input_shape: rect, the default), as the CPU reference does."""
-    from vdet.config import GpuSettings
+    from vdet.config.gpu import GpuSettings
     from vdet.gpu.devices import build_gpu_pool
     from vdet.inference.detector import Detector
 

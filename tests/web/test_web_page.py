@@ -21,7 +21,7 @@ from support.procs import http_json
 from support.waiting import wait_until
 from support.webpage import Console, Server, row, serve, wait_streaming
 
-from vdet.cli import asset_path
+from vdet.core.assets import asset_path
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vdet.config import ConfigError, Settings, load_settings
+from vdet.config.base import ConfigError
+from vdet.config.settings import Settings, load_settings
 from vdet.workers import mps
 from vdet.workers.plan import child_visible_devices, plan_workers
 

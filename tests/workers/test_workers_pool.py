@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vdet.config import Settings, StreamSpec
+from vdet.config.settings import Settings
+from vdet.config.streams import StreamSpec
 from vdet.ingest.urls import REFUSED_FILE
 from vdet.metrics.registry import Metrics
 from vdet.results.hub import ResultsHub

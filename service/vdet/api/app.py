@@ -36,7 +36,7 @@ from vdet.api import (
 from vdet.api.auth import require_api_key
 from vdet.api.live import LiveVideo
 from vdet.api.schemas import ErrorOut, ResultEventEncoder
-from vdet.config import Settings
+from vdet.config.settings import Settings
 from vdet.notify.notifier import Notifier
 from vdet.root import DetectorFactory, Runtime, default_detector_factory
 from vdet.streams.manager import DuplicateStreamError, LimitError, UnknownStreamError

@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vdet.api.auth import headers_carry_key
-from vdet.config import Settings
+from vdet.config.settings import Settings
 from vdet.ingest.urls import redact
 
 log = logging.getLogger(__name__)

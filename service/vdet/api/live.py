@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import anyio
 import anyio.to_thread
 
-from vdet.config import LiveSettings
+from vdet.config.live import LiveSettings
 from vdet.metrics.registry import Metrics
 from vdet.root import StreamService
 from vdet.streams.pictures import EncodedFrame, Picture, latest_jpeg

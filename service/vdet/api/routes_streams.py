@@ -25,7 +25,7 @@ from vdet.api.schemas import (
     result_out,
     result_text,
 )
-from vdet.config import StreamSpec
+from vdet.config.streams import StreamSpec
 from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url, redact
 from vdet.results.hub import EncodedResult
 from vdet.streams.manager import StreamView, UnknownStreamError

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from vdet.api.schemas_tracking import ZoneEventOut, events_out
-from vdet.config import (
+from vdet.config.streams import (
     ClassRef,
     ClassThresholdMap,
     ConfThreshold,

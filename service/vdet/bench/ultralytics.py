@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from vdet.bench.pipeline import environment, summarize_ms
-from vdet.config import Settings
+from vdet.config.settings import Settings
 from vdet.core.contract import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET
 from vdet.core.types import Detections, FloatArray, ImageArray
 from vdet.inference.detector import Detector

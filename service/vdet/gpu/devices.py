@@ -37,23 +37,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from vdet.config import GpuSettings
+from vdet.config.gpu import GpuSettings
 from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.cuda.capture_guard import CUDA_WORK
 from vdet.gpu.batcher import Batcher
-from vdet.gpu.frame_ops import (
-    DecodeNmsFn,
-    Nv12Geometry,
-    PreprocessFn,
-    kernel_ops,
-    nv12_to_rgb_u8,
-)
-from vdet.gpu.graphs import (
-    BatchedGraphRunner,
-    CudaGraphRunner,
-    Network,
-    RunnerOptions,
-)
+from vdet.gpu.frame_ops import DecodeNmsFn, Nv12Geometry, PreprocessFn, kernel_ops, nv12_to_rgb_u8
+from vdet.gpu.graphs import BatchedGraphRunner, CudaGraphRunner, Network, RunnerOptions
 from vdet.gpu.input_shapes import COMMON_SOURCE_WH, InputShapes, has_rect_inputs
 from vdet.gpu.placement import PlacementError, SourceDemand, assign
 from vdet.inference.backends.base import InferenceBackend

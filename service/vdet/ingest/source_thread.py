@@ -34,11 +34,12 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import av
 
+from vdet.config.ingest import IngestSettings
 from vdet.core.rates import RateMeter
 from vdet.core.types import SourceState, SourceStatus
 from vdet.ingest.mailbox import FrameMailbox
@@ -75,86 +76,70 @@ class Clock(Protocol):
     def monotonic(self) -> float: ...
 
 
-def _bounded(default: float, low: float, high: float, doc: str) -> Any:
-    return field(default=default, metadata={"min": low, "max": high, "doc": doc})
+# Each numeric option's default and bounds, and what it means, are the `ingest` setting's of the
+# same name (vdet.config.ingest): one place for both, whether a source thread runs in a service
+# or on its own.
+_DEFAULTS = IngestSettings()
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    low = high = None
+    for rule in IngestSettings.model_fields[name].metadata:
+        low = getattr(rule, "ge", low)
+        high = getattr(rule, "le", high)
+    assert low is not None and high is not None, name
+    return low, high
+
+
+_BOUNDED = tuple(
+    name
+    for name, spec in IngestSettings.model_fields.items()
+    if spec.annotation in (float, int, "float", "int")
+)
 
 
 @dataclass(frozen=True)
 class IngestOptions:
-    """How a source is opened, watched and reconnected; bounds are checked on creation.
+    """How one stream's source is opened, watched and reconnected: the `ingest` settings
+    (vdet.config.ingest says what each means) and the stream's own choices. Bounds are checked
+    on creation."""
 
-    Each numeric field's ``dataclasses.fields(IngestOptions)[i].metadata`` holds its ``min``,
-    ``max`` (inclusive) and ``doc``, so a config model can mirror them.
-    """
+    connect_timeout_s: float = _DEFAULTS.connect_timeout_s
+    read_timeout_s: float = _DEFAULTS.read_timeout_s
+    stall_timeout_s: float = _DEFAULTS.stall_timeout_s
+    backoff_initial_s: float = _DEFAULTS.backoff_initial_s
+    backoff_max_s: float = _DEFAULTS.backoff_max_s
+    backoff_multiplier: float = _DEFAULTS.backoff_multiplier
+    jitter: float = _DEFAULTS.jitter
+    # Seek back to the start of a file at its end instead of stopping.
+    loop_files: bool = False
+    # Release a file's frames at its own frame rate, like a camera (newer frames replace those
+    # detection has not taken). Off: as fast as detection takes them, every frame.
+    realtime: bool = False
+    max_consecutive_decode_errors: int = _DEFAULTS.max_consecutive_decode_errors
+    unpaced_queue_frames: int = _DEFAULTS.unpaced_queue_frames
+    pass_damaged_frames: bool = _DEFAULTS.pass_damaged_frames
+    # The operator's allowed sources; None: any supported source.
+    policy: SourcePolicy | None = None
 
-    connect_timeout_s: float = _bounded(
-        5.0, 0.1, 300.0, "Longest connect, and longest stream probe, of one attempt (seconds)."
-    )
-    read_timeout_s: float = _bounded(
-        5.0, 0.1, 300.0, "Longest wait for any data from a connected source (seconds)."
-    )
-    stall_timeout_s: float = _bounded(
-        5.0, 0.1, 600.0, "A connected source with no decoded frame this long is stalled."
-    )
-    backoff_initial_s: float = _bounded(
-        0.5, 0.001, 3600.0, "Wait before the first reconnect after a failure (seconds)."
-    )
-    backoff_max_s: float = _bounded(
-        30.0, 0.001, 3600.0, "Longest wait between reconnects, jitter included (seconds)."
-    )
-    backoff_multiplier: float = _bounded(
-        2.0, 1.0, 10.0, "Each consecutive failure multiplies the wait by this."
-    )
-    jitter: float = _bounded(
-        0.2, 0.0, 1.0, "Random spread of each wait, a fraction: 0.2 is +-20 %."
-    )
-    loop_files: bool = field(
-        default=False,
-        metadata={"doc": "Seek back to the start of a file at its end instead of stopping."},
-    )
-    realtime: bool = field(
-        default=False,
-        metadata={
-            "doc": "Release a file's frames at its own frame rate, like a camera (newer frames "
-            "replace those detection has not taken). Off: as fast as detection takes them, "
-            "every frame."
-        },
-    )
-    max_consecutive_decode_errors: int = _bounded(
-        50, 1, 1_000_000, "Reconnect after this many packets in a row fail to decode."
-    )
-    unpaced_queue_frames: int = _bounded(
-        1,
-        1,
-        16,
-        "Frames an unpaced file (realtime off) may decode ahead and keep waiting for detection. "
-        "One: decoding and detection take turns, each waiting out the other's slow frames; more "
-        "lets each run at its own average speed, at a frame's memory each (1080p: 3 MB on a "
-        "GPU, 6 MB on the CPU).",
-    )
-    pass_damaged_frames: bool = field(
-        default=False,
-        metadata={
-            "doc": "Hand on frames of a damaged reference chain (after a decode error, until "
-            "the next keyframe) instead of dropping them; they are counted either way."
-        },
-    )
-    policy: SourcePolicy | None = field(
-        default=None,
-        metadata={"doc": "The operator's allowed sources; None: any supported source."},
-    )
+    @classmethod
+    def of(cls, settings: IngestSettings, *, loop_files: bool, realtime: bool) -> IngestOptions:
+        """The options of one stream under `settings`."""
+        return cls(
+            **settings.model_dump(exclude={"source_policy"}),
+            policy=settings.source_policy.policy(),
+            loop_files=loop_files,
+            realtime=realtime,
+        )
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            if "min" not in f.metadata:
-                continue
-            value = getattr(self, f.name)
+        for name in _BOUNDED:
+            value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{f.name} must be a number, got {value!r}")
-            if not f.metadata["min"] <= value <= f.metadata["max"]:
-                raise ValueError(
-                    f"{f.name} must be in [{f.metadata['min']}, {f.metadata['max']}], got {value}"
-                )
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            low, high = _bounds(name)
+            if not low <= value <= high:
+                raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
         if self.backoff_initial_s > self.backoff_max_s:
             raise ValueError(
                 f"backoff_initial_s ({self.backoff_initial_s}) must not exceed "

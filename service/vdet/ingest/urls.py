@@ -23,9 +23,10 @@ import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from vdet.core.assets import assets_dir
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
 FILE_SCHEME = "file"
@@ -62,11 +63,6 @@ _PROTOCOLS = {
 REFUSED_FILE = "source file is not allowed or cannot be opened"
 # Up to the last '@' of the authority: a password may contain an unescaped '@'.
 _USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s]*@")
-
-
-def bundled_assets_dir() -> Path:
-    """The package's own assets (the demo clip): its files are always allowed sources."""
-    return Path(str(files("vdet").joinpath("assets")))
 
 
 @dataclass(frozen=True)
@@ -124,7 +120,7 @@ class SourcePolicy:
 
 def _bundled_files() -> set[Path]:
     # By each file's real path: an editable install links them from elsewhere.
-    folder = bundled_assets_dir()
+    folder = assets_dir()
     return {Path(os.path.realpath(f)) for f in folder.iterdir()} if folder.is_dir() else set()
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from vdet.config import EventFilterSettings
+from vdet.config.notify import EventFilterSettings
 
 
 class EventFilter:

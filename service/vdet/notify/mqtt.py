@@ -30,7 +30,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
-from vdet.config import MqttSettings
+from vdet.config.notify import MqttSettings
 from vdet.metrics.registry import Metrics
 from vdet.notify.filters import EventFilter
 

@@ -24,7 +24,7 @@ import httpx
 
 from vdet.api.routes_snapshots import snapshot_path
 from vdet.api.schemas import result_with_events
-from vdet.config import EventFilterSettings, NotifySettings, WebhookSettings
+from vdet.config.notify import EventFilterSettings, NotifySettings, WebhookSettings
 from vdet.metrics.registry import Metrics
 from vdet.notify.mqtt import MqttPublisher
 from vdet.notify.webhooks import Webhook

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from vdet.config import WebhookSettings
+from vdet.config.notify import WebhookSettings
 from vdet.ingest.urls import redact
 from vdet.metrics.registry import Metrics
 from vdet.notify.filters import EventFilter

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from vdet.config import EventSnapshotSettings
+from vdet.config.event_snapshots import EventSnapshotSettings
 from vdet.core.types import DecodedFrame, DetectionResult, ImageArray, ZoneEvent
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
-from vdet.config import DetectionDefaults, EventSnapshotSettings, IngestSettings, StreamSpec
+from vdet.config.event_snapshots import EventSnapshotSettings
+from vdet.config.ingest import IngestSettings
+from vdet.config.streams import DetectionDefaults, StreamSpec
 from vdet.core.rates import RateMeter
 from vdet.core.types import (
     DecodedFrame,
@@ -46,7 +48,7 @@ from vdet.inference.class_thresholds import ClassThresholds, thresholds_by_class
 from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
-from vdet.ingest.source_thread import ReaderFactory, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, ReaderFactory, SourceWorker
 from vdet.ingest.urls import redact, validate_source_url
 from vdet.metrics.registry import Metrics
 from vdet.streams.event_snapshots import (
@@ -413,7 +415,9 @@ class StreamManager:
             source_id,
             stream.url,
             stream.mailbox,
-            self._ingest.options(loop_files=stream.spec.loop, realtime=stream.spec.realtime),
+            IngestOptions.of(
+                self._ingest, loop_files=stream.spec.loop, realtime=stream.spec.realtime
+            ),
             on_state_change=self._on_state_change,
             reader_factory=gpu_worker.open_reader if gpu_worker is not None else SourceReader,
         )

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from vdet.config import DetectionDefaults, StreamSpec
+from vdet.config.streams import DetectionDefaults, StreamSpec
 from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.urls import redact

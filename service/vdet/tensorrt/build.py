@@ -62,7 +62,8 @@ from vdet.tensorrt.library import (
 from vdet.tensorrt.surgery import DecodeNmsAttributes, add_decode_nms_file, plugin_node
 
 if TYPE_CHECKING:
-    from vdet.config import DetectionDefaults, EngineSettings
+    from vdet.config.engine import EngineSettings
+    from vdet.config.streams import DetectionDefaults
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ node is parsed, or an engine built from one is deserialized). It must not build 
 that is CMake's job, from a source checkout (plugins/CMakeLists.txt, docs/tensorrt.md; the
 installed package carries the kernels the plugin compiles, not its C++).
 
-Search order: an explicit path (a file, or a folder holding the library); $PLUGIN_DIR; the CMake
-build folders of a source checkout (build/plugins/, plugins/build/); this package's folder.
+Search order: an explicit path (a file, or a folder holding the library: the setting
+`engine.plugin_library`); the CMake build folders of a source checkout (build/plugins/,
+plugins/build/); this package's folder.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ LIBRARY_NAME = "libvdet_plugins.so"
 PLUGIN_NAME = "VdetDecodeNms"
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = "vdet"
-PLUGIN_DIR_ENV = "PLUGIN_DIR"
 
 PLUGINS_DIR = Path(__file__).resolve().parent
 # In a source checkout this file is service/vdet/tensorrt/plugin_library.py: the repository root,
@@ -44,9 +44,6 @@ def candidate_paths(explicit: str | os.PathLike[str] | None = None) -> list[Path
     if explicit is not None:
         path = Path(explicit)
         candidates.append(path / LIBRARY_NAME if path.is_dir() else path)
-    env_dir = os.environ.get(PLUGIN_DIR_ENV)
-    if env_dir:
-        candidates.append(Path(env_dir) / LIBRARY_NAME)
     candidates += [
         _REPO_ROOT / "build" / "plugins" / LIBRARY_NAME,
         PLUGIN_SOURCE_DIR / "build" / LIBRARY_NAME,
@@ -92,7 +89,7 @@ def _missing_message(searched: list[Path], explicit: bool) -> str:
         "Build it with the headers of the TensorRT version that will run it:\n"
         f"  {build_command()}\n"
         "then pass its path (--plugin-library, or engine.plugin_library / "
-        "VDET_ENGINE__PLUGIN_LIBRARY) or put it in $PLUGIN_DIR."
+        "VDET_ENGINE__PLUGIN_LIBRARY)."
     )
 
 

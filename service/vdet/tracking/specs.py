@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
+from vdet.config.base import Strict
 from vdet.tracking.bytetrack import TrackerParams
 from vdet.tracking.geometry import polygon_area, self_intersection
 
@@ -27,11 +28,7 @@ ZoneClassRef = Annotated[
 ]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TrackingSpec(_Strict):
+class TrackingSpec(Strict):
     """Per-stream tracker settings (ByteTrack association; see docs/tracking.md)."""
 
     enabled: bool = Field(
@@ -87,7 +84,7 @@ Point = tuple[
 ]
 
 
-class ZoneBody(_Strict):
+class ZoneBody(Strict):
     """A polygon zone, a counting line or a mask, without its id (the body of PUT
     .../zones/{id})."""
 

@@ -26,7 +26,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from vdet.api.schemas import encode_result_tail
-from vdet.config import Settings, StreamSpec
+from vdet.config.settings import Settings
+from vdet.config.streams import StreamSpec
 from vdet.core.types import DetectionResult
 from vdet.inference.detector import Detector
 from vdet.metrics.registry import Metrics

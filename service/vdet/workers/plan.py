@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Callable
 
-from vdet.config import Settings
+from vdet.config.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -45,14 +45,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Literal
 
-from vdet.config import DetectionDefaults, Settings, StreamSpec
-from vdet.core.types import (
-    Detections,
-    ImageArray,
-    SourceState,
-    SourceStatus,
-    StageTimings,
-)
+from vdet.config.settings import Settings
+from vdet.config.streams import DetectionDefaults, StreamSpec
+from vdet.core.types import Detections, ImageArray, SourceState, SourceStatus, StageTimings
 from vdet.gpu.placement import PlacementError, SourceDemand, assign
 from vdet.inference.class_thresholds import thresholds_by_class
 from vdet.inference.postprocess import PostprocessParams

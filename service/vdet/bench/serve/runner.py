@@ -25,7 +25,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from importlib.resources import files
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any, Literal
@@ -57,6 +56,7 @@ from vdet.bench.serve.results import (
     WorkerKill,
 )
 from vdet.bench.serve.server import ServeProcess, ServerStartError, free_port, vdet_executable
+from vdet.core.assets import sample_clip
 
 Progress = Callable[[str], None]
 
@@ -75,11 +75,6 @@ _PACKAGES = ("vdet", "numpy", "onnxruntime", "av", "fastapi", "uvicorn", "websoc
 
 def _stderr(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def sample_clip() -> Path:
-    """The clip shipped with vdet: 1920x1080, 30 fps, H.264, 10 s (made by `vdet generate`)."""
-    return Path(str(files("vdet").joinpath("assets", "sample.mp4")))
 
 
 def probe_clip(path: Path) -> ClipInfo:

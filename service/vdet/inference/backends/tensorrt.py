@@ -52,7 +52,7 @@ from vdet.tensorrt.cache import (
 from vdet.tensorrt.library import TENSORRT, TENSORRT_RTX, LibraryError, TensorRTLibrary, library
 
 if TYPE_CHECKING:
-    from vdet.config import EngineSettings
+    from vdet.config.engine import EngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -572,7 +572,9 @@ def _model_info(plan: Path, manifest: EngineManifest) -> ModelInfo:
 
 
 def _engine_settings(engine: EngineSettings | None) -> EngineSettings:
-    from vdet.config import ConfigError, EngineSettings, load_settings
+    from vdet.config.base import ConfigError
+    from vdet.config.engine import EngineSettings
+    from vdet.config.settings import load_settings
 
     if engine is not None:
         return engine
@@ -614,7 +616,7 @@ def create_tensorrt_backend(
             f"{why_not}"
         )
     try:
-        from vdet.config import load_settings
+        from vdet.config.settings import load_settings
 
         detection = load_settings().detection
     except Exception:  # thresholds only matter for plugin_nms; defaults then

@@ -14,26 +14,19 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
+from vdet.core.assets import assets_dir, sample_clip
 from vdet.core.types import Detections
 from vdet.inference.postprocess import PostprocessParams
-from vdet.ingest.urls import bundled_assets_dir
 
 Truth = Mapping[str, Any]
-
-
-def sample_clip() -> Path:
-    """The bundled sample clip (1920x1080, 30 fps, H.264), the one file the default source
-    policy allows."""
-    return bundled_assets_dir() / "sample.mp4"
 
 
 @functools.cache
 def sample_truth() -> Truth:
     """The bundled sample clip's truth (read once)."""
-    data: dict[str, Any] = json.loads((bundled_assets_dir() / "sample.json").read_text())
+    data: dict[str, Any] = json.loads((assets_dir() / "sample.json").read_text())
     return data
 
 
@@ -109,7 +102,7 @@ def cpu_path_detections(params: PostprocessParams | None = None) -> dict[int, De
     from vdet.ingest.reader import SourceReader
 
     out: dict[int, Detections] = {}
-    with Detector.open(bundled_assets_dir() / "demo.onnx", "onnxruntime") as cpu:
+    with Detector.open(assets_dir() / "demo.onnx", "onnxruntime") as cpu:
         reader = SourceReader(str(sample_clip()), source_id="reference")
         with reader:
             reader.open()

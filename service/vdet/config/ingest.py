@@ -1,0 +1,136 @@
+"""How sources are opened, read, watched and reconnected (`ingest`), and which sources may be
+added at all (`ingest.source_policy`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, get_args
+
+from pydantic import Field, field_validator, model_validator
+
+from vdet.config.base import Strict
+from vdet.ingest.urls import SourcePolicy
+
+SourceScheme = Literal["rtsp", "rtsps", "http", "https", "file"]
+
+
+class SourcePolicySettings(Strict):
+    """Which sources may be added (see vdet.ingest.urls.SourcePolicy): configured ones and
+    those POSTed alike. The package's bundled demo clip is always allowed."""
+
+    schemes: list[SourceScheme] = Field(
+        default_factory=lambda: list(get_args(SourceScheme)),
+        min_length=1,
+        max_length=5,
+        description="URL schemes a source may use ('file' also covers plain paths).",
+    )
+    hosts: list[Annotated[str, Field(min_length=1, max_length=253)]] | None = Field(
+        default=None,
+        max_length=1024,
+        description="Hosts network sources may name: host names ('cam.local', "
+        "'*.cams.example' for any subdomain) or IP addresses and networks ('10.0.0.0/8'). "
+        "Names are matched as written, never resolved. null: any host.",
+        examples=[["10.0.0.0/8", "cam.local"]],
+    )
+    file_roots: list[Path] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Folders whose files may be sources (symbolic links resolved). Empty: "
+        "only the bundled demo clip.",
+    )
+
+    @field_validator("hosts")
+    @classmethod
+    def _valid_hosts(cls, value: list[str] | None) -> list[str] | None:
+        SourcePolicy(hosts=tuple(value) if value is not None else None)
+        return value
+
+    def policy(self) -> SourcePolicy:
+        return SourcePolicy(
+            schemes=tuple(dict.fromkeys(self.schemes)),
+            hosts=tuple(self.hosts) if self.hosts is not None else None,
+            file_roots=tuple(self.file_roots),
+        )
+
+
+class IngestSettings(Strict):
+    """How source threads open, read, watch and reconnect to sources (vdet.ingest.source_thread,
+    which runs each stream with its `options`)."""
+
+    connect_timeout_s: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=300.0,
+        description="Longest connect, and longest stream probe, of one attempt (seconds).",
+    )
+    read_timeout_s: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=300.0,
+        description="Longest wait for any data from a connected source (seconds).",
+    )
+    stall_timeout_s: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=600.0,
+        description="A connected source with no decoded frame this long is stalled.",
+    )
+    backoff_initial_s: float = Field(
+        default=0.5,
+        ge=0.001,
+        le=3600.0,
+        description="Wait before the first reconnect after a failure (seconds).",
+    )
+    backoff_max_s: float = Field(
+        default=30.0,
+        ge=0.001,
+        le=3600.0,
+        description="Longest wait between reconnects, jitter included (seconds).",
+    )
+    backoff_multiplier: float = Field(
+        default=2.0,
+        ge=1.0,
+        le=10.0,
+        description="Each consecutive failure multiplies the wait by this.",
+    )
+    jitter: float = Field(
+        default=0.2,
+        ge=0.0,
+        le=1.0,
+        description="Random spread of each wait, a fraction: 0.2 is +-20 %.",
+    )
+    max_consecutive_decode_errors: int = Field(
+        default=50,
+        ge=1,
+        le=1_000_000,
+        description="Reconnect after this many packets in a row fail to decode.",
+    )
+    unpaced_queue_frames: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Frames an unpaced file (realtime off) may decode ahead and keep waiting for "
+        "detection. One: decoding and detection take turns, each waiting out the other's slow "
+        "frames; more lets each run at its own average speed, at a frame's memory each (1080p: "
+        "3 MB on a GPU, 6 MB on the CPU).",
+    )
+    pass_damaged_frames: bool = Field(
+        default=False,
+        description="Detect on frames of a damaged reference chain (after a decode error, "
+        "until the next keyframe) instead of dropping them. The decoder's concealment of lost "
+        "data then reaches the detector, which takes some of it for objects.",
+    )
+    source_policy: SourcePolicySettings = Field(
+        default_factory=SourcePolicySettings,
+        description="Allowed schemes, hosts and file folders of sources.",
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> IngestSettings:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError(
+                f"backoff_initial_s ({self.backoff_initial_s}) must not exceed "
+                f"backoff_max_s ({self.backoff_max_s})"
+            )
+        return self

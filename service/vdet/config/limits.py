@@ -1,0 +1,54 @@
+"""What a request may cost: body sizes, read timeouts, concurrent uploads (`limits`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from vdet.config.base import MiB, Strict
+
+
+class LimitSettings(Strict):
+    """What one HTTP request may cost before it is refused (see vdet.api.limits).
+
+    Checked before the body is read or parsed: a request over a limit costs a few kilobytes
+    and a few microseconds of the event loop, whoever sends it.
+    """
+
+    max_json_body_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=16 * MiB,
+        description="Largest body of the JSON endpoints (POST /v1/streams, PATCH); "
+        "POST /v1/detect has max_upload_bytes instead.",
+    )
+    header_timeout_s: float = Field(
+        default=10.0,
+        ge=0.5,
+        le=300.0,
+        description="A connection that has not sent a complete request head this long after "
+        "connecting (or after starting its next request) is closed.",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        ge=0.5,
+        le=3600.0,
+        description="The whole request body must arrive within this many seconds of the "
+        "request head; else 408 and the connection is closed.",
+    )
+    max_concurrent_detect: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="POST /v1/detect requests handled at once (bodies being received "
+        "included); more get 503 with Retry-After.",
+    )
+    max_image_pixels: int = Field(
+        default=1 << 24,
+        ge=1 << 16,
+        le=1 << 28,
+        description="Largest image POST /v1/detect decodes (width x height, read from the "
+        "header by the decoder before decoding; 16 MP by default, about 50 MB decoded).",
+    )
+    retry_after_s: int = Field(
+        default=1, ge=1, le=3600, description="Retry-After sent with a 503 for a busy detect."
+    )
