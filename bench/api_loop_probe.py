@@ -62,8 +62,8 @@ def _messages(offset: int, count: int) -> list[Any]:
 
     import numpy as np
 
-    from vdet.api.schemas import encode_result_tail
     from vdet.core.types import DetectionResult, Detections, StageTimings
+    from vdet.results.wire import encode_result_tail
 
     names = tuple(f"class{i}" for i in range(80))
     rng = np.random.default_rng(offset)
@@ -255,7 +255,7 @@ def main() -> None:
         model_path=assets / "demo.onnx", backend="onnxruntime", workers=WorkerSettings(processes=0)
     )
     app = create_app(settings, freeze_startup_objects=True)
-    runtime = app.state.runtime
+    runtime = app.state.service
     lags: list[tuple[float, float]] = []
     observe_lag = runtime.metrics.observe_loop_lag
 

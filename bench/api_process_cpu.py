@@ -45,11 +45,11 @@ import numpy as np
 import uvicorn
 from fastapi import FastAPI, WebSocket
 
-from vdet.api.schemas import ResultEventEncoder, encode_result_tail
 from vdet.api.server import server_config
 from vdet.bench.pipeline import environment
 from vdet.core.types import DetectionResult, Detections, StageTimings
 from vdet.results.hub import ResultsHub
+from vdet.results.wire import ResultEventEncoder, encode_result_tail
 
 SOURCES = 64
 DETECTIONS = 10

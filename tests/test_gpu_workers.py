@@ -36,6 +36,7 @@ from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
 from vdet.metrics.registry import Metrics  # noqa: E402
 from vdet.results.hub import ResultsHub  # noqa: E402
 from vdet.streams.manager import StreamManager  # noqa: E402
+from vdet.streams.service import StreamChanges  # noqa: E402
 
 DEMO = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets" / "demo.onnx"
 
@@ -159,7 +160,7 @@ def test_batched_worker_serves_several_streams_with_their_own_thresholds(
     try:
         for i in range(3):
             manager.add(StreamSpec(id=f"cam{i}", url=str(SAMPLE), realtime=False, loop=True))
-        manager.update_params("cam2", conf_threshold=0.99)
+        manager.change("cam2", StreamChanges(conf_threshold=0.99))
         wait_until(
             lambda: all(manager.get(f"cam{i}").frames_processed >= 3 for i in range(3)),
             180,

@@ -11,10 +11,10 @@ from pathlib import Path
 import onnx
 import pytest
 
-from vdet import root as runtime
 from vdet.config.settings import Settings
 from vdet.core.assets import asset_path, demo_cpu_int8_path
 from vdet.core.model import file_sha256, load_model_info
+from vdet.inference import factory
 
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "auto"])
@@ -22,9 +22,9 @@ from vdet.core.model import file_sha256, load_model_info
 def test_cpu_detector_sessions(
     monkeypatch: pytest.MonkeyPatch, backend: str, cores: int, sessions: int
 ) -> None:
-    monkeypatch.setattr(runtime.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(factory.os, "cpu_count", lambda: cores)
     settings = Settings(model_path=asset_path("demo.onnx"), backend=backend)
-    with runtime.default_detector_factory(settings) as detector:
+    with factory.open_configured_detector(settings) as detector:
         if detector.backend.name != "onnxruntime":
             pytest.skip(f"auto chose {detector.backend.name} here")
         assert detector.parallel_frames == sessions
@@ -35,7 +35,7 @@ def test_cpu_detector_sessions(
 @pytest.mark.parametrize("backend", ["onnxruntime", "auto"])
 def test_cpu_sessions_setting_wins(backend: str) -> None:
     settings = Settings(model_path=asset_path("demo.onnx"), backend=backend, cpu_sessions=1)
-    with runtime.default_detector_factory(settings) as detector:
+    with factory.open_configured_detector(settings) as detector:
         if detector.backend.name != "onnxruntime":
             pytest.skip(f"auto chose {detector.backend.name} here")
         assert detector.parallel_frames == 1 and "sessions" not in detector.backend.device
@@ -49,13 +49,13 @@ def test_cpu_sessions_bounds(value: int) -> None:
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "auto"])
 def test_the_bundled_demo_runs_as_its_int8_build_on_onnxruntime(backend: str) -> None:
-    with runtime.default_detector_factory(Settings(backend=backend)) as detector:
+    with factory.open_configured_detector(Settings(backend=backend)) as detector:
         if detector.backend.name != "onnxruntime":
             pytest.skip(f"auto chose {detector.backend.name} here")
         assert detector.info.path.name == "demo.cpu-int8.onnx"
         assert detector.backend.precision == "int8"  # what /readyz and vdet_backend say
-        assert detector.parallel_frames == runtime.cpu_sessions(Settings())
-    with runtime.default_detector_factory(Settings(backend=backend, cpu_int8_demo=False)) as fp32:
+        assert detector.parallel_frames == factory.cpu_sessions(Settings())
+    with factory.open_configured_detector(Settings(backend=backend, cpu_int8_demo=False)) as fp32:
         assert fp32.info.path.name == "demo.onnx" and fp32.backend.precision == "fp32"
 
 
@@ -63,8 +63,8 @@ def test_a_model_of_ones_own_is_never_swapped(tmp_path: Path) -> None:
     own = tmp_path / "mine.onnx"
     shutil.copyfile(asset_path("demo.onnx"), own)
     settings = Settings(model_path=own, backend="onnxruntime")
-    assert runtime.on_cpu(settings) is settings
-    with runtime.default_detector_factory(settings) as detector:
+    assert factory.on_cpu(settings) is settings
+    with factory.open_configured_detector(settings) as detector:
         assert detector.info.path == own
 
 

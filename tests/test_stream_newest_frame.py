@@ -17,8 +17,9 @@ from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.inference.postprocess import PostprocessParams
 from vdet.metrics.registry import Metrics
 from vdet.results.hub import ResultsHub
+from vdet.streams.local import encode_picture
 from vdet.streams.manager import StreamManager
-from vdet.streams.pictures import encode_latest
+from vdet.streams.service import PictureRequest
 
 DETECT_S = 0.2  # six frames of the 30 fps clip go by while one is detected
 
@@ -63,24 +64,30 @@ def test_a_live_encode_says_which_frame_and_which_result_and_skips_a_repeat(
     manager: StreamManager,
 ) -> None:
     options = {"quality": 70, "max_width": 320}
-    live = encode_latest(manager, "cam", boxes=True, newest=True, unless=None, **options)
+    live = encode_picture(
+        manager, "cam", PictureRequest(boxes=True, newest=True, unless=None, **options)
+    )
     assert live is not None
     assert live.frame_index > live.result_frame_index
     assert live.picture == (live.frame_index, live.result_frame_index)
     assert (live.width, live.source_width) == (320, 1920)
     # The same picture again (nothing decoded or detected since): not encoded twice.
     for _ in range(100):
-        again = encode_latest(manager, "cam", boxes=True, newest=True, unless=None, **options)
+        again = encode_picture(
+            manager, "cam", PictureRequest(boxes=True, newest=True, unless=None, **options)
+        )
         assert again is not None
-        repeat = encode_latest(
-            manager, "cam", boxes=True, newest=True, unless=again.picture, **options
+        repeat = encode_picture(
+            manager, "cam", PictureRequest(boxes=True, newest=True, unless=again.picture, **options)
         )
         if repeat is None:
             break  # (a frame decoded between the two calls is a new picture: try again)
         assert repeat.picture != again.picture
     else:
         pytest.fail("every encode showed a new picture")
-    processed = encode_latest(manager, "cam", boxes=False, newest=False, unless=None, **options)
+    processed = encode_picture(
+        manager, "cam", PictureRequest(boxes=False, newest=False, unless=None, **options)
+    )
     assert processed is not None
     assert processed.frame_index == processed.result_frame_index
     assert processed.picture == (processed.frame_index, None)

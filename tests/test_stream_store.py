@@ -14,13 +14,8 @@ from pathlib import Path
 import pytest
 
 from vdet.config.streams import StreamSpec
-from vdet.streams.store import (
-    MAX_STORE_BYTES,
-    StoredStream,
-    StreamStore,
-    StreamStoreError,
-    plan_startup,
-)
+from vdet.streams.startup import plan_startup
+from vdet.streams.store import MAX_STORE_BYTES, StoredStream, StreamStore, StreamStoreError
 
 
 def spec(stream_id: str, url: str = "rtsp://cam.example/1", **fields: object) -> StreamSpec:

@@ -319,7 +319,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _detector(args: argparse.Namespace) -> tuple[Detector, contract.PostprocessParams]:
     from vdet.core.model import ModelError
     from vdet.inference.detector import Detector
-    from vdet.streams.manager import resolve_classes
+    from vdet.streams.params import resolve_classes
 
     model = args.model or asset_path("demo.onnx")
     try:
@@ -340,10 +340,10 @@ def _detector(args: argparse.Namespace) -> tuple[Detector, contract.PostprocessP
 def _cmd_detect(args: argparse.Namespace) -> int:
     import cv2
 
-    from vdet.api.images import draw_detections
     from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
     from vdet.ingest.urls import redact, validate_source_url
     from vdet.modelkit.dataset.writers import ClipWriter
+    from vdet.streams.pictures import draw_detections
 
     detector, params = _detector(args)
     names = detector.info.names

@@ -9,13 +9,6 @@ import json
 import numpy as np
 import pytest
 
-from vdet.api.schemas import (
-    DetectionResultOut,
-    ResultEventEncoder,
-    encode_result_tail,
-    result_out,
-    result_text,
-)
 from vdet.core.types import (
     DetectionResult,
     Detections,
@@ -24,6 +17,13 @@ from vdet.core.types import (
     ZoneEvent,
 )
 from vdet.results.hub import EncodedResult
+from vdet.results.wire import (
+    DetectionResultOut,
+    ResultEventEncoder,
+    encode_result_tail,
+    result_out,
+    result_text,
+)
 
 NAMES = ("person", "car", "dog")
 

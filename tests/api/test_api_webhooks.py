@@ -24,7 +24,6 @@ from support.waiting import wait_until
 from support.webhooks import Receiver
 
 from vdet.api.app import create_app
-from vdet.api.schemas import encode_result_tail, result_with_events
 from vdet.config.notify import NotifySettings, WebhookSettings
 from vdet.config.settings import Settings
 from vdet.core.types import DetectionResult, ZoneEvent
@@ -33,6 +32,7 @@ from vdet.notify.filters import EventFilter
 from vdet.notify.notifier import Notifier
 from vdet.notify.webhooks import SIGNATURE_HEADER, signature
 from vdet.results.hub import EncodedResult, ResultsHub
+from vdet.results.wire import encode_result_tail, result_with_events
 
 
 @pytest.fixture

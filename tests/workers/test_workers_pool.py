@@ -11,6 +11,7 @@ from vdet.config.streams import StreamSpec
 from vdet.ingest.urls import REFUSED_FILE
 from vdet.metrics.registry import Metrics
 from vdet.results.hub import ResultsHub
+from vdet.root import open_worker_streams
 from vdet.streams.manager import LimitError
 from vdet.workers.plan import WorkerPlan
 from vdet.workers.pool import WorkerPool
@@ -19,9 +20,8 @@ from vdet.workers.pool import WorkerPool
 def test_a_source_the_policy_refuses_never_reaches_a_worker(tmp_path: Path) -> None:
     # No worker process runs: a spec that got past the API process's checks would be refused
     # for want of a worker (LimitError), so a ValueError here was raised in this process.
-    pool = WorkerPool(
-        Settings(), WorkerPlan(gpus=(None,), streams_per_process=2), ResultsHub(), Metrics()
-    )
+    plan = WorkerPlan(gpus=(None,), streams_per_process=2)
+    pool = WorkerPool(Settings(), plan, ResultsHub(), Metrics(), open_worker_streams)
     outside = tmp_path / "clip.mp4"
     outside.write_bytes(b"x")
     for url in (str(outside), str(tmp_path / "missing.mp4")):

@@ -1,10 +1,10 @@
 """The FastAPI application factory and its lifespan.
 
-`create_app(settings)` wires one independent instance around its own `Runtime` (vdet.root,
-the composition root: metrics registry, results hub, and, started by the lifespan off the event
-loop, the streams wherever they run). Shutdown ends WebSocket feeds, then stops every stream.
-This module only wires the web layer; the routes live in `routes_*.py`, the wire format in
-`schemas.py`.
+`create_app(settings)` wires one independent instance around its own `Service`, built by the
+composition root (vdet.root: metrics registry, results hub, and, started by the lifespan off the
+event loop, the streams wherever they run and the notifications). Shutdown ends WebSocket feeds,
+then stops every stream. This module only wires the web layer; the routes live in
+`routes_*.py`, their bodies in `schemas.py`, a result's JSON in vdet.results.wire.
 """
 
 from __future__ import annotations
@@ -35,12 +35,17 @@ from vdet.api import (
 )
 from vdet.api.auth import require_api_key
 from vdet.api.live import LiveVideo
-from vdet.api.schemas import ErrorOut, ResultEventEncoder
+from vdet.api.schemas import ErrorOut
 from vdet.config.settings import Settings
-from vdet.notify.notifier import Notifier
-from vdet.root import DetectorFactory, Runtime, default_detector_factory
-from vdet.streams.manager import DuplicateStreamError, LimitError, UnknownStreamError
-from vdet.workers.pool import WorkerUnavailableError
+from vdet.inference.factory import DetectorFactory, open_configured_detector
+from vdet.results.wire import ResultEventEncoder
+from vdet.root import build
+from vdet.streams.service import (
+    DuplicateStreamError,
+    LimitError,
+    StreamUnavailableError,
+    UnknownStreamError,
+)
 
 _DESCRIPTION = """
 Real-time object detection on video streams (RTSP, HTTP, files) and single images.
@@ -65,7 +70,7 @@ Real-time object detection on video streams (RTSP, HTTP, files) and single image
 
 def create_app(
     settings: Settings | None = None,
-    detector_factory: DetectorFactory = default_detector_factory,
+    detector_factory: DetectorFactory = open_configured_detector,
     *,
     freeze_startup_objects: bool = False,
 ) -> FastAPI:
@@ -79,33 +84,26 @@ def create_app(
     and stops every thread of the process while it runs.
     """
     settings = settings if settings is not None else Settings()
-    runtime = Runtime(settings, detector_factory)
+    service = build(settings, detector_factory=detector_factory)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Model loading and process starts block: off the event loop, which reads the worker
         # processes' results meanwhile and from then on.
-        await run_in_threadpool(runtime.start, asyncio.get_running_loop())
-        notifier: Notifier | None = None
+        await run_in_threadpool(service.start, asyncio.get_running_loop())
+        notifier = service.notifier
         try:
-            notifier = Notifier(
-                settings.notify,
-                runtime.hub,
-                runtime.metrics,
-                runtime.class_names,
-                snapshot_of=runtime.event_jpeg if settings.event_snapshots.per_stream else None,
-            )
-            notifier.start()
-            app.state.notifier = notifier
+            if notifier is not None:
+                notifier.start()
             if freeze_startup_objects:
                 gc.collect()  # garbage is freed first, not frozen
                 gc.freeze()
-            async with loop_health.measured(runtime.metrics):
+            async with loop_health.measured(service.metrics):
                 yield
         finally:
             # Streams first: the webhooks see every result until the hub closes, then get
             # `notify.shutdown_grace_s` to send what waits.
-            await run_in_threadpool(runtime.stop)
+            await run_in_threadpool(service.stop)
             if notifier is not None:
                 await notifier.stop()
 
@@ -124,10 +122,10 @@ def create_app(
             {"name": "ops", "description": "Health, readiness and metrics (no API key)."},
         ],
     )
-    app.state.runtime = runtime
+    app.state.service = service
     app.state.encoder = encoder = ResultEventEncoder()
     # Results are encoded once, by the thread that publishes them, not on the event loop.
-    runtime.hub.on_publish(lambda result: encoder.encode(result, runtime.class_names))
+    service.hub.on_publish(lambda result: encoder.encode(result, service.class_names))
     protected: list[Any] = [Depends(require_api_key)] if settings.api_key is not None else []
     errors: dict[int | str, dict[str, Any]] = {
         503: {"model": ErrorOut, "description": "The service is starting or stopping."}
@@ -135,7 +133,7 @@ def create_app(
     if protected:
         errors[401] = {"model": ErrorOut, "description": "Missing or invalid API key."}
     app.include_router(routes_streams.router, dependencies=protected, responses=errors)
-    app.state.live_video = LiveVideo(settings.live, runtime.metrics)
+    app.state.live_video = LiveVideo(settings.live, service.metrics)
     app.include_router(routes_live.router, dependencies=protected, responses=errors)
     app.include_router(routes_zones.router, dependencies=protected, responses=errors)
     app.include_router(routes_detect.router, dependencies=protected, responses=errors)
@@ -163,4 +161,4 @@ def _add_exception_handlers(app: FastAPI) -> None:
     app.add_exception_handler(UnknownStreamError, not_found)
     app.add_exception_handler(DuplicateStreamError, conflict)
     app.add_exception_handler(LimitError, conflict)
-    app.add_exception_handler(WorkerUnavailableError, unavailable)
+    app.add_exception_handler(StreamUnavailableError, unavailable)

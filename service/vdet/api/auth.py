@@ -19,7 +19,7 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 from starlette.requests import Request
 from starlette.websockets import WebSocket
 
-from vdet.api.deps import runtime_of
+from vdet.api.deps import service_of
 
 SUBPROTOCOL = "vdet.v1"
 KEY_SUBPROTOCOL_PREFIX = "vdet.api-key."
@@ -53,7 +53,7 @@ def require_api_key(
     bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
 ) -> None:
     """Route dependency: 401 unless the configured API key was sent."""
-    expected = runtime_of(request).settings.api_key
+    expected = service_of(request).settings.api_key
     if expected is None:
         return
     key = expected.get_secret_value()
@@ -70,7 +70,7 @@ def websocket_auth(ws: WebSocket) -> tuple[bool, str | None]:
     """(authorised, subprotocol to accept with) for a WebSocket handshake."""
     offered: list[str] = list(ws.scope.get("subprotocols") or [])
     chosen = SUBPROTOCOL if SUBPROTOCOL in offered else None
-    expected = runtime_of(ws).settings.api_key
+    expected = service_of(ws).settings.api_key
     if expected is None:
         return True, chosen
     key = expected.get_secret_value()

@@ -1,9 +1,10 @@
-"""What routes share: the app's `Runtime` (vdet.root) and the dependencies that hand its
-parts out.
+"""What routes share: the app's `Service` (vdet.root) and the dependencies that hand its parts
+out.
 
-The runtime is made by `create_app` and started by the lifespan. Routes reach its streams
+The service is built by `create_app` and started by the lifespan. Routes reach the streams
 through the dependencies below, which answer 503 while the service is starting or stopping, so
-no route sees a half-built runtime.
+no route sees a half-built service: `StreamsDep` for what the streams show, `ControlDep` for
+changes to them (which, with a streams file, are also written down).
 """
 
 from __future__ import annotations
@@ -13,16 +14,17 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, status
 from starlette.requests import HTTPConnection
 
-from vdet.root import Runtime, StreamService
+from vdet.root import Service
+from vdet.streams.service import StreamControl, StreamService
 
 
-def runtime_of(conn: HTTPConnection) -> Runtime:
-    rt: Runtime = conn.app.state.runtime
-    return rt
+def service_of(conn: HTTPConnection) -> Service:
+    service: Service = conn.app.state.service
+    return service
 
 
-def get_runtime(request: Request) -> Runtime:
-    return runtime_of(request)
+def get_service(request: Request) -> Service:
+    return service_of(request)
 
 
 def not_ready() -> HTTPException:
@@ -34,11 +36,21 @@ def not_ready() -> HTTPException:
 
 
 def get_streams(request: Request) -> StreamService:
-    rt = runtime_of(request)
-    if not rt.ready or rt.streams is None:
+    service = service_of(request)
+    streams = service.streams
+    if not service.ready or streams is None:
         raise not_ready()
-    return rt.streams
+    return streams
 
 
-RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+def get_control(request: Request) -> StreamControl:
+    service = service_of(request)
+    control = service.control
+    if not service.ready or control is None:
+        raise not_ready()
+    return control
+
+
+ServiceDep = Annotated[Service, Depends(get_service)]
 StreamsDep = Annotated[StreamService, Depends(get_streams)]
+ControlDep = Annotated[StreamControl, Depends(get_control)]

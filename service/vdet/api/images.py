@@ -1,4 +1,4 @@
-"""Images at the API edge: recognising and decoding uploads, drawing results, encoding JPEG.
+"""Uploaded images: recognising and decoding them at the API edge.
 
 Uploads are identified by their magic bytes, not by what the client claims, and decoded by
 Pillow restricted to that one format. Pillow reads the header first (`Image.open` is lazy):
@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Sequence
 
 import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from vdet.core.types import Detections, ImageArray
+from vdet.core.types import ImageArray
 
 SUPPORTED_FORMATS = ("jpeg", "png", "bmp", "webp")
 # 16 megapixels (4096 x 4096): above every camera stream; a decode of that size takes about
@@ -100,42 +99,3 @@ def _to_bgr(image: Image.Image) -> ImageArray:
     # Pillow writes the BGR bytes itself: one copy of the pixels beside its own (read-only).
     bgr = np.frombuffer(image.tobytes("raw", "BGR"), np.uint8)
     return bgr.reshape(image.height, image.width, 3)
-
-
-def _colour(class_id: int) -> tuple[int, int, int]:
-    # A fixed, well-spread hue per class so the same class keeps its colour across frames.
-    hue = (class_id * 47) % 180
-    hsv = np.array([[[hue, 220, 255]]], np.uint8)
-    b, g, r = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0]
-    return int(b), int(g), int(r)
-
-
-def draw_detections(
-    image_bgr: ImageArray, detections: Detections, names: Sequence[str]
-) -> ImageArray:
-    """A copy of the image with each box and its 'name score' label drawn on it."""
-    canvas = image_bgr.copy()
-    thickness = max(1, round(min(canvas.shape[:2]) / 360))
-    scale = max(0.35, min(canvas.shape[:2]) / 1200)
-    for box, score, cid in zip(
-        detections.xyxy.tolist(),
-        detections.scores.tolist(),
-        detections.class_ids.tolist(),
-        strict=True,
-    ):
-        x1, y1, x2, y2 = (round(v) for v in box)
-        colour = _colour(cid)
-        cv2.rectangle(canvas, (x1, y1), (max(x1, x2 - 1), max(y1, y2 - 1)), colour, thickness)
-        label = f"{names[cid] if 0 <= cid < len(names) else cid} {score:.2f}"
-        (tw, th), base = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
-        ty = y1 - 2 if y1 - th - base - 2 >= 0 else y1 + th + 2
-        cv2.rectangle(canvas, (x1, ty - th - 2), (x1 + tw + 2, ty + base - 1), colour, -1)
-        cv2.putText(canvas, label, (x1 + 1, ty - 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1)
-    return canvas
-
-
-def encode_jpeg(image_bgr: ImageArray, quality: int = 85) -> bytes:
-    ok, buf = cv2.imencode(".jpg", image_bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise RuntimeError("JPEG encoding failed")
-    return bytes(buf.tobytes())

@@ -5,7 +5,7 @@ A viewer (one open MJPEG response) holds a `ViewerSlot` from `LiveVideo.admit`; 
 open, at most once per new picture per (stream, boxes, width, newest or processed frames) and
 at most live.max_fps times a second: viewers asking for the same picture share one encode, and
 encodes run on at most `live.encoder_threads` worker threads, never on the event loop. Frames
-come from `vdet.streams.pictures.latest_jpeg` and nowhere else.
+come from `StreamReads.picture` (vdet.streams.service) and nowhere else.
 
 This module owns admission, sharing and the multipart framing; it does not pace viewers
 (the route does) or decide where frames come from (frames.py does).
@@ -23,8 +23,7 @@ import anyio.to_thread
 
 from vdet.config.live import LiveSettings
 from vdet.metrics.registry import Metrics
-from vdet.root import StreamService
-from vdet.streams.pictures import EncodedFrame, Picture, latest_jpeg
+from vdet.streams.service import EncodedFrame, Picture, PictureRequest, StreamReads
 
 BOUNDARY = "vdetframe"
 MEDIA_TYPE = f"multipart/x-mixed-replace; boundary={BOUNDARY}"
@@ -93,7 +92,7 @@ class LiveVideo:
             self._latest.pop(key, None)  # nobody watches: keep nothing
 
     async def next_frame(
-        self, streams: StreamService, key: PictureKey, last: Picture | None
+        self, streams: StreamReads, key: PictureKey, last: Picture | None
     ) -> EncodedFrame | None:
         """The newest frame of `key` unless it shows `last` (the viewer's last picture).
 
@@ -122,7 +121,7 @@ class LiveVideo:
         return frame if frame is not None and frame.picture != last else None
 
     async def _encode(
-        self, streams: StreamService, key: PictureKey, last: Picture | None, asked_at: float
+        self, streams: StreamReads, key: PictureKey, last: Picture | None, asked_at: float
     ) -> EncodedFrame | None:
         """Encode `key`'s picture unless it is the last one encoded (or, before any, `last`);
         keep what is newest for the viewers still watching. One runs per key at a time."""
@@ -142,18 +141,17 @@ class LiveVideo:
         return fresh
 
     def _encode_in_thread(
-        self, streams: StreamService, key: PictureKey, unless: Picture | None
+        self, streams: StreamReads, key: PictureKey, unless: Picture | None
     ) -> EncodedFrame | None:
         started = time.perf_counter()
-        frame = latest_jpeg(
-            streams,
-            key.stream_id,
+        request = PictureRequest(
             boxes=key.boxes,
             quality=self.settings.jpeg_quality,
             max_width=key.max_width,
             newest=key.newest,
             unless=unless,
         )
+        frame = streams.picture(key.stream_id, request)
         if frame is not None:
             self._metrics.live_encode_seconds.observe(time.perf_counter() - started)
         return frame

@@ -17,10 +17,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from vdet.api.deps import RuntimeDep, StreamsDep
+from vdet.api.deps import ServiceDep, StreamsDep
 from vdet.api.images import SUPPORTED_FORMATS, UnsupportedImageError, decode_image
-from vdet.api.schemas import DetectOut, ErrorOut, detections_out, timings_out
-from vdet.streams.manager import resolve_params
+from vdet.api.schemas import DetectOut, ErrorOut
+from vdet.results.wire import detections_out, timings_out
+from vdet.streams.params import resolve_params
 
 router = APIRouter(tags=["detect"])
 
@@ -134,7 +135,7 @@ async def _read_multipart(request: Request, limit: int) -> bytes:
 )
 async def detect(
     request: Request,
-    rt: RuntimeDep,
+    service: ServiceDep,
     streams: StreamsDep,
     conf: Annotated[
         float | None,
@@ -154,8 +155,8 @@ async def detect(
         wanted = [c.strip() for item in classes for c in item.split(",") if c.strip()]
     try:
         params = resolve_params(
-            rt.settings.detection,
-            rt.class_names,
+            service.settings.detection,
+            service.class_names,
             conf_threshold=conf,
             iou_threshold=iou,
             max_det=max_det,
@@ -164,10 +165,12 @@ async def detect(
     except ValueError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
 
-    data = await _read_upload(request, rt.settings.max_upload_bytes)
+    data = await _read_upload(request, service.settings.max_upload_bytes)
     started = time.perf_counter()
     try:
-        image = await run_in_threadpool(decode_image, data, rt.settings.limits.max_image_pixels)
+        image = await run_in_threadpool(
+            decode_image, data, service.settings.limits.max_image_pixels
+        )
     except UnsupportedImageError as exc:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail=str(exc)) from exc
     decoded = time.perf_counter()
@@ -178,6 +181,6 @@ async def detect(
     return DetectOut(
         image_width=int(image.shape[1]),
         image_height=int(image.shape[0]),
-        detections=detections_out(dets, rt.class_names),
+        detections=detections_out(dets, service.class_names),
         timings_ms=timings_ms,
     )

@@ -34,10 +34,11 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnected
 
 from vdet.api.auth import websocket_auth
-from vdet.api.deps import runtime_of
-from vdet.api.schemas import EndEvent, GapEvent, ResultEventEncoder
+from vdet.api.deps import service_of
+from vdet.api.schemas import EndEvent, GapEvent
 from vdet.results.hub import Subscription, SubscriptionEnd, SubscriptionEndedError
-from vdet.root import Runtime
+from vdet.results.wire import ResultEventEncoder
+from vdet.root import Service
 
 router = APIRouter()
 
@@ -86,13 +87,13 @@ def _parse_after(raw: str | None) -> int | None:
 
 
 async def _serve(ws: WebSocket, source_id: str | None) -> None:
-    rt = runtime_of(ws)
+    service = service_of(ws)
     authorised, subprotocol = websocket_auth(ws)
     if not authorised:
         await _deny(ws, status.HTTP_401_UNAUTHORIZED, "missing or invalid API key")
         return
-    streams = rt.streams
-    if not rt.ready or streams is None:
+    streams = service.streams
+    if not service.ready or streams is None:
         await _deny(ws, status.HTTP_503_SERVICE_UNAVAILABLE, "the service is not ready")
         return
     try:
@@ -106,16 +107,16 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
     # Subscribe before accepting so that nothing published during the handshake is missed,
     # and before checking the stream exists, so that a removal after the check still ends
     # this subscription (the hub ends the subscriptions of a source when it is removed).
-    sub = rt.hub.subscribe(source_id, after)
+    sub = service.hub.subscribe(source_id, after)
     if source_id is not None and source_id not in streams:
         sub.close()
         await _deny(ws, status.HTTP_404_NOT_FOUND, f"no stream {source_id!r}")
         return
-    rt.metrics.websocket_clients.inc()
+    service.metrics.websocket_clients.inc()
     try:
         await ws.accept(subprotocol)
         reader = asyncio.create_task(_drain(ws))
-        writer = asyncio.create_task(_send_events(ws, rt, sub, after))
+        writer = asyncio.create_task(_send_events(ws, service, sub, after))
         _, pending = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
@@ -134,7 +135,7 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
         pass
     finally:
         sub.close()
-        rt.metrics.websocket_clients.dec()
+        service.metrics.websocket_clients.dec()
 
 
 async def _drain(ws: WebSocket) -> None:
@@ -149,7 +150,9 @@ class _ClientTooSlowError(Exception):
     """A message took longer than the send timeout to go out: the client is not reading."""
 
 
-async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int | None) -> None:
+async def _send_events(
+    ws: WebSocket, service: Service, sub: Subscription, after: int | None
+) -> None:
     """Replay, then live results; ends with a goodbye (`lagging`, `stream_removed`,
     `shutdown`) carrying the resume point.
 
@@ -166,7 +169,7 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
     second). A stuck send is therefore noticed between 1 and 1.25 timeouts after it began.
     """
     last_sent = after if after is not None else sub.start_seq
-    timeout_s = rt.settings.hub.send_timeout_s
+    timeout_s = service.settings.hub.send_timeout_s
     loop = asyncio.get_running_loop()
     this_task = asyncio.current_task()
     assert this_task is not None
@@ -196,7 +199,7 @@ async def _send_events(ws: WebSocket, rt: Runtime, sub: Subscription, after: int
             watchdog.cancel()
             raise _ClientTooSlowError
 
-    names = rt.class_names
+    names = service.class_names
     encoder: ResultEventEncoder = ws.app.state.encoder
     watchdog = loop.call_later(timeout_s / 4, watch)
     try:

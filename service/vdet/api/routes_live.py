@@ -16,12 +16,11 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from vdet.api.deps import RuntimeDep, StreamsDep
+from vdet.api.deps import ServiceDep, StreamsDep
 from vdet.api.live import MEDIA_TYPE, LiveVideo, PictureKey, ViewerLimitError, multipart_part
 from vdet.api.schemas import ErrorOut
-from vdet.root import Runtime, StreamService
-from vdet.streams.manager import UnknownStreamError
-from vdet.streams.pictures import Picture
+from vdet.root import Service
+from vdet.streams.service import Picture, StreamService, UnknownStreamError
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 
@@ -70,7 +69,7 @@ class _ViewerResponse(StreamingResponse):
 async def live_mjpeg(
     stream_id: str,
     request: Request,
-    rt: RuntimeDep,
+    service: ServiceDep,
     streams: StreamsDep,
     fps: Annotated[
         float,
@@ -110,7 +109,7 @@ async def live_mjpeg(
             status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc), headers={"Retry-After": "5"}
         ) from exc
     return _ViewerResponse(
-        _frames(rt, live, streams, key, min(fps, live.settings.max_fps)),
+        _frames(service, live, streams, key, min(fps, live.settings.max_fps)),
         slot.release,
         media_type=MEDIA_TYPE,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -118,7 +117,7 @@ async def live_mjpeg(
 
 
 async def _frames(
-    rt: Runtime,
+    service: Service,
     live: LiveVideo,
     streams: StreamService,
     key: PictureKey,
@@ -129,7 +128,7 @@ async def _frames(
     last: Picture | None = None
     # Ends when the stream is removed or the service stops; when the client leaves, the
     # response cancels this generator (StreamingResponse listens for the disconnect).
-    while rt.ready:
+    while service.ready:
         tick = loop.time()
         try:
             frame = await live.next_frame(streams, key, last)
@@ -137,6 +136,6 @@ async def _frames(
             return
         if frame is not None:
             yield multipart_part(frame)
-            rt.metrics.live_frames_sent.inc()
+            service.metrics.live_frames_sent.inc()
             last = frame.picture
         await asyncio.sleep(max(0.0, period - (loop.time() - tick)))

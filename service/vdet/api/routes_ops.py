@@ -8,7 +8,7 @@ from fastapi import APIRouter, Response, status
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from vdet.api.deps import RuntimeDep
+from vdet.api.deps import ServiceDep
 from vdet.api.schemas import HealthOut, ReadyOut
 from vdet.metrics.registry import CONTENT_TYPE
 
@@ -29,25 +29,25 @@ async def healthz() -> HealthOut:
     summary="Readiness: the detector is loaded and every configured source has started",
     responses={503: {"model": ReadyOut, "description": "Starting or stopping."}},
 )
-async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
+async def readyz(service: ServiceDep) -> ReadyOut | JSONResponse:
     # Started means the source's worker runs, not that its camera is up: a camera outage is
     # visible per stream and in metrics, and must not take the whole service out of rotation.
-    configured = len(rt.settings.sources)
-    backend = rt.backend
+    configured = len(service.settings.sources)
+    backend, pool, started = service.backend, service.worker_pool, service.started
     body = ReadyOut(
-        ready=rt.ready,
-        detector_loaded=rt.backend is not None,
-        worker_processes=rt.worker_processes,
-        mps=rt.mps_active,
+        ready=service.ready,
+        detector_loaded=backend is not None,
+        worker_processes=0 if pool is None else pool.processes_alive(),
+        mps=pool is not None and pool.mps_active,
         sources_configured=configured,
-        sources_started=rt.sources_started,
-        sources_restored=rt.sources_restored,
-        detail=None if rt.ready else "starting or stopping",
+        sources_started=started.configured if started is not None else 0,
+        sources_restored=started.restored if started is not None else 0,
+        detail=None if service.ready else "starting or stopping",
         backend=backend.backend if backend is not None else None,
         data_path=backend.data_path if backend is not None else None,
         backend_selection=backend.selection if backend is not None else None,
     )
-    if rt.ready:
+    if service.ready:
         return body
     return JSONResponse(body.model_dump(), status_code=status.HTTP_503_SERVICE_UNAVAILABLE)
 
@@ -63,8 +63,8 @@ async def readyz(rt: RuntimeDep) -> ReadyOut | JSONResponse:
         }
     },
 )
-async def metrics(rt: RuntimeDep) -> Response:
-    streams = rt.streams
+async def metrics(service: ServiceDep) -> Response:
+    streams = service.streams
     if streams is not None:
         # Waits for the worker processes' counts (blocking, little Python): on a thread.
         await run_in_threadpool(streams.sync_metrics)
@@ -72,7 +72,7 @@ async def metrics(rt: RuntimeDep) -> Response:
     loop = asyncio.get_running_loop()
     pieces: list[bytes] = []
     yield_at = loop.time() + _RENDER_SLICE_S
-    for piece in rt.metrics.render_pieces():
+    for piece in service.metrics.render_pieces():
         pieces.append(piece)
         if loop.time() >= yield_at:
             await asyncio.sleep(0)

@@ -1,7 +1,7 @@
 """Event snapshots over REST: GET /v1/streams/{id}/snapshots lists the JPEGs kept of a stream's
 frames with zone and line events (vdet.streams.event_snapshots), GET
 /v1/streams/{id}/snapshots/{frame_index}.jpg answers one. The webhook and MQTT bodies name the
-second by `snapshot_path`."""
+second by `snapshot_path` (vdet.streams.event_snapshots)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,10 @@ from pydantic import BaseModel, Field
 
 from vdet.api.deps import StreamsDep
 from vdet.api.schemas import ErrorOut
-from vdet.api.schemas_tracking import ZoneEventOut, events_out
+from vdet.results.wire import ZoneEventOut, events_out
+from vdet.streams.event_snapshots import snapshot_path
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
-
-
-def snapshot_path(source_id: str, frame_index: int) -> str:
-    """Where the event snapshot of a stream's frame is served (relative to the service)."""
-    return f"/v1/streams/{source_id}/snapshots/{frame_index}.jpg"
 
 
 class EventSnapshotOut(BaseModel):
@@ -57,7 +53,7 @@ _NOT_FOUND: dict[int | str, dict[str, Any]] = {
 )
 def list_snapshots(stream_id: str, streams: StreamsDep) -> EventSnapshotsOut:
     infos, counts = streams.event_snapshots(stream_id)
-    names = streams.class_names
+    names = streams.backend_info.class_names
     return EventSnapshotsOut(
         snapshots=[
             EventSnapshotOut(
@@ -109,4 +105,4 @@ def get_snapshot(
     )
 
 
-__all__ = ["router", "snapshot_path"]
+__all__ = ["router"]

@@ -13,23 +13,13 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
 
-from vdet.api.deps import RuntimeDep, StreamsDep
-from vdet.api.schemas import (
-    DetectionResultOut,
-    EffectiveParams,
-    ErrorOut,
-    StreamListOut,
-    StreamOut,
-    StreamPatch,
-    StreamStatusOut,
-    result_out,
-    result_text,
-)
+from vdet.api.deps import ControlDep, ServiceDep, StreamsDep
+from vdet.api.schemas import EffectiveParams, ErrorOut, StreamListOut, StreamOut, StreamStatusOut
 from vdet.config.streams import StreamSpec
 from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url, redact
 from vdet.results.hub import EncodedResult
-from vdet.streams.manager import StreamView, UnknownStreamError
-from vdet.streams.pictures import latest_jpeg
+from vdet.results.wire import DetectionResultOut, result_out, result_text
+from vdet.streams.service import PictureRequest, StreamChanges, StreamView, UnknownStreamError
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 
@@ -118,25 +108,25 @@ def _redacted(text: str | None) -> str | None:
     },
 )
 def add_stream(
-    spec: StreamSpec, response: Response, streams: StreamsDep, rt: RuntimeDep
+    spec: StreamSpec, response: Response, control: ControlDep, service: ServiceDep
 ) -> StreamOut:
-    if not rt.settings.allow_file_sources and not is_network_url(spec.url):
+    if not service.settings.allow_file_sources and not is_network_url(spec.url):
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_CONTENT,
             detail="local file sources are disabled on this server (allow_file_sources=false); "
             f"use one of {', '.join(f'{s}://' for s in NETWORK_SCHEMES)}",
         )
     try:
-        view = streams.add(spec)
+        view = control.add(spec)
     except ValueError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
     response.headers["Location"] = f"/v1/streams/{spec.id}"
-    return stream_out(view, streams.class_names)
+    return stream_out(view, service.class_names)
 
 
 @router.get("", response_model=StreamListOut, summary="List streams, sorted by id")
 def list_streams(streams: StreamsDep) -> StreamListOut:
-    names = streams.class_names
+    names = streams.backend_info.class_names
     return StreamListOut(streams=[stream_out(v, names) for v in streams.list()])
 
 
@@ -147,7 +137,7 @@ def list_streams(streams: StreamsDep) -> StreamListOut:
     responses=_NOT_FOUND,
 )
 def get_stream(stream_id: str, streams: StreamsDep) -> StreamOut:
-    return stream_out(streams.get(stream_id), streams.class_names)
+    return stream_out(streams.get(stream_id), streams.backend_info.class_names)
 
 
 @router.patch(
@@ -159,13 +149,14 @@ def get_stream(stream_id: str, streams: StreamsDep) -> StreamOut:
         422: {"model": ErrorOut, "description": "Invalid body or unknown class names."},
     },
 )
-def patch_stream(stream_id: str, patch: StreamPatch, streams: StreamsDep) -> StreamOut:
-    changes = {name: getattr(patch, name) for name in patch.model_fields_set}
+def patch_stream(
+    stream_id: str, changes: StreamChanges, control: ControlDep, service: ServiceDep
+) -> StreamOut:
     try:
-        view = streams.update_params(stream_id, **changes)
+        view = control.change(stream_id, changes)
     except ValueError as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
-    return stream_out(view, streams.class_names)
+    return stream_out(view, service.class_names)
 
 
 @router.delete(
@@ -175,8 +166,8 @@ def patch_stream(stream_id: str, patch: StreamPatch, streams: StreamsDep) -> Str
     summary="Stop and remove a stream, its latest result and its metrics",
     responses=_NOT_FOUND,
 )
-def delete_stream(stream_id: str, streams: StreamsDep) -> Response:
-    streams.remove(stream_id)
+def delete_stream(stream_id: str, control: ControlDep) -> Response:
+    control.remove(stream_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -190,16 +181,16 @@ def delete_stream(stream_id: str, streams: StreamsDep) -> Response:
     },
 )
 async def latest_detections(
-    stream_id: str, streams: StreamsDep, rt: RuntimeDep
+    stream_id: str, streams: StreamsDep, service: ServiceDep
 ) -> DetectionResultOut | Response:
     if stream_id not in streams:  # both stream services answer from memory, without waiting
         raise UnknownStreamError(f"no stream {stream_id!r}")
-    latest = rt.hub.latest_encoded(stream_id)
+    latest = service.hub.latest_encoded(stream_id)
     if latest is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     if isinstance(latest, EncodedResult):
         return Response(result_text(latest), media_type="application/json")
-    return result_out(latest, streams.class_names)
+    return result_out(latest, streams.backend_info.class_names)
 
 
 @router.get(
@@ -216,7 +207,7 @@ async def latest_detections(
     },
 )
 def snapshot(stream_id: str, streams: StreamsDep) -> Response:
-    frame = latest_jpeg(streams, stream_id)
+    frame = streams.picture(stream_id, PictureRequest())
     if frame is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return Response(

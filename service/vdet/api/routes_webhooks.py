@@ -9,8 +9,8 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, Field
 
+from vdet.api.deps import service_of
 from vdet.api.schemas import ErrorOut
-from vdet.notify.notifier import Notifier
 from vdet.notify.webhooks import Webhook, WebhookBusyError
 
 router = APIRouter(prefix="/v1/webhooks", tags=["ops"])
@@ -50,7 +50,7 @@ class WebhookTestOut(BaseModel):
 
 
 def _webhooks(request: Request) -> list[Webhook]:
-    notifier: Notifier | None = getattr(request.app.state, "notifier", None)
+    notifier = service_of(request).notifier
     return [] if notifier is None else notifier.webhooks
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
-from vdet.api.deps import RuntimeDep
+from vdet.api.deps import ServiceDep
 
 router = APIRouter(prefix="/v1/workers", tags=["ops"])
 
@@ -44,8 +44,8 @@ class WorkersOut(BaseModel):
 
 
 @router.get("", response_model=WorkersOut, summary="Stream worker processes and their health")
-def list_workers(rt: RuntimeDep) -> WorkersOut:
-    pool = rt.worker_pool
+def list_workers(service: ServiceDep) -> WorkersOut:
+    pool = service.worker_pool
     if pool is None:
         return WorkersOut(mps=False, workers=[])
     return WorkersOut(

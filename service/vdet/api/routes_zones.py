@@ -2,7 +2,7 @@
 
 The zones are part of the stream's spec (`StreamSpec.zones`), so PATCH /v1/streams/{id} and
 config files set the same thing; these routes change one zone without resending the others,
-through the same `update_params(zones=...)`, which validates them against the model and the
+through the same `StreamControl.change`, which validates them against the model and the
 stream (classes, frame size). Edits here are serialised by one lock, so two concurrent edits
 of a stream's zones both land. Changes apply from the stream's next frame. Handlers are plain
 `def` (the thread pool): the streams' locks never run on the event loop.
@@ -17,9 +17,10 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import ValidationError
 
-from vdet.api.deps import StreamsDep
+from vdet.api.deps import ControlDep, StreamsDep
 from vdet.api.schemas import ErrorOut
 from vdet.api.schemas_tracking import ZonesIn, ZonesOut
+from vdet.streams.service import StreamChanges
 from vdet.tracking.specs import ZoneBody, ZoneSpec
 
 router = APIRouter(prefix="/v1/streams/{stream_id}/zones", tags=["streams"])
@@ -51,12 +52,14 @@ def _unprocessable(exc: Exception) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=detail)
 
 
-def _edit(streams: StreamsDep, stream_id: str, change: ZoneChange) -> list[ZoneSpec]:
+def _edit(
+    streams: StreamsDep, control: ControlDep, stream_id: str, change: ZoneChange
+) -> list[ZoneSpec]:
     """The stream's zones after `change`; 422 for what the streams refuse, 404 as usual."""
     with _EDITS:
         zones = change(list(streams.get(stream_id).spec.zones))
         try:
-            view = streams.update_params(stream_id, zones=zones)
+            view = control.change(stream_id, StreamChanges(zones=zones))
         except ValueError as exc:  # pydantic's ValidationError is one
             raise _unprocessable(exc) from exc
     return list(view.spec.zones)
@@ -83,8 +86,10 @@ def list_zones(stream_id: str, streams: StreamsDep) -> ZonesOut:
     summary="Replace all of a stream's zones and lines",
     responses={**_NOT_FOUND, **_INVALID},
 )
-def replace_zones(stream_id: str, body: ZonesIn, streams: StreamsDep) -> ZonesOut:
-    return _zones_out(_edit(streams, stream_id, lambda _: list(body.zones)))
+def replace_zones(
+    stream_id: str, body: ZonesIn, streams: StreamsDep, control: ControlDep
+) -> ZonesOut:
+    return _zones_out(_edit(streams, control, stream_id, lambda _: list(body.zones)))
 
 
 @router.delete(
@@ -94,8 +99,8 @@ def replace_zones(stream_id: str, body: ZonesIn, streams: StreamsDep) -> ZonesOu
     summary="Remove all of a stream's zones and lines",
     responses=_NOT_FOUND,
 )
-def delete_zones(stream_id: str, streams: StreamsDep) -> Response:
-    _edit(streams, stream_id, lambda _: [])
+def delete_zones(stream_id: str, streams: StreamsDep, control: ControlDep) -> Response:
+    _edit(streams, control, stream_id, lambda _: [])
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -114,7 +119,12 @@ def get_zone(stream_id: str, zone_id: str, streams: StreamsDep) -> ZoneSpec:
     responses={201: {"model": ZoneSpec, "description": "Added."}, **_NOT_FOUND, **_INVALID},
 )
 def put_zone(
-    stream_id: str, zone_id: str, body: ZoneBody, response: Response, streams: StreamsDep
+    stream_id: str,
+    zone_id: str,
+    body: ZoneBody,
+    response: Response,
+    streams: StreamsDep,
+    control: ControlDep,
 ) -> ZoneSpec:
     try:
         zone = ZoneSpec.model_validate({**body.model_dump(), "id": zone_id})
@@ -127,7 +137,7 @@ def put_zone(
         added = all(z.id != zone_id for z in zones)
         return [*zones, zone] if added else [zone if z.id == zone_id else z for z in zones]
 
-    _edit(streams, stream_id, change)
+    _edit(streams, control, stream_id, change)
     if added:
         response.status_code = status.HTTP_201_CREATED
         response.headers["Location"] = f"/v1/streams/{stream_id}/zones/{zone_id}"
@@ -141,11 +151,11 @@ def put_zone(
     summary="Remove one zone or line",
     responses=_NOT_FOUND,
 )
-def delete_zone(stream_id: str, zone_id: str, streams: StreamsDep) -> Response:
+def delete_zone(stream_id: str, zone_id: str, streams: StreamsDep, control: ControlDep) -> Response:
     def change(zones: list[ZoneSpec]) -> list[ZoneSpec]:
         if all(z.id != zone_id for z in zones):
             raise _no_zone(stream_id, zone_id)
         return [z for z in zones if z.id != zone_id]
 
-    _edit(streams, stream_id, change)
+    _edit(streams, control, stream_id, change)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -86,12 +86,12 @@ class GracefulServer(uvicorn.Server):
 
 async def say_goodbye(app: FastAPI, wait_s: float = GOODBYE_WAIT_S) -> None:
     """End every WebSocket feed of `app` with `shutdown` and wait (up to `wait_s`) for them."""
-    runtime = app.state.runtime
-    runtime.ready = False  # readiness fails and new feeds are refused from now on
-    runtime.hub.close()
+    service = app.state.service
+    service.ready = False  # readiness fails and new feeds are refused from now on
+    service.hub.close()
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        clients = runtime.metrics.registry.get_sample_value("vdet_websocket_clients") or 0
+        clients = service.metrics.registry.get_sample_value("vdet_websocket_clients") or 0
         if clients <= 0:
             return
         await asyncio.sleep(0.02)

@@ -44,8 +44,8 @@ from vdet.config.settings import Settings
 from vdet.core.contract import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET
 from vdet.core.types import Detections, FloatArray, ImageArray
 from vdet.inference.detector import Detector
+from vdet.inference.factory import cpu_sessions
 from vdet.ingest.reader import DecodeError, SourceReader, StreamInfo
-from vdet.root import cpu_sessions
 
 # Two detections of one object: same class and at least this IoU.
 MATCH_IOU = 0.5
@@ -238,7 +238,7 @@ def run_pipeline_vs_ultralytics(
     names = ("vdet", "ultralytics", "vdet_one_frame")
     seconds: dict[str, list[float]] = {name: [] for name in names}
     found: dict[str, list[Detections]] = {name: [] for name in names}
-    # As `vdet serve` opens it on this CPU (vdet.root.default_detector_factory).
+    # As `vdet serve` opens it on this CPU (vdet.root.open_configured_detector).
     sessions = cpu_sessions(Settings())
     with (
         Detector.open(model, "onnxruntime", input_shape="rect", sessions=sessions) as detector,

@@ -22,13 +22,13 @@ from typing import Any
 
 import httpx
 
-from vdet.api.routes_snapshots import snapshot_path
-from vdet.api.schemas import result_with_events
 from vdet.config.notify import EventFilterSettings, NotifySettings, WebhookSettings
 from vdet.metrics.registry import Metrics
 from vdet.notify.mqtt import MqttPublisher
 from vdet.notify.webhooks import Webhook
 from vdet.results.hub import HubResult, ResultsHub, SubscriptionEnd, SubscriptionEndedError
+from vdet.results.wire import result_with_events
+from vdet.streams.event_snapshots import snapshot_path
 
 log = logging.getLogger(__name__)
 

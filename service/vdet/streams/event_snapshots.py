@@ -25,11 +25,18 @@ from dataclasses import dataclass
 
 from vdet.config.event_snapshots import EventSnapshotSettings
 from vdet.core.types import DecodedFrame, DetectionResult, ImageArray, ZoneEvent
+from vdet.streams.pictures import encode_frame
 
 log = logging.getLogger(__name__)
 
 # (source id, frame) -> the frame as a BGR host image: the stream manager's `host_image`.
 ToHostImage = Callable[[str, DecodedFrame], ImageArray]
+
+
+def snapshot_path(source_id: str, frame_index: int) -> str:
+    """Where the event snapshot of a stream's frame is served, relative to the service: the
+    route that answers it and the notifications that name it agree on this one form."""
+    return f"/v1/streams/{source_id}/snapshots/{frame_index}.jpg"
 
 
 @dataclass(frozen=True)
@@ -162,10 +169,6 @@ class EventSnapshots:
             self._settle((result.source_id, result.frame_index))
 
     def _encode(self, result: DetectionResult, frame: DecodedFrame) -> EventSnapshot:
-        # Here, not at the top: vdet.streams.pictures imports vdet.streams.manager, which imports
-        # this.
-        from vdet.streams.pictures import encode_frame
-
         image = self._to_host_image(result.source_id, frame)
         jpeg, (width, height) = encode_frame(
             image,

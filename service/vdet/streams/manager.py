@@ -44,7 +44,7 @@ from vdet.core.types import (
     VideoFrame,
     ZoneEvent,
 )
-from vdet.inference.class_thresholds import ClassThresholds, thresholds_by_class
+from vdet.inference.class_thresholds import ClassThresholds
 from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
@@ -56,6 +56,20 @@ from vdet.streams.event_snapshots import (
     EventSnapshotCounts,
     EventSnapshotInfo,
     EventSnapshots,
+)
+from vdet.streams.params import (
+    detect_params,
+    resolve_classes,
+    stream_class_thresholds,
+    stream_params,
+)
+from vdet.streams.service import (
+    DuplicateStreamError,
+    LimitError,
+    StreamChanges,
+    StreamError,
+    StreamView,
+    UnknownStreamError,
 )
 from vdet.tracking.masks import drop_masked, without_masks
 from vdet.tracking.specs import TrackingSpec, ZoneSpec
@@ -134,96 +148,6 @@ class GpuSide(Protocol):
     def release(self, source_id: str) -> None: ...
 
     def streams_by_gpu(self) -> dict[str, int]: ...
-
-
-class StreamError(Exception):
-    """Base of the errors a stream operation reports to its caller."""
-
-
-class DuplicateStreamError(StreamError):
-    """A stream with this id already exists."""
-
-
-class LimitError(StreamError):
-    """Adding the stream would exceed `max_streams`."""
-
-
-class UnknownStreamError(StreamError, KeyError):
-    """No stream has this id."""
-
-    def __str__(self) -> str:  # KeyError would print the repr of its argument
-        return str(self.args[0]) if self.args else "unknown stream"
-
-
-def resolve_classes(
-    classes: Sequence[str | int] | None, names: Sequence[str]
-) -> frozenset[int] | None:
-    """Class names or ids -> ids of the model; ValueError naming the unknown ones."""
-    if classes is None:
-        return None
-    by_name = {name: i for i, name in enumerate(names)}
-    ids: set[int] = set()
-    unknown: list[str] = []
-    for ref in classes:
-        if isinstance(ref, int) and not isinstance(ref, bool):
-            if 0 <= ref < len(names):
-                ids.add(ref)
-            else:
-                unknown.append(str(ref))
-        elif isinstance(ref, str) and ref in by_name:
-            ids.add(by_name[ref])
-        elif isinstance(ref, str) and ref.isdigit() and int(ref) < len(names):
-            ids.add(int(ref))
-        else:
-            unknown.append(repr(ref))
-    if unknown:
-        raise ValueError(
-            f"unknown class(es) {', '.join(unknown)}; the model has ids 0..{len(names) - 1}: "
-            f"{', '.join(names)}"
-        )
-    return frozenset(ids)
-
-
-def _detect_params(
-    params: PostprocessParams, thresholds: ClassThresholds | None
-) -> PostprocessParams:
-    """What decode + NMS runs with: the stream's params, at the lowest per-class threshold."""
-    if thresholds is None or thresholds.floor == params.conf_threshold:
-        return params
-    return dataclasses.replace(params, conf_threshold=thresholds.floor)
-
-
-def resolve_params(
-    defaults: DetectionDefaults,
-    names: Sequence[str],
-    *,
-    conf_threshold: float | None = None,
-    iou_threshold: float | None = None,
-    max_det: int | None = None,
-    classes: Sequence[str | int] | None = None,
-) -> PostprocessParams:
-    """Postprocess parameters from per-request/per-stream overrides over server defaults."""
-    return PostprocessParams(
-        conf_threshold=defaults.conf_threshold if conf_threshold is None else conf_threshold,
-        iou_threshold=defaults.iou_threshold if iou_threshold is None else iou_threshold,
-        top_k=defaults.top_k,
-        max_det=defaults.max_det if max_det is None else max_det,
-        classes=resolve_classes(classes, names),
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class StreamView:
-    """A consistent snapshot of one stream for the API: what was asked, what runs, how it is."""
-
-    spec: StreamSpec
-    params: PostprocessParams
-    status: SourceStatus
-    frames_processed: int
-    last_frame_age_s: float | None
-    pipeline_error: str | None
-    fps_processed: float | None = None  # published per second, over the last seconds
-    worker: str | None = None  # the worker process running it; None: the API process itself
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,7 +294,7 @@ class StreamManager:
         """
         url = validate_source_url(spec.url, self._ingest.source_policy.policy())
         params = self._params_for(spec)
-        thresholds = self._class_thresholds_for(spec, params)
+        thresholds = stream_class_thresholds(spec, params, self._names)
         stream = _Stream(
             spec,
             params,
@@ -379,7 +303,7 @@ class StreamManager:
             unpaced_queue_frames=self._ingest.unpaced_queue_frames,
         )
         stream.class_thresholds = thresholds
-        stream.detect_params = _detect_params(params, thresholds)
+        stream.detect_params = detect_params(params, thresholds)
         with self._lock:
             if self._closed:
                 raise StreamError("the stream manager is shut down")
@@ -576,41 +500,19 @@ class StreamManager:
             raise RuntimeError(f"stream {stream_id!r} has a GPU frame but no GPU worker")
         return gpu_worker.to_bgr(frame)
 
-    def update_params(self, stream_id: str, **changes: Any) -> StreamView:
-        """Change a running stream's conf_threshold / iou_threshold / max_det / classes /
-        tracking / zones / detect_fps.
-
-        A key given as None resets that field to the server default (classes: all classes;
-        tracking: default settings; zones: none); keys not given are kept. Takes effect from
-        the next frame. Raises ValueError for unknown class names or fields, UnknownStreamError.
-        """
-        allowed = {
-            "conf_threshold",
-            "iou_threshold",
-            "max_det",
-            "classes",
-            "class_thresholds",
-            "tracking",
-            "zones",
-            "detect_fps",
-        }
-        if unknown := set(changes) - allowed:
-            raise ValueError(f"cannot change {sorted(unknown)}; changeable: {sorted(allowed)}")
+    def change(self, stream_id: str, changes: StreamChanges) -> StreamView:
+        """Apply `changes` to a running stream from its next frame (StreamChanges says what a
+        field left out or null means). Raises ValueError (pydantic's ValidationError is one)
+        for unknown classes or a zone outside the frame, UnknownStreamError."""
         stream = self._stream(stream_id)
         frame_wh = self._frame_size(stream)
         with stream.lock:
-            merged = stream.spec.model_dump() | changes
-            for key in ("tracking", "zones"):  # null: back to the default
-                if merged.get(key) is None:
-                    merged.pop(key, None)
-            spec = StreamSpec.model_validate(merged)
+            spec = changes.applied_to(stream.spec)
             params, zones = self._params_for(spec), self._zones_for(spec.zones, frame_wh)
-            thresholds = self._class_thresholds_for(spec, params)
+            thresholds = stream_class_thresholds(spec, params, self._names)
             stream.params, stream.zones, stream.spec = params, zones, spec
-            stream.class_thresholds, stream.detect_params = (
-                thresholds,
-                _detect_params(params, thresholds),
-            )
+            stream.class_thresholds = thresholds
+            stream.detect_params = detect_params(params, thresholds)
             stream.mailbox.set_detect_fps(spec.detect_fps)
         return self._view(stream)
 
@@ -641,23 +543,7 @@ class StreamManager:
         return stream
 
     def _params_for(self, spec: StreamSpec) -> PostprocessParams:
-        return resolve_params(
-            self._defaults,
-            self._names,
-            conf_threshold=spec.conf_threshold,
-            iou_threshold=spec.iou_threshold,
-            max_det=spec.max_det,
-            classes=spec.classes,
-        )
-
-    def _class_thresholds_for(
-        self, spec: StreamSpec, params: PostprocessParams
-    ) -> ClassThresholds | None:
-        """ValueError naming unknown classes."""
-        by_class = thresholds_by_class(
-            spec.class_thresholds, lambda refs: resolve_classes(refs, self._names)
-        )
-        return ClassThresholds.of(params.conf_threshold, by_class)
+        return stream_params(spec, self._defaults, self._names)
 
     def _zones_for(
         self, specs: Sequence[ZoneSpec], frame_wh: tuple[int, int] | None = None

@@ -1,129 +1,20 @@
-"""A stream's latest frame as JPEG: the one place frames leave the pipeline.
+"""Frames as pictures: detections drawn on a frame, scaled down, encoded as JPEG.
 
-`latest_jpeg` is what the snapshot route and the live video feed both call. It owns where a
-stream's latest frame comes from (the stream manager's last processed or newest decoded frame,
-in this process or in the worker process that runs the stream: `StreamService.latest_jpeg`)
-and how it becomes a JPEG (optionally with its boxes drawn, optionally scaled down). It does
-not pace, count viewers or speak HTTP. CPU-bound and may block on the manager's locks: call it
-from a worker thread, never on the event loop.
+What every picture vdet serves goes through: a stream's latest frame (the snapshot route and the
+live view, vdet.streams.local), event snapshots (vdet.streams.event_snapshots) and `vdet detect
+--draw`. Pure and CPU-bound: call it from a thread, never on the event loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
 
-from vdet.api.images import draw_detections, encode_jpeg
-from vdet.streams.manager import StreamManager
-
-if TYPE_CHECKING:
-    from vdet.root import StreamService
 from vdet.core.types import Detections, ImageArray
 
 DEFAULT_QUALITY = 85
-
-
-Picture = tuple[int, int | None]
-"""What a live frame shows: (the frame's index, the index of the frame its drawn boxes were
-detected on, or None when none are drawn). Two encodes with equal pictures are the same JPEG."""
-
-
-@dataclass(frozen=True)
-class EncodedFrame:
-    """One frame of a stream, encoded, and the result that goes with it."""
-
-    seq: int  # the seq of the result that goes with the frame (as the WebSocket feed has it)
-    jpeg: bytes
-    width: int  # of the JPEG
-    height: int
-    source_width: int  # of the decoded frame, the space detection boxes are in
-    source_height: int
-    frame_index: int = 0  # the frame's index in its stream (what a worker knows it by)
-    # The frame the result was detected on: frame_index itself for a processed frame, an
-    # earlier one for a newer decoded frame shown with the newest result.
-    result_frame_index: int = 0
-    boxes_drawn: bool = False
-
-    @property
-    def picture(self) -> Picture:
-        return (self.frame_index, self.result_frame_index if self.boxes_drawn else None)
-
-
-def latest_jpeg(
-    streams: StreamService,
-    stream_id: str,
-    *,
-    boxes: bool = True,
-    quality: int = DEFAULT_QUALITY,
-    max_width: int | None = None,
-    newest: bool = False,
-    unless: Picture | None = None,
-) -> EncodedFrame | None:
-    """A stream's latest frame as JPEG, with the result that goes with it; None before its
-    first result, or when the frame would show `unless` (already sent). Raises
-    UnknownStreamError.
-
-    The frame is the last processed one, with the result detected on it; with `newest`, the
-    newest decoded frame when ingest has a newer one in host memory (CPU decoding), with the
-    newest result, detected on an earlier frame: a live view then runs at its own rate, not
-    the detection rate, its boxes a detection's latency behind the picture.
-    `boxes` draws the result's detections on it (at source resolution, before any scaling);
-    `max_width` scales the frame down (never up) to at most that many pixels across. Where
-    the stream runs (this process or a worker process) decides where it is encoded:
-    `StreamService.latest_jpeg`, which ends in `encode_latest` below.
-    """
-    return streams.latest_jpeg(
-        stream_id,
-        boxes=boxes,
-        quality=quality,
-        max_width=max_width,
-        newest=newest,
-        unless=unless,
-    )
-
-
-def encode_latest(
-    manager: StreamManager,
-    stream_id: str,
-    *,
-    boxes: bool,
-    quality: int,
-    max_width: int | None,
-    newest: bool,
-    unless: Picture | None,
-) -> EncodedFrame | None:
-    """`latest_jpeg` for a stream of the stream manager in this process."""
-    # Cheap: no copy, no GPU download, until the picture is known to be wanted.
-    snap = manager.newest_frame(stream_id) if newest else manager.snapshot(stream_id)
-    if snap is None:
-        return None
-    frame, result = snap.frame, snap.result
-    if unless is not None and (frame.index, result.frame_index if boxes else None) == unless:
-        return None
-    image = manager.host_image(stream_id, frame)
-    jpeg, (w, h) = encode_frame(
-        image,
-        result.detections if boxes else None,
-        manager.class_names,
-        quality=quality,
-        max_width=max_width,
-    )
-    source_h, source_w = image.shape[:2]
-    return EncodedFrame(
-        seq=result.seq,
-        jpeg=jpeg,
-        width=w,
-        height=h,
-        source_width=source_w,
-        source_height=source_h,
-        frame_index=frame.index,
-        result_frame_index=result.frame_index,
-        boxes_drawn=boxes,
-    )
 
 
 def encode_frame(
@@ -146,3 +37,42 @@ def encode_frame(
         image = np.ascontiguousarray(scaled, dtype=np.uint8)
     h, w = image.shape[:2]
     return encode_jpeg(image, quality), (w, h)
+
+
+def _colour(class_id: int) -> tuple[int, int, int]:
+    # A fixed, well-spread hue per class so the same class keeps its colour across frames.
+    hue = (class_id * 47) % 180
+    hsv = np.array([[[hue, 220, 255]]], np.uint8)
+    b, g, r = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0]
+    return int(b), int(g), int(r)
+
+
+def draw_detections(
+    image_bgr: ImageArray, detections: Detections, names: Sequence[str]
+) -> ImageArray:
+    """A copy of the image with each box and its 'name score' label drawn on it."""
+    canvas = image_bgr.copy()
+    thickness = max(1, round(min(canvas.shape[:2]) / 360))
+    scale = max(0.35, min(canvas.shape[:2]) / 1200)
+    for box, score, cid in zip(
+        detections.xyxy.tolist(),
+        detections.scores.tolist(),
+        detections.class_ids.tolist(),
+        strict=True,
+    ):
+        x1, y1, x2, y2 = (round(v) for v in box)
+        colour = _colour(cid)
+        cv2.rectangle(canvas, (x1, y1), (max(x1, x2 - 1), max(y1, y2 - 1)), colour, thickness)
+        label = f"{names[cid] if 0 <= cid < len(names) else cid} {score:.2f}"
+        (tw, th), base = cv2.getTextSize(label, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
+        ty = y1 - 2 if y1 - th - base - 2 >= 0 else y1 + th + 2
+        cv2.rectangle(canvas, (x1, ty - th - 2), (x1 + tw + 2, ty + base - 1), colour, -1)
+        cv2.putText(canvas, label, (x1 + 1, ty - 1), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 1)
+    return canvas
+
+
+def encode_jpeg(image_bgr: ImageArray, quality: int = 85) -> bytes:
+    ok, buf = cv2.imencode(".jpg", image_bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise RuntimeError("JPEG encoding failed")
+    return bytes(buf.tobytes())

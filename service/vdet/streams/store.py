@@ -8,9 +8,9 @@ was when the API last changed it. Edit that entry (or drop it) and the config's 
 again; the API's is forgotten. So clicks in the web page survive restarts, and an edited
 config file is never overridden by older clicks.
 
-This module owns the file's format (`StoredStream`, `StreamStore`), the decision of what starts
-at start-up (`plan_startup`, pure) and the `StreamService` that writes after each change
-(`PersistentStreams`). It never starts a stream itself: vdet.root does, in the plan's order.
+This module owns the file's format (`StoredStream`, `StreamStore`) and its lock; what starts from
+it is vdet.streams.startup's to decide, and what writes it after each change,
+vdet.streams.persistent's. It never starts a stream itself.
 
 The file: JSON `{"version": 1, "streams": [{"id", "spec", "configured"}, ...]}`, where `spec`
 is the stream as running (null: a configured source the API removed) and `configured` the
@@ -26,31 +26,19 @@ included; the lock file itself stays and is harmless.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import fcntl
 import logging
 import os
 import socket
 import tempfile
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from vdet.config.streams import DetectionDefaults, StreamSpec
-from vdet.core.types import Detections, ImageArray, StageTimings
-from vdet.inference.postprocess import PostprocessParams
-from vdet.ingest.urls import redact
-from vdet.streams.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
-from vdet.streams.manager import StreamView
-
-if TYPE_CHECKING:
-    from vdet.root import StreamService
-    from vdet.streams.pictures import EncodedFrame, Picture
+from vdet.config.streams import StreamSpec
 
 log = logging.getLogger(__name__)
 
@@ -208,220 +196,3 @@ def _sync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-# ------------------------------------------------------------------------------- start-up
-
-
-@dataclass(frozen=True)
-class StartupStream:
-    """A stream to start: `spec`, and the config file's entry for its id (`configured`), which
-    is started instead when a spec from the file no longer starts."""
-
-    spec: StreamSpec
-    configured: StreamSpec | None
-    from_file: bool
-
-
-@dataclass(frozen=True)
-class StartupPlan:
-    streams: list[StartupStream]
-    # Configured sources the API removed, while their config entries are unchanged: not
-    # started, and still remembered as removed.
-    removed: list[StoredStream]
-    notes: list[str] = field(default_factory=list)  # what the file said that no longer applies
-
-
-def plan_startup(
-    configured: Sequence[StreamSpec], stored: Mapping[str, StoredStream]
-) -> StartupPlan:
-    """What to start: the configured sources (as the API left them while their config entry is
-    unchanged), then the streams the API added, in the file's order."""
-    streams: list[StartupStream] = []
-    removed: list[StoredStream] = []
-    notes: list[str] = []
-    configured_ids = {spec.id for spec in configured}
-    for spec in configured:
-        entry = stored.get(spec.id)
-        if entry is None:
-            streams.append(StartupStream(spec, spec, from_file=False))
-        elif entry.configured != spec:
-            streams.append(StartupStream(spec, spec, from_file=False))
-            why = "added over the API" if entry.configured is None else "changed over the API"
-            notes.append(
-                f"stream {spec.id!r}: the config file's entry applies; it changed since the "
-                f"stream was {why}, so the streams file's version is dropped"
-            )
-        elif entry.spec is None:
-            removed.append(entry)
-        else:
-            streams.append(StartupStream(entry.spec, spec, from_file=True))
-    for entry in stored.values():
-        if entry.id in configured_ids:
-            continue
-        if entry.configured is not None:
-            notes.append(
-                f"stream {entry.id!r}: no longer in the config file, so not started (the "
-                "streams file's changes to it are dropped)"
-            )
-        elif entry.spec is not None:
-            streams.append(StartupStream(entry.spec, None, from_file=True))
-    return StartupPlan(streams, removed, notes)
-
-
-# ------------------------------------------------------------------------ the service
-
-
-class PersistentStreams:
-    """A `StreamService` that writes the streams file after each change made through it.
-
-    `inner` runs the streams; `configured` is the config file's entries by id; `removed`, the
-    configured sources the API removed (from the start-up plan). Changes are serialised: each
-    one, and the file it leaves, happen before the next begins, so the file always matches
-    the streams. A failed write leaves the change in effect (it was made): it is logged and
-    `on_save_failure` is called; the next change writes everything again.
-    """
-
-    def __init__(
-        self,
-        inner: StreamService,
-        store: StreamStore,
-        configured: Iterable[StreamSpec],
-        removed: Iterable[StoredStream] = (),
-        on_save_failure: Callable[[], object] = lambda: None,
-    ) -> None:
-        self.inner = inner
-        self.store = store
-        self._on_save_failure = on_save_failure
-        self._configured = {spec.id: spec for spec in configured}
-        self._removed = {entry.id: entry for entry in removed}
-        # The specs as the changes leave them, so that writing the file asks no worker process.
-        self._running = {view.spec.id: view.spec for view in inner.list()}
-        self._changes = threading.Lock()
-
-    def save(self) -> None:
-        """Write what runs now (and the removed configured sources) to the file."""
-        with self._changes:
-            self._save()
-
-    def _save(self) -> None:
-        entries = [
-            StoredStream(id=i, spec=spec, configured=self._configured.get(i))
-            for i, spec in self._running.items()
-        ]
-        entries.extend(self._removed.values())
-        try:
-            self.store.save(entries)
-        except OSError as exc:
-            self._on_save_failure()
-            log.error(
-                "could not write the streams file %s: %s; the change is in effect but will not "
-                "survive a restart until a later change is written",
-                self.store.path,
-                redact(str(exc)),
-            )
-
-    # --- StreamService: changes ---------------------------------------------------------------
-
-    def add(self, spec: StreamSpec) -> StreamView:
-        with self._changes:
-            view = self.inner.add(spec)
-            self._running[spec.id] = view.spec
-            self._removed.pop(spec.id, None)
-            self._save()
-        return view
-
-    def update_params(self, stream_id: str, **changes: Any) -> StreamView:
-        with self._changes:
-            view = self.inner.update_params(stream_id, **changes)
-            self._running[stream_id] = view.spec
-            self._save()
-        return view
-
-    def remove(self, stream_id: str) -> None:
-        with self._changes:
-            self.inner.remove(stream_id)
-            self._running.pop(stream_id, None)
-            if (configured := self._configured.get(stream_id)) is not None:
-                self._removed[stream_id] = StoredStream(
-                    id=stream_id, spec=None, configured=configured
-                )
-            self._save()
-
-    # --- StreamService: the rest, as `inner` answers ------------------------------------------
-
-    @property
-    def class_names(self) -> tuple[str, ...]:
-        return self.inner.class_names
-
-    @property
-    def defaults(self) -> DetectionDefaults:
-        return self.inner.defaults
-
-    def list(self) -> builtins.list[StreamView]:
-        return self.inner.list()
-
-    def get(self, stream_id: str) -> StreamView:
-        return self.inner.get(stream_id)
-
-    def __contains__(self, stream_id: object) -> bool:
-        return stream_id in self.inner
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def latest_jpeg(
-        self,
-        stream_id: str,
-        *,
-        boxes: bool = True,
-        quality: int = 85,
-        max_width: int | None = None,
-        newest: bool = False,
-        unless: Picture | None = None,
-    ) -> EncodedFrame | None:
-        return self.inner.latest_jpeg(
-            stream_id,
-            boxes=boxes,
-            quality=quality,
-            max_width=max_width,
-            newest=newest,
-            unless=unless,
-        )
-
-    def event_snapshot(self, stream_id: str, frame_index: int) -> EventSnapshot | None:
-        return self.inner.event_snapshot(stream_id, frame_index)
-
-    def event_snapshots(
-        self, stream_id: str
-    ) -> tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts]:
-        return self.inner.event_snapshots(stream_id)
-
-    def detect(
-        self, image_bgr: ImageArray, params: PostprocessParams
-    ) -> tuple[Detections, StageTimings]:
-        return self.inner.detect(image_bgr, params)
-
-    def sync_metrics(self) -> None:
-        self.inner.sync_metrics()
-
-    def describe(self) -> str:
-        return f"{self.inner.describe()}; streams kept in {self.store.path}"
-
-    def close(self) -> None:
-        try:
-            self.inner.close()
-        finally:
-            self.store.unlock()
-
-
-__all__ = [
-    "MAX_STORE_BYTES",
-    "PersistentStreams",
-    "StartupPlan",
-    "StartupStream",
-    "StoredStream",
-    "StreamStore",
-    "StreamStoreError",
-    "plan_startup",
-]

@@ -1,14 +1,14 @@
 """The messages between the API process and a stream worker process, and the pipe they use.
 
 One duplex `multiprocessing` pipe per worker carries everything: control calls one way, their
-replies and every published result the other. Messages are small frozen dataclasses,
-pickled by the pipe; frames never cross it (a snapshot crosses as JPEG). A result is a flat
-tuple of what the API process uses for every frame (its wire text, what its metrics count); the
-whole result stays in the worker. Results travel in batches (`PublishedBatch`): whatever the
-worker's publisher thread took from its queue at once goes as one message, so a result taken
-just before its stream's removal may arrive after the reply that confirmed it; every result
-carries its stream's handle, and the API process drops those of a stream it has removed (or
-replaced by a new stream of the same id).
+replies and every published result the other. Messages are small frozen dataclasses (each
+control call a `Request` type of its own, typed by its answer), pickled by the pipe; frames never
+cross it (a snapshot crosses as JPEG). A result is a flat tuple of what the API process uses for
+every frame (its wire text, what its metrics count); the whole result stays in the worker.
+Results travel in batches (`PublishedBatch`): whatever the worker's publisher thread took from
+its queue at once goes as one message, so a result taken just before its stream's removal may
+arrive after the reply that confirmed it; every result carries its stream's handle, and the API
+process drops those of a stream it has removed (or replaced by a new stream of the same id).
 
 This module only defines the wire; it starts no process and owns no stream.
 """
@@ -20,19 +20,102 @@ import pickle
 import struct
 import threading
 from multiprocessing.connection import Connection
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
-from vdet.core.types import DetectionResult
+from vdet.config.streams import StreamSpec
+from vdet.core.contract import PostprocessParams
+from vdet.core.types import DetectionResult, Detections, ImageArray, StageTimings
 from vdet.metrics.registry import ResultObservation
+from vdet.streams.event_snapshots import EventSnapshot
+from vdet.streams.service import (
+    BackendInfo,
+    EncodedFrame,
+    EventSnapshotList,
+    Health,
+    PictureRequest,
+    StreamChanges,
+    StreamView,
+)
+
+T = TypeVar("T", covariant=True)
+
+
+class Request(Generic[T]):
+    """A control call to a worker, answered with a `T` (or the exception it raised). One frozen
+    dataclass per call, below: the worker dispatches on the type (vdet.workers.child), and the
+    API process's `WorkerPool` reads the answer's type from the request's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AddStream(Request[StreamView]):
+    """Start `spec`; its results carry `handle` (a new stream of the same id gets another)."""
+
+    spec: StreamSpec
+    handle: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ListStreams(Request[list[StreamView]]):
+    """Every stream of the worker."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GetStream(Request[StreamView]):
+    stream_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ChangeStream(Request[StreamView]):
+    stream_id: str
+    changes: StreamChanges
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoveStream(Request[None]):
+    stream_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TakePicture(Request[EncodedFrame | None]):
+    stream_id: str
+    request: PictureRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class ListEventSnapshots(Request[EventSnapshotList]):
+    stream_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GetEventSnapshot(Request[EventSnapshot | None]):
+    stream_id: str
+    frame_index: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DetectImage(Request[tuple[Detections, StageTimings]]):
+    image_bgr: ImageArray
+    params: PostprocessParams
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportHealth(Request[Health]):
+    """Every stream's source status and the GPU's use, for a metrics scrape."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rename(Request[None]):
+    """The worker's new name: a spare that took a dead worker's place serves under its name."""
+
+    name: str
 
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-    """API -> worker: run `method(*args)` of the worker's streams; answered by a `Reply`."""
+    """API -> worker: a `Request`, answered by a `Reply` with the same `call_id`."""
 
     call_id: int
-    method: str
-    args: tuple[Any, ...] = ()
+    request: Request[Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +128,7 @@ class Ready:
     """Worker -> API, once: the model is loaded and calls are served."""
 
     pid: int
-    backend: Any  # vdet.root.BackendInfo
+    backend: BackendInfo
     description: str
 
 
@@ -77,7 +160,7 @@ class Published(NamedTuple):
     handle: int
     source_id: str
     frame_index: int
-    encoded_tail: str  # vdet.api.schemas.encode_result_tail: the wire text after the seq
+    encoded_tail: str  # vdet.results.wire.encode_result_tail: the wire text after the seq
     observed: ResultObservation
 
     @classmethod

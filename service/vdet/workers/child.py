@@ -1,13 +1,14 @@
 """What runs inside one stream worker process: its share of the streams, served over its pipe.
 
 `main` is the process's entry point (started with `spawn`, so nothing of the API process's
-state, threads or CUDA is inherited). It loads the model and builds `LocalStreams`, exactly as
-a one-process `vdet serve` does (vdet.root), with one difference: results go down the pipe
-(`_Forwarder`) instead of into a hub here, already encoded for the wire, and the API process
-numbers them (so frame work stays out of the API process). Control calls run
+state, threads or CUDA is inherited). Its streams are assembled by the function the
+composition root named in its `WorkerConfig` (`assemble`: vdet.root builds a worker's
+`LocalStreams` as it builds a one-process `vdet serve`'s), with one difference: results go down
+the pipe (`_Forwarder`) instead of into a hub here, already encoded for the wire, and the API
+process numbers them (so frame work stays out of the API process). Control calls run
 on a small thread pool, so a slow call (a removal joining threads) never holds up the others,
 and never waits behind frame traffic. A spare is the same process with no stream yet: when it
-takes a dead worker's place it is told its new name (`rename`), for its log lines.
+takes a dead worker's place it is told its new name (`Rename`), for its log lines.
 
 This module must not speak HTTP or hold results: the API process owns both.
 """
@@ -25,22 +26,33 @@ from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any
 
-from vdet.api.schemas import encode_result_tail
 from vdet.config.settings import Settings
-from vdet.config.streams import StreamSpec
 from vdet.core.types import DetectionResult
-from vdet.inference.detector import Detector
 from vdet.metrics.registry import Metrics
-from vdet.root import LocalStreams, default_detector_factory, on_cpu, open_detector
+from vdet.results.wire import encode_result_tail
+from vdet.streams.local import LocalStreams
+from vdet.streams.manager import ResultSink
 from vdet.workers.channel import (
+    AddStream,
     Call,
+    ChangeStream,
     Channel,
+    DetectImage,
     Fatal,
+    GetEventSnapshot,
+    GetStream,
+    ListEventSnapshots,
+    ListStreams,
     Published,
     PublishedBatch,
     Ready,
+    RemoveStream,
+    Rename,
     Reply,
+    ReportHealth,
+    Request,
     Stop,
+    TakePicture,
     portable_error,
 )
 
@@ -48,6 +60,11 @@ log = logging.getLogger(__name__)
 
 _CONTROL_THREADS = 4
 _PR_SET_PDEATHSIG = 1
+
+# How a worker's streams are built: (its settings, where results go, a metrics registry, its
+# streams at most, its share of the CPU cores or None) -> its streams. The composition root's
+# function (vdet.root), named in the config and pickled by reference.
+Assemble = Callable[[Settings, ResultSink, Metrics, int, "int | None"], LocalStreams]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +76,7 @@ class WorkerConfig:
     settings: Settings
     max_streams: int
     env: dict[str, str]  # set before anything else: CUDA_VISIBLE_DEVICES, MPS folders
+    assemble: Assemble
     cpu_threads: int | None = None
 
 
@@ -79,21 +97,17 @@ def main(config: WorkerConfig, conn: Connection) -> None:
         handler.addFilter(name)
     forwarder = _Forwarder(channel)
     try:
-        streams = LocalStreams.open(
-            config.settings,
-            forwarder,
-            # The API process records every result it receives; this registry is never
-            # scraped, it only keeps the stream manager's own bookkeeping.
-            Metrics(),
-            detector_factory=_detector_factory(config.cpu_threads),
-            max_streams=config.max_streams,
+        # The API process records every result it receives; this registry is never scraped,
+        # it only keeps the stream manager's own bookkeeping.
+        streams = config.assemble(
+            config.settings, forwarder, Metrics(), config.max_streams, config.cpu_threads
         )
     except BaseException as exc:
         log.exception("worker %s could not start", config.name)
         channel.send(Fatal(f"{type(exc).__name__}: {exc}"))
         return
     try:
-        forwarder.class_names = streams.class_names
+        forwarder.class_names = streams.backend_info.class_names
         channel.send(Ready(os.getpid(), streams.backend_info, streams.describe()))
         _serve(_Calls(streams, forwarder, name), channel)
     finally:
@@ -116,7 +130,7 @@ def _serve(calls: _Calls, channel: Channel) -> None:
 
 def _answer(calls: _Calls, channel: Channel, call: Call) -> None:
     try:
-        reply = Reply(call.call_id, True, calls.run(call.method, call.args))
+        reply = Reply(call.call_id, True, calls.run(call.request))
     except Exception as exc:
         reply = Reply(call.call_id, False, portable_error(exc))
     with contextlib.suppress(OSError):  # the API process has gone: nobody to answer
@@ -173,63 +187,46 @@ class _NameFilter(logging.Filter):
 
 
 class _Calls:
-    """The control calls a worker answers: the API process's `StreamService` calls, and its
-    new name when it stops being a spare."""
+    """The control calls a worker answers: one handler per `Request` type."""
 
     def __init__(self, streams: LocalStreams, forwarder: _Forwarder, name: _NameFilter) -> None:
         self._streams = streams
         self._forwarder = forwarder
         self._name = name
-        self._methods: dict[str, Callable[..., Any]] = {
-            "add": self._add,
-            "list": streams.list,
-            "get": streams.get,
-            "update_params": self._update_params,
-            "remove": streams.remove,
-            "latest_jpeg": self._latest_jpeg,
-            "event_snapshot": streams.event_snapshot,
-            "event_snapshots": streams.event_snapshots,
-            "detect": streams.detect,
-            "health": streams.health,
-            "rename": self._rename,
-        }
 
-    def run(self, method: str, args: tuple[Any, ...]) -> Any:
-        function = self._methods.get(method)
-        if function is None:
-            raise ValueError(f"unknown worker call {method!r}")
-        return function(*args)
-
-    def _add(self, spec: StreamSpec, handle: int) -> Any:
-        self._forwarder.bind(spec.id, handle)
-        try:
-            return self._streams.add(spec)
-        except BaseException:
-            self._forwarder.remove_source(spec.id)
-            raise
-
-    def _rename(self, name: str) -> None:
-        log.info("worker %s is now %s", self._name.worker, name)
-        self._name.worker = name
-
-    def _latest_jpeg(self, stream_id: str, options: dict[str, Any]) -> Any:
-        return self._streams.latest_jpeg(stream_id, **options)
-
-    def _update_params(self, stream_id: str, changes: dict[str, Any]) -> Any:
-        return self._streams.update_params(stream_id, **changes)
-
-
-def _detector_factory(cpu_threads: int | None) -> Callable[[Settings], Detector]:
-    """The usual detector; on a CPU worker, ONNX Runtime with its share of the cores."""
-    if cpu_threads is None:
-        return default_detector_factory
-
-    def open_cpu_detector(settings: Settings) -> Detector:
-        if settings.backend not in ("auto", "onnxruntime"):
-            return default_detector_factory(settings)
-        return open_detector(on_cpu(settings), "onnxruntime", threads=cpu_threads)
-
-    return open_cpu_detector
+    def run(self, request: Request[Any]) -> Any:
+        streams = self._streams
+        match request:
+            case AddStream(spec, handle):
+                self._forwarder.bind(spec.id, handle)
+                try:
+                    return streams.add(spec)
+                except BaseException:
+                    self._forwarder.remove_source(spec.id)
+                    raise
+            case ListStreams():
+                return streams.list()
+            case GetStream(stream_id):
+                return streams.get(stream_id)
+            case ChangeStream(stream_id, changes):
+                return streams.change(stream_id, changes)
+            case RemoveStream(stream_id):
+                return streams.remove(stream_id)
+            case TakePicture(stream_id, picture):
+                return streams.picture(stream_id, picture)
+            case ListEventSnapshots(stream_id):
+                return streams.event_snapshots(stream_id)
+            case GetEventSnapshot(stream_id, frame_index):
+                return streams.event_snapshot(stream_id, frame_index)
+            case DetectImage(image_bgr, params):
+                return streams.detect(image_bgr, params)
+            case ReportHealth():
+                return streams.health()
+            case Rename(new_name):
+                log.info("worker %s is now %s", self._name.worker, new_name)
+                self._name.worker = new_name
+                return None
+        raise ValueError(f"unknown worker request {type(request).__name__}")
 
 
 def _exit_with_parent(parent_pid: int) -> None:

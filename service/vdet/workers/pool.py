@@ -1,14 +1,15 @@
 """The API process's side of the stream worker processes: start, supervise, route, collect.
 
-`WorkerPool` is the `StreamService` (vdet.root) of a `vdet serve` whose streams run in worker
-processes (vdet.workers.plan says how many, and on which GPU). It
+`WorkerPool` is the `StreamService` (vdet.streams.service) of a `vdet serve` whose streams run
+in worker processes (vdet.workers.plan says how many, and on which GPU). It
 - starts every worker with `spawn`, always from its one long-lived supervisor thread: Linux
   sends a worker its parent-death signal when the *thread* that started it ends, so no
   short-lived thread may start one;
 - places a new stream: its GPU by the node's rules (pinned, sticky, least loaded:
   vdet.gpu.placement), then the least-loaded worker of that GPU with room. A stream never moves;
-- sends each control call to the worker that owns the stream and waits for its reply, up to
-  `workers.call_timeout_s` (then WorkerUnavailableError, which the API answers with 503);
+- sends each control call (a `Request` of vdet.workers.channel) to the worker that owns the
+  stream and waits for its reply, up to `workers.call_timeout_s` (then WorkerUnavailableError,
+  which the API answers with 503);
 - reads every worker's pipe on the API's event loop, or on one thread without a loop
   (vdet.workers.inbox): results are numbered by the
   one results hub here (a single seq across processes, so WebSocket resume works as before)
@@ -43,36 +44,62 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from vdet.config.settings import Settings
-from vdet.config.streams import DetectionDefaults, StreamSpec
+from vdet.config.streams import StreamSpec
+from vdet.core.contract import PostprocessParams
 from vdet.core.types import Detections, ImageArray, SourceState, SourceStatus, StageTimings
 from vdet.gpu.placement import PlacementError, SourceDemand, assign
-from vdet.inference.class_thresholds import thresholds_by_class
-from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.urls import redact, validate_source_url
 from vdet.metrics.registry import Metrics
 from vdet.results.hub import ResultsHub
-from vdet.root import BackendInfo, Health
-from vdet.streams.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
-from vdet.streams.manager import (
+from vdet.streams.event_snapshots import EventSnapshot, EventSnapshotCounts
+from vdet.streams.params import stream_class_thresholds, stream_params
+from vdet.streams.service import (
+    BackendInfo,
     DuplicateStreamError,
+    EncodedFrame,
+    EventSnapshotList,
     LimitError,
+    PictureRequest,
+    StreamChanges,
     StreamError,
+    StreamUnavailableError,
     StreamView,
     UnknownStreamError,
-    resolve_classes,
-    resolve_params,
 )
-from vdet.streams.pictures import EncodedFrame, Picture
 from vdet.workers import child
-from vdet.workers.channel import Call, Channel, Fatal, Published, PublishedBatch, Ready, Reply, Stop
+from vdet.workers.channel import (
+    AddStream,
+    Call,
+    ChangeStream,
+    Channel,
+    DetectImage,
+    Fatal,
+    GetEventSnapshot,
+    GetStream,
+    ListEventSnapshots,
+    ListStreams,
+    Published,
+    PublishedBatch,
+    Ready,
+    RemoveStream,
+    Rename,
+    Reply,
+    ReportHealth,
+    Request,
+    Stop,
+    TakePicture,
+)
+from vdet.workers.child import Assemble
 from vdet.workers.inbox import Inbox
 from vdet.workers.mps import MpsDaemon, start_mps
 from vdet.workers.plan import WorkerPlan, child_visible_devices
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # A worker that died this soon after starting is restarted after a growing pause, so a model
 # that cannot load does not become a tight loop of process starts.
@@ -84,7 +111,7 @@ _STOP_GRACE_S = 6.0
 _SCRAPE_WAIT_S = 2.0
 
 
-class WorkerUnavailableError(StreamError):
+class WorkerUnavailableError(StreamUnavailableError):
     """The worker that owns a stream is not answering: restarting, or slower than the call
     timeout. Retrying later can succeed."""
 
@@ -141,8 +168,8 @@ class _Process:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def call_async(self, method: str, *args: Any) -> Future[Any]:
-        future: Future[Any] = Future()
+    def call_async(self, request: Request[T]) -> Future[T]:
+        future: Future[T] = Future()
         with self._lock:
             if not self.alive:
                 future.set_exception(
@@ -152,18 +179,19 @@ class _Process:
             call_id = next(self._ids)
             self._pending[call_id] = future
         try:
-            self.channel.send(Call(call_id, method, args))
+            self.channel.send(Call(call_id, request))
         except (OSError, ValueError) as exc:
             self._settle(call_id, WorkerUnavailableError(f"worker {self.slot.name} is gone: {exc}"))
         return future
 
-    def call(self, method: str, *args: Any, timeout: float) -> Any:
-        future = self.call_async(method, *args)
+    def call(self, request: Request[T], *, timeout: float) -> T:
+        future = self.call_async(request)
         try:
             return future.result(timeout)
         except FutureTimeout:
+            what = type(request).__name__
             raise WorkerUnavailableError(
-                f"worker {self.slot.name} did not answer {method!r} within {timeout:g} s"
+                f"worker {self.slot.name} did not answer {what} within {timeout:g} s"
             ) from None
 
     def reply(self, message: Reply) -> None:
@@ -224,21 +252,21 @@ class _Worker:
         current = self.current
         return current.info if current is not None else None
 
-    def call_async(self, method: str, *args: Any) -> Future[Any]:
+    def call_async(self, request: Request[T]) -> Future[T]:
         current = self.current
         if current is None:
-            future: Future[Any] = Future()
+            future: Future[T] = Future()
             future.set_exception(
                 WorkerUnavailableError(f"worker {self.name} is restarting; retry shortly")
             )
             return future
-        return current.call_async(method, *args)
+        return current.call_async(request)
 
-    def call(self, method: str, *args: Any, timeout: float) -> Any:
+    def call(self, request: Request[T], *, timeout: float) -> T:
         current = self.current
         if current is None:
             raise WorkerUnavailableError(f"worker {self.name} is restarting; retry shortly")
-        return current.call(method, *args, timeout=timeout)
+        return current.call(request, timeout=timeout)
 
 
 class WorkerPool:
@@ -250,6 +278,7 @@ class WorkerPool:
         plan: WorkerPlan,
         hub: ResultsHub,
         metrics: Metrics,
+        assemble: Assemble,
         loop: asyncio.AbstractEventLoop | None = None,
     ):
         if plan.processes < 1:
@@ -258,6 +287,7 @@ class WorkerPool:
         self._plan = plan
         self._hub = hub
         self._metrics = metrics
+        self._assemble = assemble
         self._workers = tuple(_Worker(i, gpu) for i, gpu in enumerate(plan.gpus))
         self._spares = tuple(_Worker(i, gpu, "spare") for i, gpu in enumerate(plan.spare_gpus))
         self._slots = self._workers + self._spares
@@ -275,7 +305,7 @@ class WorkerPool:
         self._supervisor = threading.Thread(
             target=self._supervise, name="vdet-worker-supervisor", daemon=True
         )
-        self.backend_info: BackendInfo = BackendInfo("", "", "", "", ())
+        self._backend_info: BackendInfo = BackendInfo("", "", "", "", ())
 
     @classmethod
     def start(
@@ -284,13 +314,15 @@ class WorkerPool:
         plan: WorkerPlan,
         hub: ResultsHub,
         metrics: Metrics,
+        assemble: Assemble,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> WorkerPool:
         """Start every worker (and spare) and wait until each worker has loaded its model;
-        RuntimeError naming the worker and its error if one cannot. The workers' pipes are
-        read on `loop` when given (it must keep running meanwhile: call this off it), else on a
-        thread of the pool's own."""
-        pool = cls(settings, plan, hub, metrics, loop)
+        RuntimeError naming the worker and its error if one cannot. `assemble` builds each
+        worker's streams in its process (vdet.workers.child). The workers' pipes are read on
+        `loop` when given (it must keep running meanwhile: call this off it), else on a thread
+        of the pool's own."""
+        pool = cls(settings, plan, hub, metrics, assemble, loop)
         try:
             pool._mps = start_mps(settings.gpu.mps, plan.shared_gpus())
             pool.mps_active = pool._mps is not None and pool._mps.active
@@ -316,27 +348,21 @@ class WorkerPool:
             raise
         first = pool._workers[0].info
         assert first is not None  # every worker reported ready above
-        pool.backend_info = first.backend
+        pool._backend_info = first.backend
         return pool
 
-    # --- StreamService ----------------------------------------------------------------------
-
     @property
-    def class_names(self) -> tuple[str, ...]:
-        return self.backend_info.class_names
+    def backend_info(self) -> BackendInfo:
+        return self._backend_info
 
-    @property
-    def defaults(self) -> DetectionDefaults:
-        return self._settings.detection
+    # --- StreamControl ---------------------------------------------------------------------
 
     def add(self, spec: StreamSpec) -> StreamView:
         # Checked here as well as in the worker, so a bad stream costs no round trip and a
         # source the policy refuses never reaches a worker process (ValueError: 422).
         validate_source_url(spec.url, self._settings.ingest.source_policy.policy())
-        resolve_params(self.defaults, self.class_names, classes=spec.classes)
-        thresholds_by_class(
-            spec.class_thresholds, lambda refs: resolve_classes(refs, self.class_names)
-        )
+        names = self._backend_info.class_names
+        stream_class_thresholds(spec, stream_params(spec, self._settings.detection, names), names)
         with self._lock:
             if self._closed:
                 raise StreamError("the service is shutting down")
@@ -351,10 +377,10 @@ class WorkerPool:
             stream = _RemoteStream(spec, next(self._handles), worker.index)
             self._streams[spec.id] = stream
         try:
-            view = worker.call("add", spec, stream.handle, timeout=self._call_timeout)
+            view = worker.call(AddStream(spec, stream.handle), timeout=self._call_timeout)
         except WorkerUnavailableError:
             # It may still have added the stream: make sure nothing of it is left running.
-            worker.call_async("remove", spec.id)
+            worker.call_async(RemoveStream(spec.id))
             self._forget(stream)
             raise
         except BaseException:
@@ -371,7 +397,7 @@ class WorkerPool:
         for stream in streams:
             by_worker[stream.worker].append(stream)
         asked = {
-            index: self._workers[index].call_async("list")
+            index: self._workers[index].call_async(ListStreams())
             for index, owned in by_worker.items()
             if any(s.failed is None for s in owned)
         }
@@ -401,17 +427,15 @@ class WorkerPool:
         if stream.failed is not None:
             return self._failed_view(stream, worker, stream.failed)
         try:
-            view = worker.call("get", stream_id, timeout=self._call_timeout)
+            view = worker.call(GetStream(stream_id), timeout=self._call_timeout)
         except WorkerUnavailableError as exc:  # it died a moment ago: say so, as list() does
             return self._failed_view(stream, worker, str(exc))
         return self._tag(view, worker)
 
-    def update_params(self, stream_id: str, **changes: Any) -> StreamView:
+    def change(self, stream_id: str, changes: StreamChanges) -> StreamView:
         stream = self._stream(stream_id)
         worker = self._workers[stream.worker]
-        view: StreamView = worker.call(
-            "update_params", stream_id, changes, timeout=self._call_timeout
-        )
+        view = worker.call(ChangeStream(stream_id, changes), timeout=self._call_timeout)
         with self._lock:
             stream.spec = view.spec  # a restarted worker gets the stream as it is now
         return self._tag(view, worker)
@@ -426,7 +450,7 @@ class WorkerPool:
             worker = self._workers[stream.worker]
             if stream.failed is None:
                 try:
-                    worker.call("remove", stream_id, timeout=self._call_timeout)
+                    worker.call(RemoveStream(stream_id), timeout=self._call_timeout)
                 except (UnknownStreamError, WorkerUnavailableError) as exc:
                     log.warning(
                         "removing %s from worker %s: %s", stream_id, worker.name, redact(str(exc))
@@ -444,31 +468,13 @@ class WorkerPool:
     def __len__(self) -> int:
         return len(self._streams)
 
-    def latest_jpeg(
-        self,
-        stream_id: str,
-        *,
-        boxes: bool = True,
-        quality: int = 85,
-        max_width: int | None = None,
-        newest: bool = False,
-        unless: Picture | None = None,
-    ) -> EncodedFrame | None:
+    def picture(self, stream_id: str, request: PictureRequest) -> EncodedFrame | None:
         stream = self._stream(stream_id)
         latest_seq = self._hub.latest_seq(stream_id)
         if stream.failed is not None or latest_seq is None:
             return None  # no result yet: known here, without asking the worker
         worker = self._workers[stream.worker]
-        options = {
-            "boxes": boxes,
-            "quality": quality,
-            "max_width": max_width,
-            "newest": newest,
-            "unless": unless,
-        }
-        frame: EncodedFrame | None = worker.call(
-            "latest_jpeg", stream_id, options, timeout=self._call_timeout
-        )
+        frame = worker.call(TakePicture(stream_id, request), timeout=self._call_timeout)
         if frame is None:
             return None
         # The worker does not know the seq the hub gave the frame's result (that result may
@@ -481,22 +487,14 @@ class WorkerPool:
         if stream.failed is not None:
             return None  # its worker died, and the snapshots it kept with it
         worker = self._workers[stream.worker]
-        snapshot: EventSnapshot | None = worker.call(
-            "event_snapshot", stream_id, frame_index, timeout=self._call_timeout
-        )
-        return snapshot
+        return worker.call(GetEventSnapshot(stream_id, frame_index), timeout=self._call_timeout)
 
-    def event_snapshots(
-        self, stream_id: str
-    ) -> tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts]:
+    def event_snapshots(self, stream_id: str) -> EventSnapshotList:
         stream = self._stream(stream_id)
         if stream.failed is not None:
             return [], EventSnapshotCounts()
         worker = self._workers[stream.worker]
-        kept: tuple[builtins.list[EventSnapshotInfo], EventSnapshotCounts] = worker.call(
-            "event_snapshots", stream_id, timeout=self._call_timeout
-        )
-        return kept
+        return worker.call(ListEventSnapshots(stream_id), timeout=self._call_timeout)
 
     def detect(
         self, image_bgr: ImageArray, params: PostprocessParams
@@ -505,17 +503,14 @@ class WorkerPool:
         if not alive:
             raise WorkerUnavailableError("no worker process is running; retry shortly")
         worker = alive[next(self._round_robin) % len(alive)]
-        result: tuple[Detections, StageTimings] = worker.call(
-            "detect", image_bgr, params, timeout=self._call_timeout
-        )
-        return result
+        return worker.call(DetectImage(image_bgr, params), timeout=self._call_timeout)
 
     def sync_metrics(self) -> None:
         """Fold every worker's stream counters into the metrics. A worker that does not answer
         within `_SCRAPE_WAIT_S` (busy starting streams, say) keeps its last values: a scrape
         must not wait for it. Spares are asked too: they hold no stream, but their GPU memory
         is in use."""
-        asked = [(w, w.call_async("health")) for w in self._slots if w.alive]
+        asked = [(w, w.call_async(ReportHealth())) for w in self._slots if w.alive]
         deadline = time.monotonic() + _SCRAPE_WAIT_S
         gpu_streams: dict[str, int] = collections.defaultdict(int)
         gpu_memory: dict[str, int] = collections.defaultdict(int)
@@ -525,7 +520,7 @@ class WorkerPool:
             gpu_streams[worker.gpu_label] += 0
         for worker, future in asked:
             try:
-                health: Health = future.result(max(0.0, deadline - time.monotonic()))
+                health = future.result(max(0.0, deadline - time.monotonic()))
             except (FutureTimeout, WorkerUnavailableError):
                 log.warning("worker %s did not report its streams in time", worker.name)
                 continue
@@ -555,9 +550,13 @@ class WorkerPool:
             per_gpu = f" ({self._plan.gpus.count(gpus[0])} per GPU on GPU(s) {list(gpus)})"
         mps = ", MPS on" if self.mps_active else ""
         spares = f", {len(self._spares)} spare(s)" if self._spares else ""
-        b = self.backend_info
+        b = self._backend_info
         processes = f"{len(self._workers)} worker processes{per_gpu}{spares}"
         return f"{b.backend} on {b.device} in {processes}{mps}"
+
+    def processes_alive(self) -> int:
+        """Worker processes (not spares) that serve now."""
+        return sum(w.alive for w in self._workers)
 
     def workers(self) -> builtins.list[WorkerView]:
         """Every slot, workers first, then spares (which hold no stream)."""
@@ -637,13 +636,8 @@ class WorkerPool:
         return dataclasses.replace(view, worker=worker.name)
 
     def _failed_view(self, stream: _RemoteStream, worker: _Worker, reason: str) -> StreamView:
-        params = resolve_params(
-            self.defaults,
-            self.class_names,
-            conf_threshold=stream.spec.conf_threshold,
-            iou_threshold=stream.spec.iou_threshold,
-            max_det=stream.spec.max_det,
-            classes=stream.spec.classes,
+        params = stream_params(
+            stream.spec, self._settings.detection, self._backend_info.class_names
         )
         status = SourceStatus(state=SourceState.FAILED, last_error=reason)
         return StreamView(
@@ -778,7 +772,7 @@ class WorkerPool:
         log.info(
             "spare %s (pid %s) takes the place of worker %s", spare.name, proc.pid, worker.name
         )
-        proc.call_async("rename", worker.name)  # so its log lines name the slot it serves
+        proc.call_async(Rename(worker.name))  # so its log lines name the slot it serves
         threading.Thread(
             target=self._readd, args=(worker, proc, spare), name="vdet-readd", daemon=True
         ).start()
@@ -804,6 +798,7 @@ class WorkerPool:
             settings=settings,
             max_streams=self._plan.streams_per_process,
             env=env,
+            assemble=self._assemble,
             cpu_threads=self._plan.cpu_threads,
         )
         process = ctx.Process(
@@ -931,7 +926,7 @@ class WorkerPool:
                 ]
             # Calls go to `proc`, never to whatever process serves the slot by the time they
             # are sent: a newer process gets its own re-add.
-            asked = [(s, proc.call_async("add", s.spec, s.handle)) for s in owned]
+            asked = [(s, proc.call_async(AddStream(s.spec, s.handle))) for s in owned]
             for stream, future in asked:
                 try:
                     future.result(self._call_timeout)

@@ -21,8 +21,8 @@ from support.asgi import asgi_request
 
 from vdet.api.app import create_app
 from vdet.api.limits import MAX_REPORTED_ERRORS, http_protocol
-from vdet.api.schemas import ResultEventEncoder
 from vdet.core.types import DetectionResult, Detections, StageTimings
+from vdet.results.wire import ResultEventEncoder
 
 KEY = "abuse-test-key-0123"
 JSON = ("content-type", "application/json")
@@ -224,7 +224,7 @@ class _ThreadRecordingEncoder(ResultEventEncoder):
 
 
 def test_a_replay_is_encoded_off_the_event_loop(client: TestClient) -> None:
-    rt = client.app.state.runtime
+    rt = client.app.state.service
     # Nobody subscribes while these are published, so none is encoded ahead (hub.on_publish).
     encoder = client.app.state.encoder = _ThreadRecordingEncoder()
     dets = Detections.empty()

@@ -58,7 +58,7 @@ def served(make_settings: MakeSettings) -> Iterator[tuple[int, object]]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
-    while not (server.started and app.state.runtime.ready):
+    while not (server.started and app.state.service.ready):
         assert time.monotonic() < deadline, "server did not start"
         time.sleep(0.05)
     try:
@@ -72,7 +72,7 @@ def test_a_client_that_stops_reading_gets_lagging_with_its_resume_point(
     served: tuple[int, object],
 ) -> None:
     port, app = served
-    hub = app.state.runtime.hub  # type: ignore[attr-defined]
+    hub = app.state.service.hub  # type: ignore[attr-defined]
     # A small receive buffer set before connecting (which turns off the kernel's buffer
     # growth, up to 32 MB on loopback): ~20 MB of results cannot all be in flight.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -95,7 +95,7 @@ def test_a_client_that_stops_reading_gets_lagging_with_its_resume_point(
 
 def test_a_client_that_never_reads_again_is_disconnected(served: tuple[int, object]) -> None:
     port, app = served
-    runtime = app.state.runtime  # type: ignore[attr-defined]
+    runtime = app.state.service  # type: ignore[attr-defined]
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
     sock.connect(("127.0.0.1", port))
