@@ -46,7 +46,7 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 
 from vdet.api.server import server_config
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.core.types import DetectionResult, Detections, StageTimings
 from vdet.results.hub import ResultsHub
 from vdet.results.wire import ResultEventEncoder, encode_result_tail

@@ -36,7 +36,7 @@ import httpx
 import numpy as np
 import yaml
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.core.assets import asset_path
 
 QUERY = {"fps": "15", "boxes": "false", "max_width": "960"}

@@ -1,4 +1,4 @@
-"""`vdet bench engine` (the backend alone per batch size) and the GPU scenarios' dispatch."""
+"""`vdet bench engine`: the backend alone per batch size."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from support.apptest import write_tiny_model
 
-from vdet.bench import pipeline as bench
-from vdet.cli import main
+from vdet.bench.engine import run_engine_bench
+from vdet.cli.main import main
 
 
 def test_engine_bench_times_every_batch_size(
@@ -33,14 +33,4 @@ def test_engine_bench_refuses_bad_batch_sizes(
     assert main(["bench", "engine", "--batches", "1,two"]) == 2
     assert "--batches must be integers" in capsys.readouterr().err
     with pytest.raises(ValueError, match="positive"):
-        bench.run_engine_bench(write_tiny_model(tmp_path / "t.onnx"), "onnxruntime", [0])
-
-
-def test_gpu_scenarios_run_the_checkout_scripts_or_say_where_they_are(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    for scenario in bench.GPU_SCRIPTS:
-        assert bench.gpu_script(scenario).is_file()
-    monkeypatch.setitem(bench.GPU_SCRIPTS, "streams", "not-there.py")
-    assert main(["bench", "streams"]) == 2
-    assert "source checkout" in capsys.readouterr().err
+        run_engine_bench(write_tiny_model(tmp_path / "t.onnx"), "onnxruntime", [0])

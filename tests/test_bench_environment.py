@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vdet.bench.pipeline import environment, gpus
+from vdet.bench.environment import environment, gpus
 
 H200 = "NVIDIA H200, 580.159.04, 1980 MHz, 143771 MiB"
 

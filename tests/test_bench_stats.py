@@ -8,9 +8,8 @@ import statistics
 import numpy as np
 import pytest
 
-from vdet.bench.pipeline import summarize_ms
 from vdet.bench.serve.events_client import latency_summary_ms
-from vdet.bench.stats import percentile_key, percentiles
+from vdet.bench.stats import percentile_key, percentiles, summarize_ms
 
 
 def _old_pipeline_nearest(values: list[float], q: float) -> float:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vdet.bench.ultralytics import match_count
-from vdet.cli import main
+from vdet.cli.main import main
 
 ASSETS = Path(__file__).resolve().parents[1] / "service" / "vdet" / "assets"
 

@@ -13,7 +13,7 @@ import pytest
 from support import truth
 from support.truth import SAMPLE, TRUTH
 
-from vdet.cli import main
+from vdet.cli.main import main
 
 
 def recall(records: list[dict[str, Any]]) -> float:

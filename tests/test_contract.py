@@ -16,7 +16,7 @@ import pytest
 from support.import_closure import imports_of, module_file
 from support.tools import REPO
 
-from vdet import cli
+from vdet.cli import main as cli
 from vdet.config.streams import DetectionDefaults
 from vdet.core import contract
 from vdet.core.contract import (
@@ -158,7 +158,7 @@ def test_settings_defaults_are_the_contract() -> None:
 
 
 def test_cli_defaults_are_the_contract() -> None:
-    parser = cli._build_parser()
+    parser = cli.build_parser()
     detect = parser.parse_args(["detect", "image.jpg"])
     assert (detect.conf, detect.iou, detect.max_det) == (
         contract.CONF_THRESHOLD,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from faster_coco_eval import COCO
 
-from vdet.cli import main
+from vdet.cli.main import main
 from vdet.modelkit.evaluation import score_detections
 
 NAMES = ("a", "b")

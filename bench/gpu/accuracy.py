@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.core.types import Detections
 from vdet.gpu.frame_ops import Nv12Geometry, kernel_ops
 from vdet.gpu.graphs import CudaGraphRunner, RunnerOptions

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.core.types import ColourMatrix, ColourRange
 from vdet.gpu.frame_ops import Nv12Geometry, kernel_ops
 from vdet.gpu.graphs import BatchedGraphRunner, RunnerOptions

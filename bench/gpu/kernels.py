@@ -33,7 +33,7 @@ import torch
 import torchvision
 from torch.nn import functional
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.bench.stats import PercentileMethod, percentiles
 from vdet.core.contract import compute_letterbox
 from vdet.cuda import launch

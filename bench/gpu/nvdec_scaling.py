@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"

@@ -53,7 +53,7 @@ import cv2
 import numpy as np
 import torch
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.bench.stats import PercentileMethod, percentiles
 from vdet.core.contract import rect_input_hw
 from vdet.core.types import ColourMatrix, ColourRange

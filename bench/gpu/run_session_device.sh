@@ -13,7 +13,7 @@
 #             (memcheck, racecheck) on the kernels in what is left
 #   rect      rectangular inputs: their GPU tests, square vs rect pipeline, unpaced 64 streams
 #             square vs rect vs the decode-only ceiling
-#   serve     the worker-process GPU tests, then vdet bench serve (workers vs shards; one
+#   serve     the worker-process GPU tests, then vdet bench serve (worker processes; one
 #             worker killed mid-window at 64 streams)
 # Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
 # samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
@@ -47,8 +47,7 @@ export PYTHONPATH=$SITE
 
 # install_venv: vdet as users install it (its `vdet` console script included: the serve tests
 # and `vdet bench serve` start the real server) in /tmp/venv over the image's torch, first on
-# PATH. Editable, so that `--shards-harness` finds bench/gpu/streams.py of this checkout; the
-# code served is the same files either way.
+# PATH.
 install_venv() {
   unset PYTHONPATH  # else the venv's pip takes /tmp/site's wheels as already installed
   python3 -m venv /tmp/venv  # the image's own packages (torch, numpy, ...) through a .pth
@@ -155,8 +154,7 @@ vdet:64:u:1:x8:mps:rect vdet:64:u:1:x8:mps:square}" 8
 serve)
   # vdet serve as users run it, installed in a venv over the image's torch: the GPU
   # worker-process tests (kill -9 and the restart, SIGTERM), then `vdet bench serve` with worker
-  # processes at $VDET_SERVE_STREAMS beside the hand-made shards of the same run, in what is
-  # left of $VDET_SERVE_BUDGET seconds. In the steps of $VDET_SERVE_KILL_STREAMS (default 64;
+  # processes at $VDET_SERVE_STREAMS, in what is left of $VDET_SERVE_BUDGET seconds. In the steps of $VDET_SERVE_KILL_STREAMS (default 64;
   # those not in $VDET_SERVE_STREAMS are left out) one worker is killed with SIGKILL
   # $VDET_SERVE_KILL_AFTER seconds (default 3) into the window; either one empty: no kill.
   # $VDET_SERVE_VARIANTS: the server configurations, ';'-separated `vdet bench serve --variant`
@@ -167,10 +165,10 @@ serve)
   # This script's knobs are read here and dropped: vdet serve refuses unknown VDET_ variables.
   budget=${VDET_SERVE_BUDGET:-500} tests_s=${VDET_WORKERS_TESTS_S:-200}
   variants=${VDET_SERVE_VARIANTS:-workers:workers.processes=auto}
-  streams=${VDET_SERVE_STREAMS:-64,96} shards=${VDET_SHARDS_HARNESS-b1:x8:mps}
+  streams=${VDET_SERVE_STREAMS:-64,96}
   kill_after=${VDET_SERVE_KILL_AFTER-3} kill_streams=${VDET_SERVE_KILL_STREAMS-64}
   unpaced=${VDET_SERVE_UNPACED:-0}
-  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SHARDS_HARNESS \
+  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS \
     VDET_SERVE_KILL_AFTER VDET_SERVE_KILL_STREAMS VDET_SERVE_VARIANTS VDET_SERVE_UNPACED
   variant_args=()
   IFS=';' read -ra variant_list <<<"$variants"
@@ -198,7 +196,7 @@ serve)
   fi
   timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch \
     --streams "$streams" --duration 10 --clients 4 "${pace_args[@]}" \
-    "${variant_args[@]}" ${shards:+--shards-harness "$shards"} \
+    "${variant_args[@]}" \
     "${kill_args[@]}" --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
   echo "bench serve rc=$? ($((SECONDS - started)) s)"
   tail -n 25 "$OUT/serve.log"

@@ -19,7 +19,7 @@ per frame, one stream), `cpu_decode` (vdet with FFmpeg CPU decode feeding the to
 run that samples RSS and GPU memory over time.
 
 Each run is a child process (`--run JSON`): one run's crash or CUDA fault cannot spoil the rest.
-Output follows the schema `vdet bench report` reads (vdet.bench_report).
+Output follows the schema bench/report.py reads.
 """
 
 from __future__ import annotations
@@ -953,9 +953,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.run:
         return _child(json.loads(args.run), args.run_out)
-    from vdet.bench.pipeline import (
-        environment,  # here: a run's child imports only what its run needs
-    )
+    # here: a run's child imports only what its run needs
+    from vdet.bench.environment import environment
 
     report: dict[str, Any] = {
         "benchmark": "streams",

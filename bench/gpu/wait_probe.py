@@ -34,7 +34,7 @@ import torch
 from accuracy import demo_runner
 from nvdec_scaling import _packets_pyav
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.cuda.host_wait import set_host_wait
 from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.nvdec import NvdecDecoder, decode_file

@@ -13,7 +13,7 @@ from vdet.bench.serve.options import (
     parse_streams,
     parse_variant,
 )
-from vdet.cli import _build_parser, main
+from vdet.cli.main import build_parser, main
 
 
 def test_a_variant_turns_settings_into_vdet_variables_and_passes_env_as_is() -> None:
@@ -59,7 +59,6 @@ def test_stream_counts_keep_their_order() -> None:
         (["--variant", "a:", "--variant", "a:gpu.batch=8"], "names must be distinct"),
         (["--clip", "/nonexistent/clip.mp4"], "--clip: no such file"),
         (["--model", "/nonexistent/model.onnx"], "--model: no such file"),
-        (["--shards-harness", "x8;rm"], "--shards-harness"),
         (["--kill-worker-after", "0"], "--kill-worker-after must be inside the measured window"),
         (["--duration", "5", "--kill-worker-after", "5"], "(0 < s < --duration 5), got 5"),
         (["--kill-worker-streams", "2"], "--kill-worker-streams needs --kill-worker-after"),
@@ -88,7 +87,7 @@ def test_errors_name_the_variant(tmp_path: Path) -> None:
 
 
 def test_a_kill_applies_to_every_step_unless_steps_are_named() -> None:
-    parser = _build_parser()
+    parser = build_parser()
     argv = ["bench", "serve", "--streams", "16,64", "--kill-worker-after", "3"]
     every = options_from_args(parser.parse_args(argv))
     assert every.kill_worker_after_s == 3.0 and every.kill_worker_streams == (16, 64)

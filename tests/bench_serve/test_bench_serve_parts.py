@@ -1,5 +1,5 @@
 """The measuring parts of `vdet bench serve` on their own: process tree, counters, nvidia-smi
-output, the shards harness's run specs, latency summaries, which worker a kill picks and how a
+output, latency summaries, which worker a kill picks and how a
 kill is summarized."""
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from vdet.bench.serve import proctree
 from vdet.bench.serve.events_client import latency_samples_ms, latency_summary_ms
@@ -20,7 +19,6 @@ from vdet.bench.serve.scrape import (
     per_stream_counters,
     stream_counters,
 )
-from vdet.bench.serve.shards import harness_run, run_shards
 
 
 def test_the_tree_holds_a_child_and_adds_up_its_cpu_and_memory() -> None:
@@ -117,13 +115,6 @@ def test_nvidia_smi_lines_are_read_and_the_tree_filters_processes() -> None:
     assert parse_devices("") == ((), 0.0)
 
 
-def test_harness_runs_cap_processes_at_the_stream_count() -> None:
-    assert harness_run(64, "b1:x8:mps") == "vdet:64:p:b1:x8:mps"
-    assert harness_run(4, "b1:x8:mps") == "vdet:4:p:b1:x4:mps"
-    assert harness_run(1, "b1:x8:mps") == "vdet:1:p:b1:mps"
-    assert harness_run(2, "") == "vdet:2:p"
-
-
 def test_latency_summary_and_cdf_samples() -> None:
     assert latency_summary_ms([]) is None
     summary = latency_summary_ms([0.001 * i for i in range(1, 101)])
@@ -131,17 +122,6 @@ def test_latency_summary_and_cdf_samples() -> None:
     assert summary["n"] == 100 and summary["max"] == 100.0 and 50 <= summary["p50"] <= 51
     kept = latency_samples_ms([0.001 * i for i in range(5000, 0, -1)], 100)
     assert len(kept) == 100 and kept[0] == 1.0 and kept[-1] == 5000.0 and kept == sorted(kept)
-
-
-def test_a_harness_that_fails_is_recorded_not_raised(tmp_path: Path) -> None:
-    script = tmp_path / "streams.py"
-    script.write_text("import sys; sys.exit(3)\n")
-    result = run_shards(script, [4, 8], 1.0, "b1:x8:mps")
-    assert result.returncode == 3 and result.runs == []
-    assert result.error is not None and "no result from the harness" in result.error
-    runs = result.command[result.command.index("--runs") + 1]
-    assert runs == "vdet:4:p:b1:x4:mps vdet:8:p:b1:x8:mps"
-    assert result.command[-2:] == ["--out", result.command[-1]] and "--no-peers" in result.command
 
 
 WORKERS = [

@@ -1,6 +1,6 @@
 """`vdet bench serve` end to end: a real `vdet serve` (the installed entry point, ONNX Runtime on
 the CPU) with one paced stream of a small clip, a real WebSocket client, the result file
-checked against its schema, then rendered by `vdet bench report`. A second variant names a
+checked against its schema, then rendered by the lab's bench/report.py. A second variant names a
 setting this server does not have: it must fail on its own, with the server's reason."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from support.lab import load_script
 from support.videos import write_h264_clip
 
 from vdet.bench.serve.results import ServeBenchResult
-from vdet.cli import main
+from vdet.cli.main import main
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +53,7 @@ def test_one_stream_through_a_real_server_and_its_report(
     assert future.error is not None and "workers.per_gpu: unknown key" in future.error
 
     capsys.readouterr()
-    assert main(["bench", "report", str(out), "--out-dir", str(tmp_path / "report")]) == 0
+    assert load_script("report.py").main([str(out), "--out-dir", str(tmp_path / "report")]) == 0
     written = json.loads(capsys.readouterr().out)["written"]
     markdown = (tmp_path / "report" / "serve.md").read_text()
     assert "| one-process | 1 |" in markdown and "VDET_WORKERS__PER_GPU=8" in markdown
@@ -87,7 +88,7 @@ def test_unpaced_streams_go_as_fast_as_detected_beside_ultralytics_before_and_af
         assert baseline.boxes_matched is not None and baseline.boxes_matched >= 0.99
 
     capsys.readouterr()
-    assert main(["bench", "report", str(out), "--out-dir", str(tmp_path / "report")]) == 0
+    assert load_script("report.py").main([str(out), "--out-dir", str(tmp_path / "report")]) == 0
     markdown = (tmp_path / "report" / "serve.md").read_text()
     assert "Ultralytics predict before the variants" in markdown
     assert "results/s over Ultralytics' frames/s" in markdown

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from vdet.config.tracking import ZoneSpec
 from vdet.modelkit.dataset.counting import (
     LINE_X,
     counting_zones,
@@ -12,7 +13,6 @@ from vdet.modelkit.dataset.counting import (
     iter_counting_video,
 )
 from vdet.modelkit.dataset.synthetic import Annotation, SceneConfig, VideoFrameTruth, iter_video
-from vdet.tracking.specs import ZoneSpec
 
 
 def test_video_truth_keeps_each_objects_identity() -> None:

@@ -200,7 +200,7 @@ def test_cpu_build_stage_makes_a_wheel_with_the_model_and_clip_inside(tmp_path: 
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
-        assert "vdet = vdet.cli:main" in archive.read(entry_points).decode()
+        assert "vdet = vdet.cli.main:main" in archive.read(entry_points).decode()
     for needed in (
         "vdet/assets/demo.onnx",
         "vdet/assets/sample.mp4",

@@ -30,7 +30,7 @@ GPU_DOCKERFILE = REPO / "deploy/Dockerfile.gpu"
 # `vdet serve` on a GPU: the app, the GPU workers (NVDEC readers, CUDA-graph runners, our
 # kernels), both GPU backends, and the engine builder they call (fp16 through AutoCast).
 GPU_PATH = (
-    "vdet.cli",
+    "vdet.cli.main",
     "vdet.api.app",
     "vdet.gpu.devices",
     "vdet.ingest.nvdec_reader",
@@ -43,7 +43,6 @@ GPU_PATH = (
 # Reached through `vdet.cli` but never by `vdet serve`: other commands' optional libraries.
 NOT_SERVING = {
     "ultralytics",  # vdet export / train (the train extra)
-    "matplotlib",  # vdet bench report (dev)
     "motmetrics",  # vdet eval --track (the eval extra)
     "supervision",  # vdet bench tracking's optional peer
     "trackers",  # vdet bench tracking's optional peer

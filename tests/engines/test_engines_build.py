@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper
 from support.engine_stand_ins import StandInBuilds, make_key
 
-from vdet.cli import main
+from vdet.cli.main import main
 from vdet.cuda.runtime import gpu_count
 from vdet.inference.backends import create_backend, known_backends
 from vdet.tensorrt.build import (

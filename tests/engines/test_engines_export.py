@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from vdet.cli import main
+from vdet.cli.main import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.train]
 

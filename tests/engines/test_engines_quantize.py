@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from vdet.cli import main
+from vdet.cli.main import main
 from vdet.core.model import load_model_info
 from vdet.inference.preprocess import letterbox
 

@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 from support.truth import SAMPLE
 
-from vdet.cli import main
+from vdet.cli.main import main
 from vdet.core.model import load_model_info
 from vdet.core.types import ImageArray, VideoFrame
 from vdet.inference.detector import Detector

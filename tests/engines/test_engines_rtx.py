@@ -25,7 +25,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from vdet.cli import main
+from vdet.cli.main import main
 from vdet.cuda.runtime import GpuIdentity, gpu_count, gpu_identity
 from vdet.inference.backends.tensorrt import plan_refusals, runtime_cache_path, unavailable_reason
 from vdet.tensorrt.build import BuildError, BuildOptions, build_cached, engine_request

@@ -18,7 +18,7 @@ if not torch.cuda.is_available() or shutil.which("nvidia-smi") is None:
     pytest.skip("needs a CUDA GPU and nvidia-smi", allow_module_level=True)
 
 from vdet.bench.serve.results import ServeBenchResult  # noqa: E402
-from vdet.cli import main  # noqa: E402
+from vdet.cli.main import main  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

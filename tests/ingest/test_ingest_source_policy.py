@@ -17,17 +17,12 @@ from support.waiting import wait_until
 
 from vdet.config.ingest import IngestSettings
 from vdet.core.assets import asset_path
+from vdet.core.redact import redact
 from vdet.core.types import SourceState
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
 from vdet.ingest.source_thread import IngestOptions, SourceWorker
-from vdet.ingest.urls import (
-    REFUSED_FILE,
-    SourcePolicy,
-    ffmpeg_whitelists,
-    redact,
-    validate_source_url,
-)
+from vdet.ingest.urls import REFUSED_FILE, SourcePolicy, ffmpeg_whitelists, validate_source_url
 
 DEFAULT = SourcePolicy()
 

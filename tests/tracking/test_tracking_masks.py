@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from vdet.config.tracking import ZoneSpec
 from vdet.core.types import Detections
 from vdet.tracking.masks import anchor_points, drop_masked, without_masks
-from vdet.tracking.specs import ZoneSpec
 from vdet.tracking.zones import Zone, resolve_zones
 
 SIZE_WH = (200, 100)

@@ -11,8 +11,8 @@ import pytest
 
 from vdet.bench.tracking import FRAME_WH, synthetic_detections
 from vdet.bench.tracking_reference import ReferenceByteTracker, ReferenceZoneMonitor
+from vdet.config.tracking import ZoneSpec
 from vdet.tracking.bytetrack import ByteTracker, TrackerParams
-from vdet.tracking.specs import ZoneSpec
 from vdet.tracking.zones import ZoneMonitor, resolve_zones
 
 ZONES = resolve_zones(

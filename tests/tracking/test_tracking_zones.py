@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from vdet.config.tracking import MAX_ZONES, TrackingSpec, ZoneSpec
+from vdet.core.geometry import points_in_polygon, self_intersection, side_of_line
 from vdet.core.types import Detections
-from vdet.tracking.geometry import points_in_polygon, self_intersection, side_of_line
-from vdet.tracking.specs import MAX_ZONES, TrackingSpec, ZoneSpec
+from vdet.tracking.bytetrack import TrackerParams
 from vdet.tracking.zones import ZoneMonitor, check_in_frame, resolve_zones
 
 SQUARE = [[10.0, 10.0], [20.0, 10.0], [20.0, 20.0], [10.0, 20.0]]
@@ -106,7 +107,7 @@ def test_invalid_zones_say_why(fields: dict[str, Any], message: str) -> None:
 def test_zone_ids_are_unique_and_bounded() -> None:
     from pydantic import TypeAdapter
 
-    from vdet.tracking.specs import ZoneList
+    from vdet.config.tracking import ZoneList
 
     adapter = TypeAdapter(ZoneList)
     line = {"kind": "line", "points": [[0, 0], [1, 1]]}
@@ -255,13 +256,13 @@ def test_a_tracked_result_crosses_processes_as_plain_data() -> None:
     adds must survive that unchanged."""
     import pickle
 
+    from vdet.config.tracking import TrackingSpec
     from vdet.core.types import DetectionResult, StageTimings
-    from vdet.tracking.specs import TrackingSpec
     from vdet.tracking.stream_tracking import StreamTracking
 
     zones = resolve_zones([zone(points=SQUARE, normalized=False)], lambda c: None)
     frame = StreamTracking().update(
-        tracked((0, 2, 15, 15)), SIZE, 0.0, TrackingSpec().params(), zones
+        tracked((0, 2, 15, 15)), SIZE, 0.0, TrackerParams.of(TrackingSpec()), zones
     )
     result = DetectionResult(
         "cam", 0, None, 0.0, 0.0, SIZE, frame.detections, StageTimings(),

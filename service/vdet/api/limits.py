@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vdet.api.auth import headers_carry_key
 from vdet.config.settings import Settings
-from vdet.ingest.urls import redact
+from vdet.core.redact import redact
 
 log = logging.getLogger(__name__)
 

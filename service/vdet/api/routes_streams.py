@@ -16,7 +16,8 @@ from fastapi import APIRouter, HTTPException, Response, status
 from vdet.api.deps import ControlDep, ServiceDep, StreamsDep
 from vdet.api.schemas import EffectiveParams, ErrorOut, StreamListOut, StreamOut, StreamStatusOut
 from vdet.config.streams import StreamSpec
-from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url, redact
+from vdet.core.redact import redact
+from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url
 from vdet.results.hub import EncodedResult
 from vdet.results.wire import DetectionResultOut, result_out, result_text
 from vdet.streams.service import PictureRequest, StreamChanges, StreamView, UnknownStreamError

@@ -20,8 +20,8 @@ from pydantic import ValidationError
 from vdet.api.deps import ControlDep, StreamsDep
 from vdet.api.schemas import ErrorOut
 from vdet.api.schemas_tracking import ZonesIn, ZonesOut
+from vdet.config.tracking import ZoneBody, ZoneSpec
 from vdet.streams.service import StreamChanges
-from vdet.tracking.specs import ZoneBody, ZoneSpec
 
 router = APIRouter(prefix="/v1/streams/{stream_id}/zones", tags=["streams"])
 

@@ -1,6 +1,6 @@
 """The JSON shapes of tracking: zone events on results, and the zones API's bodies.
 
-Zones themselves are `ZoneSpec`s (vdet.tracking.specs), the same model as in config; this
+Zones themselves are `ZoneSpec`s (vdet.config.tracking), the same model as in config; this
 module adds the envelopes around them and the event wire format. Nothing here touches
 streams or the tracker.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vdet.tracking.specs import ZoneList, ZoneSpec
+from vdet.config.tracking import ZoneList, ZoneSpec
 
 
 class ZonesOut(BaseModel):

@@ -4,8 +4,7 @@ Every benchmark (`vdet bench ...`, the WebSocket clients of `vdet bench serve`, 
 bench/ and bench/gpu/) takes its percentiles here, so that a "p99" means the same thing in every
 result file. This module owns only that arithmetic: it imports nothing but NumPy (the event
 clients of `vdet bench serve` run it in processes of their own), and it must not name output
-keys beyond `p<point>`, round, or measure anything; each caller keeps the keys and units its
-committed result files have always had, which `vdet bench report` reads.
+keys beyond `p<point>` (and `summarize_ms`'s), or measure anything.
 """
 
 from __future__ import annotations
@@ -53,3 +52,16 @@ def percentiles(
         raise ValueError(f"percentile points must lie in 0..100, got {wanted}")
     found = np.percentile(values, wanted, method=method)
     return {percentile_key(p): float(v) for p, v in zip(wanted, found, strict=True)}
+
+
+def summarize_ms(seconds: list[float]) -> dict[str, float]:
+    """p50/p95/p99/mean in milliseconds of a list of durations in seconds, and the count."""
+    if not seconds:
+        return {}
+    a = np.asarray(seconds) * 1e3
+    found = percentiles(a, (50, 95, 99))
+    return {
+        **{key: round(value, 3) for key, value in found.items()},
+        "mean": round(float(a.mean()), 3),
+        "n": len(seconds),
+    }

@@ -25,11 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from vdet.bench.pipeline import environment, summarize_ms
+from vdet.bench.environment import environment
+from vdet.bench.stats import summarize_ms
 from vdet.bench.tracking_reference import ReferenceByteTracker, ReferenceZoneMonitor
+from vdet.config.tracking import TrackingSpec, ZoneSpec
 from vdet.core.types import Detections, TrackingSummary
-from vdet.tracking.bytetrack import ByteTracker
-from vdet.tracking.specs import TrackingSpec, ZoneSpec
+from vdet.tracking.bytetrack import ByteTracker, TrackerParams
 from vdet.tracking.stream_tracking import StreamTracking, TrackedFrame
 from vdet.tracking.zones import Zone, resolve_zones
 
@@ -137,7 +138,7 @@ def _resolved_zones() -> tuple[Zone, ...]:
 
 def _stream_step() -> Callable[[Detections], object]:
     resolved = _resolved_zones()
-    tracking, params = StreamTracking(), TrackingSpec().params()
+    tracking, params = StreamTracking(), TrackerParams.of(TrackingSpec())
     clock = iter(range(1 << 30))
 
     def step(dets: Detections) -> object:
@@ -148,7 +149,10 @@ def _stream_step() -> Callable[[Detections], object]:
 
 def _reference_stream_step() -> Callable[[Detections], object]:
     """`StreamTracking.update`'s steps with the NumPy tracker and zone monitor."""
-    tracker, monitor = ReferenceByteTracker(TrackingSpec().params()), ReferenceZoneMonitor()
+    tracker, monitor = (
+        ReferenceByteTracker(TrackerParams.of(TrackingSpec())),
+        ReferenceZoneMonitor(),
+    )
     monitor.set_zones(_resolved_zones())
     clock = iter(range(1 << 30))
 

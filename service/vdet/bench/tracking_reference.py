@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
+from vdet.core.geometry import Points, Polygon, segments_intersect, side_of_line
 from vdet.core.types import (
     NO_TRACK,
     CrossDirection,
@@ -27,7 +28,6 @@ from vdet.core.types import (
     ZoneOccupancy,
 )
 from vdet.tracking.bytetrack import TrackerParams, TrackUpdate, box_iou
-from vdet.tracking.geometry import Points, Polygon, segments_intersect, side_of_line
 from vdet.tracking.zones import Zone
 
 _ALPHA = np.float32(0.85)

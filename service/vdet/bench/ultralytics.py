@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from vdet.bench.pipeline import environment, summarize_ms
+from vdet.bench.environment import environment
+from vdet.bench.stats import summarize_ms
 from vdet.config.settings import Settings
 from vdet.core.contract import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET
 from vdet.core.types import Detections, FloatArray, ImageArray

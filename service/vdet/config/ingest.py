@@ -7,17 +7,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from vdet.config.base import Strict
-from vdet.ingest.urls import SourcePolicy
 
 SourceScheme = Literal["rtsp", "rtsps", "http", "https", "file"]
 
 
 class SourcePolicySettings(Strict):
-    """Which sources may be added (see vdet.ingest.urls.SourcePolicy): configured ones and
-    those POSTed alike. The package's bundled demo clip is always allowed."""
+    """Which sources may be added (vdet.ingest.urls.SourcePolicy applies it): configured ones
+    and those POSTed alike. The package's bundled demo clip is always allowed."""
 
     schemes: list[SourceScheme] = Field(
         default_factory=lambda: list(get_args(SourceScheme)),
@@ -40,23 +39,10 @@ class SourcePolicySettings(Strict):
         "only the bundled demo clip.",
     )
 
-    @field_validator("hosts")
-    @classmethod
-    def _valid_hosts(cls, value: list[str] | None) -> list[str] | None:
-        SourcePolicy(hosts=tuple(value) if value is not None else None)
-        return value
-
-    def policy(self) -> SourcePolicy:
-        return SourcePolicy(
-            schemes=tuple(dict.fromkeys(self.schemes)),
-            hosts=tuple(self.hosts) if self.hosts is not None else None,
-            file_roots=tuple(self.file_roots),
-        )
-
 
 class IngestSettings(Strict):
-    """How source threads open, read, watch and reconnect to sources (vdet.ingest.source_thread,
-    which runs each stream with its `options`)."""
+    """How source threads open, read, watch and reconnect to sources (vdet.ingest.source_thread
+    runs each stream with them)."""
 
     connect_timeout_s: float = Field(
         default=5.0,

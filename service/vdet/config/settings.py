@@ -35,7 +35,7 @@ from vdet.config.notify import NotifySettings
 from vdet.config.streams import DetectionDefaults, StreamSpec
 from vdet.config.workers import WorkerSettings
 from vdet.core.assets import default_model_path
-from vdet.ingest.urls import redact
+from vdet.core.redact import redact
 
 CONFIG_ENV_VAR = "VDET_CONFIG"
 

@@ -9,8 +9,8 @@ from typing import Annotated
 from pydantic import Field, field_validator
 
 from vdet.config.base import Strict
+from vdet.config.tracking import TrackingSpec, ZoneList
 from vdet.core import contract
-from vdet.tracking.specs import TrackingSpec, ZoneList
 
 STREAM_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 

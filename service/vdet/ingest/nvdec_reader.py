@@ -25,6 +25,7 @@ from typing import Any, Literal
 import av
 import av.bitstream
 
+from vdet.core.redact import redact
 from vdet.core.types import VideoFrame
 from vdet.ingest.nvdec import (
     NVDEC_CODECS,
@@ -37,7 +38,6 @@ from vdet.ingest.nvdec import (
     nvdec_available,
 )
 from vdet.ingest.reader import DecodeError, SourceError, SourceReader, StreamInfo
-from vdet.ingest.urls import redact
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,9 @@ import av.container
 import av.container.core
 import numpy as np
 
+from vdet.core.redact import redact
 from vdet.core.types import ImageArray, VideoFrame
-from vdet.ingest.urls import ffmpeg_whitelists, is_network_url, redact
+from vdet.ingest.urls import ffmpeg_whitelists, is_network_url
 
 log = logging.getLogger(__name__)
 

@@ -41,10 +41,11 @@ import av
 
 from vdet.config.ingest import IngestSettings
 from vdet.core.rates import RateMeter
+from vdet.core.redact import redact
 from vdet.core.types import SourceState, SourceStatus
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
-from vdet.ingest.urls import SourcePolicy, redact, validate_source_url
+from vdet.ingest.urls import SourcePolicy, validate_source_url
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class IngestOptions:
         """The options of one stream under `settings`."""
         return cls(
             **settings.model_dump(exclude={"source_policy"}),
-            policy=settings.source_policy.policy(),
+            policy=SourcePolicy.of(settings.source_policy),
             loop_files=loop_files,
             realtime=realtime,
         )

@@ -13,8 +13,7 @@ networks) and the folders local files may come from. The package's bundled asset
 clip) are always allowed. Every file path that is refused or cannot be opened gets the same
 message, so the errors say nothing about which paths exist. `ffmpeg_whitelists` names the
 demuxers and protocols FFmpeg may use for a URL, so that a text file, a playlist or a nested
-protocol can never become a source. `redact` removes credentials (``user:pass@``) from a URL
-or any text that quotes one, for everything shown or logged.
+protocol can never become a source. Credentials in URLs are hidden by vdet.core.redact.
 """
 
 from __future__ import annotations
@@ -26,7 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
+from vdet.config.ingest import SourcePolicySettings
 from vdet.core.assets import assets_dir
+from vdet.core.redact import redact
 
 NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
 FILE_SCHEME = "file"
@@ -61,8 +62,6 @@ _PROTOCOLS = {
     "file": "file",
 }
 REFUSED_FILE = "source file is not allowed or cannot be opened"
-# Up to the last '@' of the authority: a password may contain an unescaped '@'.
-_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s]*@")
 
 
 @dataclass(frozen=True)
@@ -84,6 +83,15 @@ class SourcePolicy:
         default=(), init=False, repr=False, compare=False
     )
     _names: tuple[str, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, settings: SourcePolicySettings) -> SourcePolicy:
+        """The policy the `ingest.source_policy` settings describe."""
+        return cls(
+            schemes=tuple(dict.fromkeys(settings.schemes)),
+            hosts=tuple(settings.hosts) if settings.hosts is not None else None,
+            file_roots=tuple(settings.file_roots),
+        )
 
     def __post_init__(self) -> None:
         unknown = [s for s in self.schemes if s not in ALLOWED_SCHEMES]
@@ -194,11 +202,6 @@ def ffmpeg_whitelists(url: str) -> dict[str, str]:
         "format_whitelist": ",".join(VIDEO_DEMUXERS),
         "protocol_whitelist": _PROTOCOLS.get(scheme, "file"),
     }
-
-
-def redact(text: str) -> str:
-    """`text` with the credentials of every URL in it replaced: ``rtsp://***@cam/...``."""
-    return _USERINFO_RE.sub(lambda m: f"{m.group(1)}***@", text)
 
 
 def is_network_url(url: str) -> bool:

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from vdet.config.tracking import TrackingSpec, ZoneSpec
 from vdet.core.types import NO_TRACK, Detections, FloatArray, ImageArray
 from vdet.inference.detector import Detector
 from vdet.modelkit.dataset.synthetic import VideoFrameTruth, iter_video
-from vdet.tracking.bytetrack import box_iou
-from vdet.tracking.specs import TrackingSpec, ZoneSpec
+from vdet.tracking.bytetrack import TrackerParams, box_iou
 from vdet.tracking.stream_tracking import StreamTracking, TrackedFrame
 from vdet.tracking.zones import resolve_zones
 
@@ -128,7 +128,7 @@ def _track_clip(
     resolved = resolve_zones(
         zones, lambda refs: None if refs is None else frozenset(names.index(str(r)) for r in refs)
     )
-    params = spec.params()
+    params = TrackerParams.of(spec)
     for i, (image, truth) in enumerate(clip):
         ((dets, timings),) = detector.detect([image])
         timing["detect"].append(timings.preprocess + timings.inference + timings.postprocess)

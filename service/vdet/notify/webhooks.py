@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from vdet.config.notify import WebhookSettings
-from vdet.ingest.urls import redact
+from vdet.core.redact import redact
 from vdet.metrics.registry import Metrics
 from vdet.notify.filters import EventFilter
 

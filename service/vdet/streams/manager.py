@@ -31,7 +31,9 @@ from typing import Any, Protocol
 from vdet.config.event_snapshots import EventSnapshotSettings
 from vdet.config.ingest import IngestSettings
 from vdet.config.streams import DetectionDefaults, StreamSpec
+from vdet.config.tracking import TrackingSpec, ZoneSpec
 from vdet.core.rates import RateMeter
+from vdet.core.redact import redact
 from vdet.core.types import (
     DecodedFrame,
     DetectionResult,
@@ -49,7 +51,7 @@ from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
 from vdet.ingest.source_thread import IngestOptions, ReaderFactory, SourceWorker
-from vdet.ingest.urls import redact, validate_source_url
+from vdet.ingest.urls import SourcePolicy, validate_source_url
 from vdet.metrics.registry import Metrics
 from vdet.streams.event_snapshots import (
     EventSnapshot,
@@ -71,8 +73,8 @@ from vdet.streams.service import (
     StreamView,
     UnknownStreamError,
 )
+from vdet.tracking.bytetrack import TrackerParams
 from vdet.tracking.masks import drop_masked, without_masks
-from vdet.tracking.specs import TrackingSpec, ZoneSpec
 from vdet.tracking.stream_tracking import StreamTracking
 from vdet.tracking.zones import Zone, check_in_frame, resolve_zones
 
@@ -292,7 +294,7 @@ class StreamManager:
 
         Raises ValueError (bad URL or class names), DuplicateStreamError, LimitError.
         """
-        url = validate_source_url(spec.url, self._ingest.source_policy.policy())
+        url = validate_source_url(spec.url, SourcePolicy.of(self._ingest.source_policy))
         params = self._params_for(spec)
         thresholds = stream_class_thresholds(spec, params, self._names)
         stream = _Stream(
@@ -682,7 +684,7 @@ class StreamManager:
             outgoing = _Outgoing(stream, frame, detections, timings)
             if tracking.enabled:
                 tracked = stream.tracking.update(
-                    detections, frame.size_wh, frame.arrival_time, tracking.params(), zones
+                    detections, frame.size_wh, frame.arrival_time, TrackerParams.of(tracking), zones
                 )
                 outgoing = dataclasses.replace(
                     outgoing,

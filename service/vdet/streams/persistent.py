@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from vdet.config.streams import StreamSpec
-from vdet.ingest.urls import redact
+from vdet.core.redact import redact
 from vdet.streams.service import StreamChanges, StreamControl, StreamView
 from vdet.streams.store import StoredStream, StreamStore
 

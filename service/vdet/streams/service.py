@@ -28,10 +28,10 @@ from vdet.config.streams import (
     MaxDet,
     StreamSpec,
 )
+from vdet.config.tracking import TrackingSpec, ZoneList
 from vdet.core.contract import PostprocessParams
 from vdet.core.types import Detections, ImageArray, SourceStatus, StageTimings
 from vdet.streams.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
-from vdet.tracking.specs import TrackingSpec, ZoneList
 
 
 class StreamError(Exception):

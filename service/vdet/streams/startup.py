@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vdet.config.streams import StreamSpec
-from vdet.ingest.urls import redact
+from vdet.core.redact import redact
 from vdet.streams.persistent import PersistentControl
 from vdet.streams.service import StreamControl, StreamService
 from vdet.streams.store import StoredStream, StreamStore

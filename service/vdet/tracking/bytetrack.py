@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
+from vdet.config.tracking import TrackingSpec
 from vdet.core.types import Detections, FloatArray, IntArray
 from vdet.tracking import compiled
 
@@ -53,6 +54,18 @@ class TrackerParams:
     lost_track_buffer: int = 30
     min_hits: int = 1
     class_aware: bool = True
+
+    @classmethod
+    def of(cls, spec: TrackingSpec) -> TrackerParams:
+        """A stream's tracker settings (`StreamSpec.tracking`) as the tracker takes them."""
+        return cls(
+            track_threshold=spec.track_threshold,
+            new_track_threshold=spec.new_track_threshold,
+            match_iou=spec.match_iou,
+            lost_track_buffer=spec.lost_track_buffer,
+            min_hits=spec.min_hits,
+            class_aware=spec.class_aware,
+        )
 
 
 @dataclass(frozen=True)

@@ -405,7 +405,7 @@ def _cross(ox: float, oy: float, ax: float, ay: float, bx: float, by: float) -> 
 def _segments_meet(
     px: float, py: float, qx: float, qy: float, ax: float, ay: float, bx: float, by: float
 ) -> bool:
-    """vdet.tracking.geometry.segments_intersect for one pair of segments."""
+    """vdet.core.geometry.segments_intersect for one pair of segments."""
     d1, d2 = _cross(ax, ay, bx, by, px, py), _cross(ax, ay, bx, by, qx, qy)
     if abs(d1) <= _EPS and abs(d2) <= _EPS:  # collinear: do their extents overlap
         return (

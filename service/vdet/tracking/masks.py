@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
+from vdet.core.geometry import points_in_polygon
 from vdet.core.types import Detections
-from vdet.tracking.geometry import points_in_polygon
 from vdet.tracking.zones import Zone
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from vdet.config.tracking import ZoneSpec
+from vdet.core.geometry import Points
 from vdet.core.types import (
     NO_TRACK,
     Detections,
@@ -27,8 +29,6 @@ from vdet.core.types import (
     ZoneOccupancy,
 )
 from vdet.tracking import compiled
-from vdet.tracking.geometry import Points
-from vdet.tracking.specs import ZoneSpec
 
 _NO_IDS = np.zeros(0, np.int64)
 

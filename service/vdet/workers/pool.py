@@ -49,9 +49,10 @@ from typing import Any, Literal, TypeVar
 from vdet.config.settings import Settings
 from vdet.config.streams import StreamSpec
 from vdet.core.contract import PostprocessParams
+from vdet.core.redact import redact
 from vdet.core.types import Detections, ImageArray, SourceState, SourceStatus, StageTimings
 from vdet.gpu.placement import PlacementError, SourceDemand, assign
-from vdet.ingest.urls import redact, validate_source_url
+from vdet.ingest.urls import SourcePolicy, validate_source_url
 from vdet.metrics.registry import Metrics
 from vdet.results.hub import ResultsHub
 from vdet.streams.event_snapshots import EventSnapshot, EventSnapshotCounts
@@ -360,7 +361,8 @@ class WorkerPool:
     def add(self, spec: StreamSpec) -> StreamView:
         # Checked here as well as in the worker, so a bad stream costs no round trip and a
         # source the policy refuses never reaches a worker process (ValueError: 422).
-        validate_source_url(spec.url, self._settings.ingest.source_policy.policy())
+        policy = SourcePolicy.of(self._settings.ingest.source_policy)
+        validate_source_url(spec.url, policy)
         names = self._backend_info.class_names
         stream_class_thresholds(spec, stream_params(spec, self._settings.detection, names), names)
         with self._lock:

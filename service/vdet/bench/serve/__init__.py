@@ -4,9 +4,9 @@ The package owns the benchmark client: starting and stopping the server process 
 its streams and control calls over REST (`control`), WebSocket event clients in their own
 processes (`events_client`), what the server process tree and the GPUs use (`proctree`,
 `gpu_memory`), the server's own counters (`scrape`), one worker process killed mid-window
-(`kill`), the hand-made shards harness and the bare pipeline run beside it (`shards`,
-`pipeline_baseline`), the steps and variants of one run (`runner`), the result file's schema
-(`results`) and its markdown (`report`). It imports
+(`kill`), the bare pipeline and Ultralytics run beside it (`pipeline_baseline`,
+`ultralytics_baseline`), the steps and variants of one run (`runner`) and the result file's
+schema (`results`). It imports
 nothing of the server: what it knows of vdet is the entry point, the settings names and the
 HTTP/WebSocket API.
 """

@@ -28,10 +28,6 @@ def run_cli(args: argparse.Namespace) -> int:
     try:
         opts = options_from_args(args)
         vdet_executable()
-        if opts.shards_harness is not None:
-            from vdet.bench.pipeline import gpu_script
-
-            gpu_script("streams")
     except (ServeBenchUsageError, FileNotFoundError) as exc:
         print(f"vdet bench serve: {exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,6 @@ VARIANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
 SETTING_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*$")
 ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 DEFAULT_VARIANT = "one-process:"
-DEFAULT_SHARDS = "b1:x8:mps"
 MAX_STREAMS = 1024
 MAX_CLIENTS = 64
 
@@ -59,7 +58,6 @@ class ServeBenchOptions:
     model: Path | None = None
     backend: str = "auto"
     output: Path | None = None
-    shards_harness: str | None = None
     pipeline_frames: int = 0
     unpaced: bool = False
     ultralytics: bool = False
@@ -164,15 +162,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--clip", type=Path, default=None, help="serve: video file (default: the sample clip)"
     )
     group.add_argument(
-        "--shards-harness",
-        nargs="?",
-        const=DEFAULT_SHARDS,
-        default=None,
-        metavar="OPTIONS",
-        help="serve: also run bench/gpu/streams.py (GPU) at the same stream counts with these "
-        f"run options (default {DEFAULT_SHARDS}: batch 1, 8 processes over MPS)",
-    )
-    group.add_argument(
         "--pipeline-frames",
         type=int,
         default=0,
@@ -236,10 +225,6 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         raise ServeBenchUsageError(
             f"--pipeline-frames must be 0..100000, got {args.pipeline_frames}"
         )
-    if args.shards_harness is not None and not re.fullmatch(r"[A-Za-z0-9:-]*", args.shards_harness):
-        raise ServeBenchUsageError(
-            f"--shards-harness: run options are ':'-separated words, got {args.shards_harness!r}"
-        )
     streams = parse_streams(args.streams)
     duration = _positive("--duration", args.duration)
     kill_after, kill_streams = _kill_options(args, streams, duration)
@@ -253,7 +238,6 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         model=args.model,
         backend=args.backend,
         output=args.output,
-        shards_harness=args.shards_harness,
         pipeline_frames=args.pipeline_frames,
         unpaced=args.unpaced,
         ultralytics=getattr(args, "baseline", None) == "ultralytics",

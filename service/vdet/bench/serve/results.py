@@ -1,8 +1,8 @@
 """The result file of `vdet bench serve`: its schema, as pydantic models.
 
 The runner builds these models and writes them as JSON (`"benchmark": "serve"`); tests
-validate written files against them, and `vdet bench report` reads the same files (tolerantly,
-as dicts: it also renders older files). Every latency is in milliseconds, every rate per
+validate written files against them, and a checkout's bench/report.py renders them (tolerantly,
+as dicts: older files too). Every latency is in milliseconds, every rate per
 second of the measured window, every memory figure in MiB.
 """
 
@@ -272,16 +272,6 @@ class VariantResult(_Model):
     error: str | None = None
 
 
-class ShardsResult(_Model):
-    """bench/gpu/streams.py run beside the variants at the same stream counts."""
-
-    command: list[str]
-    returncode: int | None
-    seconds: float
-    runs: list[dict[str, Any]] = Field(description="Its runs, in its own schema.")
-    error: str | None = None
-
-
 class PipelineBaseline(_Model):
     """`vdet bench pipeline` on the same clip in the same run: one stream, no service."""
 
@@ -355,7 +345,6 @@ class ServeBenchResult(_Model):
     packages: dict[str, str]
     options: RunOptions
     variants: list[VariantResult]
-    shards: ShardsResult | None = None
     pipeline_baseline: PipelineBaseline | None = None
     ultralytics_baselines: list[UltralyticsBaseline] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)

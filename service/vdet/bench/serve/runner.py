@@ -1,4 +1,4 @@
-"""One `vdet bench serve` run: every variant's server through every stream step, then the shards.
+"""One `vdet bench serve` run: every variant's server through every stream step.
 
 Per variant: start the server, read its tree with no streams (the memory baseline), connect
 the WebSocket clients, then for each N: add N streams, wait until each has published, warm
@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import httpx
 
-from vdet.bench.pipeline import cpu_model
+from vdet.bench.environment import cpu_model
 from vdet.bench.serve import control, gpu_memory, kill, proctree, scrape
 from vdet.bench.serve.events_client import client_main
 from vdet.bench.serve.options import ServeBenchOptions, Variant
@@ -618,7 +618,7 @@ def run_variant(
 
 
 def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> ServeBenchResult:
-    """Every variant, then the shards harness if asked; the whole result."""
+    """Every variant, with the baselines asked for; the whole result."""
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     at_start = machine()
     clip = probe_clip((opts.clip or sample_clip()).resolve())
@@ -648,19 +648,6 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
             variants.append(run_variant(variant, opts, clip, workdir, progress))
     if opts.ultralytics:
         ultralytics.append(_ultralytics_baseline(opts, clip, "after", progress))
-    shards = None
-    if opts.shards_harness is not None:
-        from vdet.bench.pipeline import gpu_script
-        from vdet.bench.serve.shards import run_shards
-
-        progress(f"shards harness: {opts.shards_harness} at {list(opts.streams)} streams")
-        shards = run_shards(
-            gpu_script("streams"), list(opts.streams), opts.duration_s, opts.shards_harness
-        )
-        notes.append(
-            "shards: bench/gpu/streams.py; its latency is packet -> published inside its "
-            "processes (no API, no WebSocket), on the sample clip"
-        )
     if any(s.bench_client.client_bound for v in variants for s in v.steps):
         notes.append("WARNING: a benchmark process was CPU-bound in some step: see bench_client")
     version = packages().get("vdet")
@@ -684,7 +671,6 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
             kill_worker_streams=list(opts.kill_worker_streams),
         ),
         variants=variants,
-        shards=shards,
         pipeline_baseline=baseline,
         ultralytics_baselines=ultralytics,
         notes=notes,

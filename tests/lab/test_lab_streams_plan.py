@@ -3,24 +3,16 @@ list it parses, the MPS daemon it starts for a run, and the GPU-busy window it a
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu" / "streams.py"
+from support.lab import load_script
 
 
 @pytest.fixture(scope="module")
 def streams() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("vdet_bench_streams", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu/streams.py")
 
 
 def test_run_list_options(streams: ModuleType) -> None:

@@ -15,8 +15,7 @@ import numpy as np
 from pydantic import AfterValidator, Field, model_validator
 
 from vdet.config.base import Strict
-from vdet.tracking.bytetrack import TrackerParams
-from vdet.tracking.geometry import polygon_area, self_intersection
+from vdet.core.geometry import polygon_area, self_intersection
 
 MAX_ZONES = 16  # per stream, polygons, lines and masks together
 MAX_POLYGON_POINTS = 64
@@ -67,16 +66,6 @@ class TrackingSpec(Strict):
     class_aware: bool = Field(
         default=True, description="Only match detections to tracks of the same class."
     )
-
-    def params(self) -> TrackerParams:
-        return TrackerParams(
-            track_threshold=self.track_threshold,
-            new_track_threshold=self.new_track_threshold,
-            match_iou=self.match_iou,
-            lost_track_buffer=self.lost_track_buffer,
-            min_hits=self.min_hits,
-            class_aware=self.class_aware,
-        )
 
 
 Point = tuple[

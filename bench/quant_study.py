@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vdet.bench.pipeline import environment
+from vdet.bench.environment import environment
 from vdet.core.contract import EVAL_CONF_THRESHOLD, EVAL_IOU_THRESHOLD, EVAL_MAX_DET
 from vdet.core.model import load_model_info
 from vdet.inference.detector import Detector

@@ -1,0 +1,64 @@
+"""`vdet serve`: the HTTP/WebSocket service, on the embedded default (the demo model, the sample
+clip looped as a live source named `demo`) unless the settings name sources."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from vdet.cli.args import UsageError
+from vdet.core.assets import sample_clip
+
+DEMO_SOURCE_ID = "demo"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the HTTP/WebSocket service")
+    p.add_argument("--config", type=Path, default=None, help="YAML settings file")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument(
+        "--no-demo",
+        action="store_true",
+        help="don't add the looping demo source when no sources are configured",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vdet.api.app import create_app
+    from vdet.api.server import GracefulServer, server_config
+    from vdet.config.base import ConfigError
+    from vdet.config.settings import CONFIG_ENV_VAR, load_settings
+    from vdet.config.streams import StreamSpec
+
+    if args.config is not None:
+        # Parts that read the settings themselves (the tensorrt backend's engine settings)
+        # must see the same file.
+        os.environ[CONFIG_ENV_VAR] = str(args.config)
+    overrides: dict[str, object] = {}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    try:
+        settings = load_settings(args.config, **overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    if not settings.sources and not args.no_demo:
+        demo = StreamSpec(id=DEMO_SOURCE_ID, url=str(sample_clip()), loop=True, realtime=True)
+        settings = settings.model_copy(update={"sources": [demo]})
+    if not settings.model_path.is_file():
+        raise UsageError(f"model not found: {settings.model_path}")
+    app = create_app(settings, freeze_startup_objects=True)
+    config = server_config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        header_timeout_s=settings.limits.header_timeout_s,
+    )
+    GracefulServer(config, app).run()  # WebSocket goodbyes, then exit 0 on SIGTERM
+    return 0
