@@ -1,4 +1,4 @@
-"""The GPU worker's batcher on the CPU: frames submitted from many threads at once are staged
+"""The GPU device's batcher on the CPU: frames submitted from many threads at once are staged
 by their own threads into one batch, run together, and each thread gets its own frame's
 detections, equal to the per-frame runner's; a frame that fails to stage fails alone; a closed
 batcher refuses frames. The runners run eagerly here (CPU torch has no CUDA graphs): the

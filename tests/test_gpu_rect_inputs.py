@@ -22,7 +22,7 @@ from support.toy_network import toy_network
 
 from vdet.config.gpu import GpuSettings
 from vdet.core.types import ColourMatrix, ColourRange
-from vdet.gpu.devices import GpuWorker
+from vdet.gpu.devices import GpuDevice
 from vdet.gpu.graphs import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows
 from vdet.gpu.input_shapes import COMMON_SOURCE_WH, InputShapes
 from vdet.inference.postprocess import PostprocessParams
@@ -110,9 +110,9 @@ class _Factory:
         return toy_network
 
 
-def _worker(factory: _Factory, rect: bool = True, **settings: object) -> GpuWorker:
+def _worker(factory: _Factory, rect: bool = True, **settings: object) -> GpuDevice:
     options: dict[str, object] = {"kernels": "torch", "cuda_graphs": False} | settings
-    return GpuWorker(
+    return GpuDevice(
         "cpu",
         factory,
         input_hw=MODEL_HW,

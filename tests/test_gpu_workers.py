@@ -1,6 +1,6 @@
-"""The service's GPU path, on the CPU: StreamManager -> GPU worker -> NVDEC reader -> graph runner.
+"""The service's GPU path, on the CPU: StreamManager -> GPU device -> NVDEC reader -> graph runner.
 
-What runs for real: the stream manager, source workers, the NVDEC reader (demux, bitstream
+What runs for real: the stream manager, source threads, the NVDEC reader (demux, bitstream
 filters, sessions, frames), the per-stream and batched runners, placement and metrics, on the
 demo model converted by onnx2torch and run by CPU torch. What stands in for what cannot exist
 here: `FakeNvc` (tests/support/fake_nvc.py) decodes with FFmpeg on the CPU where PyNvVideoCodec
@@ -28,7 +28,7 @@ from support.waiting import wait_until  # noqa: E402
 from vdet.config.gpu import GpuSettings  # noqa: E402
 from vdet.config.streams import StreamSpec  # noqa: E402
 from vdet.core.types import DetectionResult  # noqa: E402
-from vdet.gpu.devices import GpuPool, GpuWorker, build_gpu_pool  # noqa: E402
+from vdet.gpu.devices import GpuDevice, GpuPool, build_gpu_pool  # noqa: E402
 from vdet.gpu.placement import PlacementError  # noqa: E402
 from vdet.inference.backends.torch import TorchBackend  # noqa: E402
 from vdet.inference.detector import Detector  # noqa: E402
@@ -54,9 +54,9 @@ def detector() -> Iterator[Detector]:
         yield d
 
 
-def _worker(backend: TorchBackend, index: int = 0, **settings: Any) -> GpuWorker:
+def _worker(backend: TorchBackend, index: int = 0, **settings: Any) -> GpuDevice:
     options: dict[str, Any] = {"kernels": "torch", "cuda_graphs": False} | settings
-    return GpuWorker(
+    return GpuDevice(
         "cpu",
         backend.network_for,
         input_hw=backend.info.input_hw,
@@ -172,7 +172,7 @@ def test_batched_worker_serves_several_streams_with_their_own_thresholds(
         snap = manager.snapshot("cam2")
         assert snap is not None
         assert all(s >= 0.99 for s in snap.result.detections.scores)
-        batcher = pool.workers[0]._batchers[cpu_backend.info.input_hw]
+        batcher = pool.devices[0]._batchers[cpu_backend.info.input_hw]
         assert batcher.frames >= 9
     finally:
         manager.close()
@@ -229,7 +229,7 @@ def test_streams_spread_over_gpus_and_pinned_streams_stay_where_asked(
         # a -> 0, b -> 1, c -> 0 (a tie goes to the lower index), pinned -> 0 as asked; placed
         # streams never move to even out the load.
         assert pool.streams_by_gpu() == {"0": 3, "1": 1}
-        assert pool.worker_of("pinned").index == 0
+        assert pool.device_of("pinned").index == 0
         with pytest.raises(PlacementError, match="gpu 5"):
             manager.add(StreamSpec(id="nowhere", url=str(SAMPLE), gpu=5))
         assert "nowhere" not in manager
@@ -255,7 +255,7 @@ def test_a_failing_gpu_worker_fails_only_its_own_streams(
 
         return run
 
-    broken = GpuWorker(
+    broken = GpuDevice(
         "cpu",
         broken_network,
         input_hw=cpu_backend.info.input_hw,

@@ -185,7 +185,7 @@ serve)
     timeout "$tests_s" /tmp/venv/bin/python -m pytest -m gpu \
       tests/gpu/test_gpu_workers_serve.py -q -s -rs -p no:cacheprovider >"$OUT/workers.log" 2>&1
     echo "workers rc=$? ($((SECONDS - started)) s)"
-    cp /tmp/pytest-of-*/pytest-*/gpu_workers*/vdet-*.log "$OUT/" 2>/dev/null
+    cp /tmp/pytest-of-*/pytest-*/gpu_devices*/vdet-*.log "$OUT/" 2>/dev/null
     grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" |
       tail -n 12
   fi

@@ -4,7 +4,7 @@ Run on the GPU machine (bench/gpu/run_streams_device.sh does):
     python3 bench/gpu/streams.py --out $OUT/streams.json
 
 Each run is N copies of the sample clip (1920x1080, 30 fps, H.264) added as looping file
-streams to a `StreamManager` with a GPU worker (vdet.gpu.devices: PyAV demux -> NVDEC ->
+streams to a `StreamManager` with a GPU device (vdet.gpu.devices: PyAV demux -> NVDEC ->
 CUDA graph of our preprocess kernel, the demo YOLOv8n FP16 and our decode + NMS kernel ->
 pinned host -> results hub), exactly as `vdet serve` runs them, either paced at real time like
 cameras or unpaced (as fast as the decoders go; the mailbox drops what inference cannot take).
@@ -297,9 +297,9 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     pool = None
     if not cpu_backend:
         from vdet.gpu.devices import build_gpu_pool
-        from vdet.gpu.gil import tune_interpreter_for_streams
+        from vdet.gpu.gil import shorten_gil_switch_interval
 
-        tune_interpreter_for_streams()  # as vdet serve does with GPU workers
+        shorten_gil_switch_interval()  # as vdet serve does with GPU devices
         settings = GpuSettings(
             decoder=decoder,
             batch=spec.get("batch") or 1,
@@ -401,7 +401,7 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
             "cpu_percent": 100.0 * cpu / wall,
             "rss_mib": _rss_mib(),
             "eager_fallbacks": eager,
-            "gpu_workers": pool.describe() if pool is not None else None,
+            "gpu_devices": pool.describe() if pool is not None else None,
         }
         if samples:
             run["samples"] = samples
@@ -432,11 +432,11 @@ def _reader_totals(readers: list[Any]) -> dict[str, float]:
 
 def _run_decode_only(spec: dict[str, Any]) -> dict[str, Any]:
     from vdet.cuda.host_wait import set_host_wait
-    from vdet.gpu.gil import tune_interpreter_for_streams
+    from vdet.gpu.gil import shorten_gil_switch_interval
     from vdet.ingest.nvdec import GpuVideoFrame
     from vdet.ingest.nvdec_reader import NvdecSourceReader
 
-    tune_interpreter_for_streams()
+    shorten_gil_switch_interval()
     set_host_wait(0, _host_wait(spec))
     sources, duration = spec["sources"], spec["seconds"]
     counts = [0] * sources
@@ -611,7 +611,7 @@ def _run_child(
 def _run_sharded(
     spec: dict[str, Any], timeout: float, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """The run's sources split over `processes` processes (each its own GIL, GPU worker and
+    """The run's sources split over `processes` processes (each its own GIL, GPU device and
     model replica) measured over one common window; their results merged."""
     import tempfile
 

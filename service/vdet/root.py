@@ -113,9 +113,9 @@ def _gpu_pool(settings: Settings, backend: Any, metrics: Metrics) -> GpuPool | N
     if not backend.gpu_data_path:
         return None
     from vdet.gpu.devices import build_gpu_pool
-    from vdet.gpu.gil import tune_interpreter_for_streams
+    from vdet.gpu.gil import shorten_gil_switch_interval
 
-    tune_interpreter_for_streams()
+    shorten_gil_switch_interval()
     return build_gpu_pool(
         settings.gpu,
         backend,

@@ -27,7 +27,7 @@ from vdet.tensorrt.library import TENSORRT_RTX
 
 GPU_DOCKERFILE = REPO / "deploy/Dockerfile.gpu"
 
-# `vdet serve` on a GPU: the app, the GPU workers (NVDEC readers, CUDA-graph runners, our
+# `vdet serve` on a GPU: the app, the GPU devices (NVDEC readers, CUDA-graph runners, our
 # kernels), both GPU backends, and the engine builder they call (fp16 through AutoCast).
 GPU_PATH = (
     "vdet.cli.main",

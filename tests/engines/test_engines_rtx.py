@@ -401,7 +401,7 @@ def test_on_a_supported_gpu_the_cuda_graph_path_replays_what_eager_gives(tmp_pat
         for graphs in (True, False):
             pool = build_gpu_pool(GpuSettings(cuda_graphs=graphs, devices=[0]), engine)
             try:
-                worker = pool.workers[0]
+                worker = pool.devices[0]
                 results[graphs] = [
                     worker.detect(f"cam{i}", frame, reference.params)[0]
                     for i, (frame, _) in enumerate(frames)

@@ -1,4 +1,4 @@
-"""Rectangular inputs through the CUDA-graph runners and the GPU worker, against the CPU detector.
+"""Rectangular inputs through the CUDA-graph runners and the GPU device, against the CPU detector.
 
 Needs a CUDA GPU and onnx2torch (skipped otherwise). The torch backend's network at 384x640
 and 480x640 (the demo's height and width are dynamic), the vdet CUDA kernels where they run
@@ -39,7 +39,7 @@ from test_gpu_torch_backend import (  # noqa: E402
 
 from vdet.config.gpu import GpuSettings  # noqa: E402
 from vdet.core.types import ColourMatrix, ColourRange  # noqa: E402
-from vdet.gpu.devices import GpuWorker, choose_ops  # noqa: E402
+from vdet.gpu.devices import GpuDevice, choose_ops  # noqa: E402
 from vdet.gpu.frame_ops import Nv12Geometry  # noqa: E402
 from vdet.gpu.graphs import CudaGraphRunner, RunnerOptions  # noqa: E402
 from vdet.gpu.input_shapes import InputShapes  # noqa: E402
@@ -134,8 +134,8 @@ def test_a_graph_runner_at_a_rect_input_matches_the_cpu_detector(
         runner.close()
 
 
-def _worker(backend: TorchBackend, **settings: Any) -> GpuWorker:
-    return GpuWorker(
+def _worker(backend: TorchBackend, **settings: Any) -> GpuDevice:
+    return GpuDevice(
         DEVICE,
         backend.network_for,
         input_hw=MODEL_HW,

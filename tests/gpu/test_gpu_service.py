@@ -1,4 +1,4 @@
-"""The service's GPU path on a real GPU: StreamManager -> GPU worker -> PyAV demux + NVDEC ->
+"""The service's GPU path on a real GPU: StreamManager -> GPU device -> PyAV demux + NVDEC ->
 CUDA graph of vdet's preprocess kernel, the demo model (torch FP16) and vdet's decode + NMS
 kernel -> results. The same flow with stand-ins on the CPU is tests/test_gpu_workers.py.
 
@@ -141,14 +141,14 @@ def test_batched_streams_find_the_same_objects(
 
 
 def test_torch_reference_ops_and_our_kernels_agree_on_a_decoded_frame(detector: Detector) -> None:
-    from vdet.gpu.devices import GpuWorker
+    from vdet.gpu.devices import GpuDevice
 
     workers = []
     detections = []
     for kernels in ("cuda", "torch"):
         pool = build_gpu_pool(GpuSettings(kernels=kernels), detector.backend)
         assert isinstance(pool, GpuPool)
-        worker: GpuWorker = pool.workers[0]
+        worker: GpuDevice = pool.devices[0]
         workers.append(pool)
         reader = worker.open_reader(
             str(SAMPLE),

@@ -50,7 +50,7 @@ STREAMS = ("g0", "g1", "g2", "g3")
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    folder = tmp_path_factory.mktemp("gpu_workers")
+    folder = tmp_path_factory.mktemp("gpu_devices")
     svc = start_service(
         folder,
         DEMO,

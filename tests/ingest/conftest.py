@@ -11,7 +11,7 @@ import pytest
 from support.rtsp import free_port
 from support.videos import write_corrupt_copy, write_h264_clip
 
-from vdet.ingest.source_thread import IngestOptions, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, SourceThread
 
 
 @pytest.fixture(scope="session")
@@ -72,9 +72,9 @@ def silent_port() -> Iterator[int]:
 
 
 @pytest.fixture
-def workers() -> Iterator[list[SourceWorker]]:
+def workers() -> Iterator[list[SourceThread]]:
     """Append the workers a test starts; all are stopped at its end, whatever happened."""
-    started: list[SourceWorker] = []
+    started: list[SourceThread] = []
     yield started
     for worker in started:
         worker.stop(timeout=5)

@@ -23,7 +23,7 @@ from support.waiting import wait_until
 from vdet.core.types import SourceState, VideoFrame
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import DamagedFrame, SourceReader
-from vdet.ingest.source_thread import IngestOptions, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, SourceThread
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,8 @@ def test_no_frame_of_a_damaged_chain_is_handed_on(damaged_clip: Path) -> None:
 
 
 @contextlib.contextmanager
-def _run_worker(url: str, options: IngestOptions) -> Iterator[SourceWorker]:
-    worker = SourceWorker("cam", url, FrameMailbox(), options)
+def _run_worker(url: str, options: IngestOptions) -> Iterator[SourceThread]:
+    worker = SourceThread("cam", url, FrameMailbox(), options)
     worker.start()
     take_in_background(worker.mailbox)  # a file not paced waits for its frames to be taken
     try:

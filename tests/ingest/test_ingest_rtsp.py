@@ -12,10 +12,10 @@ from support.rtsp import RtspServerFactory
 from support.waiting import wait_until
 
 from vdet.core.types import SourceState, VideoFrame
-from vdet.ingest.source_thread import IngestOptions, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, SourceThread
 
 
-def take(worker: SourceWorker, count: int, timeout: float = 10.0) -> list[VideoFrame]:
+def take(worker: SourceThread, count: int, timeout: float = 10.0) -> list[VideoFrame]:
     frames: list[VideoFrame] = []
     deadline = time.monotonic() + timeout
     while len(frames) < count and time.monotonic() < deadline:
@@ -29,7 +29,7 @@ def take(worker: SourceWorker, count: int, timeout: float = 10.0) -> list[VideoF
 @pytest.mark.parametrize("clip_fixture", ["h264_clip", "h264_bframes_clip"])
 def test_frames_arrive_from_an_rtsp_camera(
     rtsp_server_factory: RtspServerFactory,
-    workers: list[SourceWorker],
+    workers: list[SourceThread],
     fast_options: IngestOptions,
     clip_fixture: str,
     request: pytest.FixtureRequest,
@@ -55,7 +55,7 @@ def test_frames_arrive_from_an_rtsp_camera(
 
 def test_a_killed_camera_is_reconnected_when_it_comes_back(
     rtsp_server_factory: RtspServerFactory,
-    workers: list[SourceWorker],
+    workers: list[SourceThread],
     fast_options: IngestOptions,
     h264_clip: Path,
 ) -> None:
@@ -92,7 +92,7 @@ def test_a_killed_camera_is_reconnected_when_it_comes_back(
 
 def test_a_hung_camera_is_detected_as_stalled_and_recovers(
     rtsp_server_factory: RtspServerFactory,
-    workers: list[SourceWorker],
+    workers: list[SourceThread],
     fast_options: IngestOptions,
     h264_clip: Path,
 ) -> None:
@@ -124,7 +124,7 @@ def test_a_hung_camera_is_detected_as_stalled_and_recovers(
 
 def test_stop_is_prompt_while_a_read_hangs(
     rtsp_server_factory: RtspServerFactory,
-    workers: list[SourceWorker],
+    workers: list[SourceThread],
     h264_clip: Path,
 ) -> None:
     server = rtsp_server_factory(h264_clip)

@@ -21,7 +21,7 @@ from vdet.core.redact import redact
 from vdet.core.types import SourceState
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
-from vdet.ingest.source_thread import IngestOptions, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, SourceThread
 from vdet.ingest.urls import REFUSED_FILE, SourcePolicy, ffmpeg_whitelists, validate_source_url
 
 DEFAULT = SourcePolicy()
@@ -177,7 +177,7 @@ def test_credentials_never_reach_last_error_or_logs(caplog: pytest.LogCaptureFix
     options = IngestOptions(
         connect_timeout_s=1.0, read_timeout_s=1.0, backoff_initial_s=5.0, backoff_max_s=5.0
     )
-    worker = SourceWorker("cam", url, FrameMailbox(), options)
+    worker = SourceThread("cam", url, FrameMailbox(), options)
     with caplog.at_level(logging.DEBUG):
         worker.start()
         try:

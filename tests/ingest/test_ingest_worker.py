@@ -13,7 +13,7 @@ from support.waiting import wait_until
 
 from vdet.core.types import SourceState, VideoFrame
 from vdet.ingest.mailbox import FrameMailbox
-from vdet.ingest.source_thread import IngestOptions, SourceWorker, backoff_delay
+from vdet.ingest.source_thread import IngestOptions, SourceThread, backoff_delay
 
 # ------------------------------------------------------------------ options and backoff
 
@@ -81,7 +81,7 @@ def test_backoff_jitter_spreads_within_its_fraction_and_never_exceeds_the_cap() 
 
 
 def test_a_file_is_read_once_then_the_worker_stops(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     transitions: list[Transition] = []
     worker = start_worker(workers, str(h264_clip), fast_options, transitions)
@@ -108,7 +108,7 @@ def test_a_file_is_read_once_then_the_worker_stops(
 
 
 def test_status_is_a_copy(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     worker = start_worker(workers, str(h264_clip), fast_options)
     take_in_background(worker.mailbox)
@@ -121,7 +121,7 @@ def test_status_is_a_copy(
 
 
 def test_a_file_not_paced_hands_over_every_frame_at_the_pace_of_its_reader(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     transitions: list[Transition] = []
     worker = start_worker(workers, str(h264_clip), fast_options, transitions)
@@ -142,7 +142,7 @@ def test_a_file_not_paced_hands_over_every_frame_at_the_pace_of_its_reader(
 
 
 def test_stop_is_prompt_while_a_file_waits_for_its_reader(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     worker = start_worker(workers, str(h264_clip), fast_options)
     wait_until(lambda: worker.mailbox.pending, 10, what="a frame waiting")
@@ -155,7 +155,7 @@ def test_stop_is_prompt_while_a_file_waits_for_its_reader(
 
 
 def test_a_looping_file_streams_like_a_camera(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     options = dataclasses.replace(fast_options, loop_files=True)
     worker = start_worker(workers, str(h264_clip), options)
@@ -177,7 +177,7 @@ def test_a_looping_file_streams_like_a_camera(
 
 
 def test_a_realtime_file_delivers_at_its_frame_rate(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     options = dataclasses.replace(fast_options, loop_files=True, realtime=True)
     worker = start_worker(workers, str(h264_clip), options)
@@ -189,7 +189,7 @@ def test_a_realtime_file_delivers_at_its_frame_rate(
 
 
 def test_a_corrupt_file_records_errors_and_the_worker_goes_on(
-    workers: list[SourceWorker], corrupt_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], corrupt_clip: Path, fast_options: IngestOptions
 ) -> None:
     worker = start_worker(workers, str(corrupt_clip), fast_options)
     take_in_background(worker.mailbox)
@@ -204,7 +204,7 @@ def test_a_corrupt_file_records_errors_and_the_worker_goes_on(
 
 
 def test_too_many_consecutive_decode_errors_reconnect(
-    workers: list[SourceWorker], corrupt_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], corrupt_clip: Path, fast_options: IngestOptions
 ) -> None:
     options = dataclasses.replace(fast_options, loop_files=True, max_consecutive_decode_errors=3)
     transitions: list[Transition] = []
@@ -221,11 +221,11 @@ def test_too_many_consecutive_decode_errors_reconnect(
 
 def test_a_missing_file_is_rejected_up_front(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
-        SourceWorker("cam", str(tmp_path / "nope.mp4"), FrameMailbox())
+        SourceThread("cam", str(tmp_path / "nope.mp4"), FrameMailbox())
 
 
 def test_a_file_that_is_no_video_fails_for_good(
-    workers: list[SourceWorker], h264_clip: Path, tmp_path: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, tmp_path: Path, fast_options: IngestOptions
 ) -> None:
     clip = tmp_path / "clip.mp4"
     clip.write_bytes(h264_clip.read_bytes()[:100])  # exists, but is no video
@@ -241,7 +241,7 @@ def test_a_file_that_is_no_video_fails_for_good(
 
 
 def test_an_unreachable_camera_backs_off_and_keeps_trying(
-    workers: list[SourceWorker], closed_port: int, fast_options: IngestOptions
+    workers: list[SourceThread], closed_port: int, fast_options: IngestOptions
 ) -> None:
     transitions: list[Transition] = []
     worker = start_worker(workers, f"rtsp://127.0.0.1:{closed_port}/cam", fast_options, transitions)
@@ -261,7 +261,7 @@ def test_an_unreachable_camera_backs_off_and_keeps_trying(
 
 
 def test_a_hung_camera_fails_after_the_connect_timeout(
-    workers: list[SourceWorker], silent_port: int, fast_options: IngestOptions
+    workers: list[SourceThread], silent_port: int, fast_options: IngestOptions
 ) -> None:
     options = dataclasses.replace(fast_options, connect_timeout_s=0.3)
     worker = start_worker(workers, f"rtsp://127.0.0.1:{silent_port}/cam", options)
@@ -270,12 +270,12 @@ def test_a_hung_camera_fails_after_the_connect_timeout(
 
 
 def test_a_failing_state_callback_does_not_stop_the_worker(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     def explode(*_: object) -> None:
         raise RuntimeError("callback bug")
 
-    worker = SourceWorker(
+    worker = SourceThread(
         "cam", str(h264_clip), FrameMailbox(), fast_options, on_state_change=explode
     )
     workers.append(worker)
@@ -289,13 +289,13 @@ def test_a_failing_state_callback_does_not_stop_the_worker(
 
 
 def test_stop_before_start_is_immediate(h264_clip: Path) -> None:
-    worker = SourceWorker("cam", str(h264_clip), FrameMailbox())
+    worker = SourceThread("cam", str(h264_clip), FrameMailbox())
     assert worker.stop(timeout=1)
     assert worker.state is SourceState.STOPPED
     assert worker.mailbox.closed
 
 
-def test_stop_is_prompt_while_backing_off(workers: list[SourceWorker], closed_port: int) -> None:
+def test_stop_is_prompt_while_backing_off(workers: list[SourceThread], closed_port: int) -> None:
     options = IngestOptions(backoff_initial_s=60, backoff_max_s=60)
     worker = start_worker(workers, f"rtsp://127.0.0.1:{closed_port}/cam", options)
     wait_until(lambda: worker.state is SourceState.BACKOFF, 5, what="backoff")
@@ -307,7 +307,7 @@ def test_stop_is_prompt_while_backing_off(workers: list[SourceWorker], closed_po
 
 @pytest.mark.parametrize("scheme", ["rtsp", "http"])
 def test_stop_is_prompt_while_a_connect_hangs(
-    workers: list[SourceWorker], silent_port: int, scheme: str
+    workers: list[SourceThread], silent_port: int, scheme: str
 ) -> None:
     options = IngestOptions(connect_timeout_s=60, read_timeout_s=60, stall_timeout_s=60)
     worker = start_worker(workers, f"{scheme}://127.0.0.1:{silent_port}/cam", options)
@@ -323,7 +323,7 @@ def test_stop_is_prompt_while_a_connect_hangs(
 
 
 def test_stop_is_prompt_while_streaming(
-    workers: list[SourceWorker], h264_clip: Path, fast_options: IngestOptions
+    workers: list[SourceThread], h264_clip: Path, fast_options: IngestOptions
 ) -> None:
     options = dataclasses.replace(fast_options, loop_files=True, realtime=True)
     worker = start_worker(workers, str(h264_clip), options)

@@ -7,19 +7,19 @@ import threading
 
 from vdet.core.types import SourceState, VideoFrame
 from vdet.ingest.mailbox import FrameMailbox
-from vdet.ingest.source_thread import IngestOptions, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, SourceThread
 
 Transition = tuple[str, SourceState, SourceState]
 
 
 def start_worker(
-    workers: list[SourceWorker],
+    workers: list[SourceThread],
     url: str,
     options: IngestOptions,
     transitions: list[Transition] | None = None,
-) -> SourceWorker:
+) -> SourceThread:
     """Start a worker for source "cam", recording its transitions; `workers` stops it later."""
-    worker = SourceWorker(
+    worker = SourceThread(
         "cam",
         url,
         FrameMailbox(),

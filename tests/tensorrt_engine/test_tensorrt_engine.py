@@ -437,7 +437,7 @@ def test_gpu_workers_on_the_engine_find_what_onnxruntime_finds(fp32_plan: Path, 
         for graphs in (True, False):
             settings = GpuSettings(batch=batch, cuda_graphs=graphs, devices=[0])
             pool = build_gpu_pool(settings, engine)
-            worker = pool.workers[0]
+            worker = pool.devices[0]
             try:
                 results[graphs] = [
                     worker.detect(f"cam{i}", frame, reference.params)[0]

@@ -23,7 +23,7 @@ def settings(**values: object) -> Settings:
         # CPU: auto keeps every stream in the API process; a number is a total.
         ({}, 0, ()),
         ({"workers": {"processes": 3}}, 0, (None, None, None)),
-        # onnxruntime never plans GPU workers, even where GPUs exist.
+        # onnxruntime never plans GPU devices, even where GPUs exist.
         ({"backend": "onnxruntime", "workers": {"processes": 2}}, 4, (None, None)),
         # GPU, auto: each GPU's share of max_streams at streams_per_process each.
         ({"max_streams": 64}, 1, (0,) * 8),

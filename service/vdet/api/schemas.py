@@ -52,7 +52,7 @@ class EffectiveParams(BaseModel):
 
 
 class StreamStatusOut(BaseModel):
-    state: SourceState = Field(description="Where the source's worker is in its cycle.")
+    state: SourceState = Field(description="Where the source thread is in its cycle.")
     attempts: int = Field(description="Connection attempts since the stream was added.")
     reconnects: int = Field(description="Reopens after an error, end of stream or stall.")
     last_error: str | None = Field(
@@ -125,7 +125,7 @@ class ReadyOut(BaseModel):
         default=False, description="Whether the worker processes share their GPU through MPS."
     )
     sources_configured: int = Field(description="Streams declared in the configuration.")
-    sources_started: int = Field(description="Of those, streams whose workers have started.")
+    sources_started: int = Field(description="Of those, streams whose source threads have started.")
     sources_restored: int = Field(
         default=0,
         description="Streams started from `streams_file` that the configuration does not "

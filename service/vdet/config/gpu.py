@@ -10,7 +10,7 @@ from vdet.config.base import Strict
 
 
 class GpuSettings(Strict):
-    """The GPU data path: NVDEC decode, per-GPU workers, CUDA graphs, batching across sources.
+    """The GPU data path: NVDEC decode, per-GPU devices, CUDA graphs, batching across sources.
 
     Used only when the inference backend runs on a GPU (torch); with ONNX Runtime on the CPU
     every stream decodes on the CPU and these settings are ignored. See docs/gpu-data-path.md.
@@ -24,10 +24,10 @@ class GpuSettings(Strict):
     devices: list[int] | None = Field(
         default=None,
         max_length=64,
-        description="GPU indices to run workers on (one worker per GPU); null: every GPU.",
+        description="GPU indices to use (one GPU device each); null: every GPU.",
     )
     max_streams_per_gpu: int | None = Field(
-        default=None, ge=1, le=1024, description="Most streams one GPU worker takes; null: no cap."
+        default=None, ge=1, le=1024, description="Most streams one GPU device takes; null: no cap."
     )
     batch: int = Field(
         default=1,

@@ -132,7 +132,7 @@ class Settings(BaseSettings):
     )
     gpu: GpuSettings = Field(
         default_factory=GpuSettings,
-        description="NVDEC decode, per-GPU workers, CUDA graphs and batching (GPU backends).",
+        description="NVDEC decode, per-GPU devices, CUDA graphs and batching (GPU backends).",
     )
     workers: WorkerSettings = Field(
         default_factory=WorkerSettings,

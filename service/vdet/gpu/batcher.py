@@ -2,7 +2,7 @@
 
 A `Batcher` owns one `BatchedGraphRunner` (one input shape, a graph per batch-size bucket) and
 a thread that seals and launches batches; each stream's own thread stages its frame into the
-open batch and reads its own rows back. The GPU worker (vdet.gpu.devices) makes one per input
+open batch and reads its own rows back. The GPU device (vdet.gpu.devices) makes one per input
 shape and decides nothing else here.
 """
 
@@ -72,7 +72,7 @@ class Batcher:
             ):
                 self._cond.wait()
             if self._closed:
-                raise RuntimeError("the GPU worker is closed")
+                raise RuntimeError("the GPU device is closed")
             request = Request(len(self._open))
             if not self._open:
                 self._params, self._opened_at = params, time.monotonic()
@@ -106,7 +106,7 @@ class Batcher:
         with self._cond:  # a wedged batcher: whoever still waits gets an answer
             stranded, self._open = self._open, []
         for request in stranded:
-            request.error = RuntimeError("the GPU worker is closed")
+            request.error = RuntimeError("the GPU device is closed")
             request.done.set()
 
     def _next_batch(self) -> tuple[list[Request], PostprocessParams] | None:

@@ -1,6 +1,6 @@
-"""The GPU side of the service: one worker per GPU, and which GPU runs which stream.
+"""The GPU side of the service: one device per GPU, and which GPU runs which stream.
 
-A `GpuWorker` owns everything one GPU does for its streams: the readers it hands out decode
+A `GpuDevice` owns everything one GPU does for its streams: the readers it hands out decode
 with NVDEC on that GPU (vdet.ingest.nvdec_reader; a stream NVDEC cannot decode falls back to
 the CPU reader and then goes through the CPU `Detector`), and each NV12 frame becomes
 detections through a CUDA graph (vdet.gpu.graphs): per stream, a `CudaGraphRunner`
@@ -8,17 +8,17 @@ on the stream's own CUDA stream (batch 1, lowest latency), or, with `gpu.batch` 
 `BatchedGraphRunner` running up to K ready frames of any of the GPU's streams as one graph
 (vdet.gpu.batcher: each stream's thread stages its own frame; a batcher thread launches
 the batch). `GpuPool`
-holds the workers and places each new stream with vdet.gpu.placement (pinned, sticky, least
+holds the devices and places each new stream with vdet.gpu.placement (pinned, sticky, least
 loaded), so a frame's whole life stays on one GPU.
 
 Input shapes (vdet.gpu.input_shapes, setting `input_shape`): a graph is captured for one input
 shape, so a stream's runner is built for the shape its resolution needs and rebuilt when a
 resolution change needs another one; batching keeps one batcher (and batched runner) per input
-shape, the 16:9 one built with the worker and others when a frame first needs them, so a batch
+shape, the 16:9 one built with the device and others when a frame first needs them, so a batch
 holds frames of one shape and cameras of mixed resolutions still batch. Interpreter tuning for
 many streams: vdet.gpu.gil.
 
-Isolation: each worker has its own CUDA streams, runners and network replica; an exception on
+Isolation: each device has its own CUDA streams, runners and network replica; an exception on
 one GPU fails that frame only (the stream manager records it on the stream), and a GPU whose
 CUDA context is lost keeps failing its own streams while the other GPUs go on.
 
@@ -54,7 +54,7 @@ from vdet.ingest.reader import SourceReader
 
 log = logging.getLogger(__name__)
 
-# network_factory(batch, (H, W)) -> a network for (batch, 3, H, W) inputs on the worker's device.
+# network_factory(batch, (H, W)) -> a network for (batch, 3, H, W) inputs on the device.
 NetworkFactory = Callable[[int, tuple[int, int]], Network]
 
 
@@ -92,7 +92,7 @@ def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
     return np.ascontiguousarray(bgr.cpu().numpy())
 
 
-class GpuWorker:
+class GpuDevice:
     """Everything one GPU does for the streams placed on it (module docstring).
 
     `device` is a torch device (cuda:N; "cpu" runs the same code without CUDA, for tests);
@@ -100,7 +100,7 @@ class GpuWorker:
     that device (called once per stream runner: a TensorRT network is an execution context of
     its own), `dtype` and `channels_last` describe the input it takes; `input_shapes` says
     which input shape a frame runs at (default: always `input_hw`, the model's); `nvc`
-    replaces the PyNvVideoCodec module in the readers, and `index` gives a CPU worker a GPU
+    replaces the PyNvVideoCodec module in the readers, and `index` gives a CPU-backed device a GPU
     index to stand for (both for tests on the CPU).
     Thread-safe.
     """
@@ -138,7 +138,7 @@ class GpuWorker:
         self._network_factory = network_factory
         self._nvc = nvc
         self.preprocess, self.decode_nms, self.ops_name = choose_ops(settings.kernels, self.device)
-        # What every runner of this worker shares; each gets its own network, shape and name.
+        # What every runner of this device shares; each gets its own network, shape and name.
         self.runner_options = RunnerOptions(
             dtype=dtype,
             device=self.device,
@@ -167,7 +167,7 @@ class GpuWorker:
             return batcher
         with self._lock:
             if self._closed:
-                raise RuntimeError(f"GPU worker {self.label} is closed")
+                raise RuntimeError(f"GPU device {self.label} is closed")
             batcher = self._batchers.get(input_hw)
             if batcher is None:
                 H, W = input_hw
@@ -192,7 +192,7 @@ class GpuWorker:
     # --- ingest -----------------------------------------------------------------------------
 
     def open_reader(self, url: str, **options: Any) -> SourceReader:
-        """A reader decoding on this GPU per `gpu.decoder`: this worker's `ReaderFactory`
+        """A reader decoding on this GPU per `gpu.decoder`: this device's `ReaderFactory`
         (options as `SourceReader` takes them)."""
         if self.device.type != "cuda" and self._nvc is None:
             return SourceReader(url, **options)
@@ -220,7 +220,7 @@ class GpuWorker:
 
     @property
     def frames_in_flight(self) -> int:
-        """Frames of one stream to hand this worker at once. Batching: `gpu.
+        """Frames of one stream to hand this device at once. Batching: `gpu.
         batch_frames_per_stream` (2: one in the batch on the GPU and the next staged into the
         batch after it, so that a process's batches run back to back; with one frame per
         stream every batch waited for the last one's results to reach its streams' threads
@@ -234,7 +234,7 @@ class GpuWorker:
 
     def _runner(self, source_id: str, input_hw: tuple[int, int]) -> CudaGraphRunner:
         # Every frame of every stream comes here: the common case reads the dict without the
-        # worker's lock (a dict read is atomic), since a lock that all of a GPU's pipeline
+        # device's lock (a dict read is atomic), since a lock that all of a GPU's pipeline
         # threads take per frame queues them behind the GIL (64 streams: 29% of thread samples).
         runner = self._runners.get(source_id)
         if runner is not None and runner.input_hw == input_hw and not self._closed:
@@ -242,7 +242,7 @@ class GpuWorker:
         stale = None
         with self._lock:
             if self._closed:
-                raise RuntimeError(f"GPU worker {self.label} is closed")
+                raise RuntimeError(f"GPU device {self.label} is closed")
             runner = self._runners.get(source_id)
             if runner is not None and runner.input_hw != input_hw:
                 # A resolution change that needs another input shape: the graphs are captured
@@ -273,7 +273,7 @@ class GpuWorker:
 
     @property
     def batched_shapes(self) -> list[tuple[int, int]]:
-        """The input shapes (H, W) this worker has a batcher for (gpu.batch > 1)."""
+        """The input shapes (H, W) this device has a batcher for (gpu.batch > 1)."""
         with self._lock:
             return list(self._batchers)
 
@@ -320,23 +320,23 @@ class GpuWorker:
 
 
 class GpuPool:
-    """The node's GPU workers and the placement of streams on them (module docstring)."""
+    """The node's GPU devices and the placement of streams on them (module docstring)."""
 
     def __init__(
-        self, workers: Sequence[GpuWorker], *, max_streams_per_gpu: int | None = None
+        self, devices: Sequence[GpuDevice], *, max_streams_per_gpu: int | None = None
     ) -> None:
-        if not workers:
-            raise ValueError("a GpuPool needs at least one worker")
-        self.workers = tuple(workers)
+        if not devices:
+            raise ValueError("a GpuPool needs at least one device")
+        self.devices = tuple(devices)
         self._max_per_gpu = max_streams_per_gpu
         self._lock = threading.Lock()
-        self._placed: dict[str, int] = {}  # stream id -> position in self.workers
-        self._position = {w.index: i for i, w in enumerate(self.workers)}
-        if len(self._position) != len(self.workers):
-            raise ValueError("one worker per GPU: two workers have the same GPU index")
+        self._placed: dict[str, int] = {}  # stream id -> position in self.devices
+        self._position = {w.index: i for i, w in enumerate(self.devices)}
+        if len(self._position) != len(self.devices):
+            raise ValueError("one device per GPU: two devices have the same GPU index")
 
-    def place(self, source_id: str, pinned_gpu: int | None = None) -> GpuWorker:
-        """Choose the worker of a new stream; PlacementError (a ValueError) if it cannot."""
+    def place(self, source_id: str, pinned_gpu: int | None = None) -> GpuDevice:
+        """Choose the device of a new stream; PlacementError (a ValueError) if it cannot."""
         with self._lock:
             demands = [SourceDemand(sid) for sid in self._placed if sid != source_id]
             previous = dict(self._placed)
@@ -352,37 +352,37 @@ class GpuPool:
             # Sticky placement keeps every running stream where it is; only the new one moves.
             placed = assign(
                 demands,
-                len(self.workers),
+                len(self.devices),
                 previous=previous,
                 max_streams_per_gpu=self._max_per_gpu,
             )
             self._placed[source_id] = placed[source_id]
-            return self.workers[placed[source_id]]
+            return self.devices[placed[source_id]]
 
-    def worker_of(self, source_id: str) -> GpuWorker:
+    def device_of(self, source_id: str) -> GpuDevice:
         with self._lock:
-            return self.workers[self._placed[source_id]]
+            return self.devices[self._placed[source_id]]
 
     def release(self, source_id: str) -> None:
         with self._lock:
             position = self._placed.pop(source_id, None)
         if position is not None:
-            self.workers[position].release(source_id)
+            self.devices[position].release(source_id)
 
     def streams_by_gpu(self) -> dict[str, int]:
-        """Streams placed on each worker, by GPU label."""
+        """Streams placed on each device, by GPU label."""
         with self._lock:
-            counts = dict.fromkeys((w.label for w in self.workers), 0)
+            counts = dict.fromkeys((w.label for w in self.devices), 0)
             for position in self._placed.values():
-                counts[self.workers[position].label] += 1
+                counts[self.devices[position].label] += 1
             return counts
 
     def describe(self) -> str:
-        return "; ".join(w.describe() for w in self.workers)
+        return "; ".join(w.describe() for w in self.devices)
 
     def close(self) -> None:
-        for worker in self.workers:
-            worker.close()
+        for device in self.devices:
+            device.close()
 
 
 def _apply_host_wait(index: int, mode: str) -> None:
@@ -407,7 +407,7 @@ def build_gpu_pool(
     on_eager_fallback: Callable[[], None] | None = None,
     input_shape: Literal["rect", "square"] = "rect",
 ) -> GpuPool:
-    """One worker per GPU of `settings.devices` (None: every visible GPU) for a backend that
+    """One device per GPU of `settings.devices` (None: every visible GPU) for a backend that
     feeds the GPU data path (torch, or a TensorRT raw-head engine: `gpu_data_path`), built
     from what the backend declares (`network_for`, `network_dtype`, `network_channels_last`,
     `rect_networks`, `network_min_hw`, `replica`).
@@ -421,12 +421,12 @@ def build_gpu_pool(
     if not backend.gpu_data_path:
         raise TypeError(f"{backend!r} does not feed the GPU data path (gpu_data_path is False)")
     count = torch.cuda.device_count()
-    devices = settings.devices if settings.devices is not None else list(range(count))
-    if missing := [d for d in devices if not 0 <= d < count]:
+    indices = settings.devices if settings.devices is not None else list(range(count))
+    if missing := [d for d in indices if not 0 <= d < count]:
         raise ValueError(f"gpu.devices {missing} do not exist; this node has {count} GPU(s)")
 
-    workers = []
-    for index in devices:
+    devices = []
+    for index in indices:
         _apply_host_wait(index, settings.host_wait)
         source: InferenceBackend = backend.replica(index)
         if isinstance(source, TorchBackend):  # networks built from here on follow the setting
@@ -439,8 +439,8 @@ def build_gpu_pool(
             and has_rect_inputs(backend.info.input_hw, backend.info.stride),
             min_hw=source.network_min_hw,
         )
-        workers.append(
-            GpuWorker(
+        devices.append(
+            GpuDevice(
                 torch.device("cuda", index),
                 source.network_for,
                 input_hw=backend.info.input_hw,
@@ -451,12 +451,12 @@ def build_gpu_pool(
                 input_shapes=shapes,
             )
         )
-    return GpuPool(workers, max_streams_per_gpu=settings.max_streams_per_gpu)
+    return GpuPool(devices, max_streams_per_gpu=settings.max_streams_per_gpu)
 
 
 __all__ = [
+    "GpuDevice",
     "GpuPool",
-    "GpuWorker",
     "NetworkFactory",
     "build_gpu_pool",
     "choose_ops",

@@ -1,7 +1,7 @@
-"""How a process that serves many streams tunes the Python interpreter it runs in.
+"""The GIL switch interval of a process that serves many GPU streams.
 
-Only process-wide interpreter settings live here (today the GIL switch interval); the callers
-decide when they apply: the app when it starts GPU workers, and the streams benchmark.
+Process-wide, so the callers decide when it applies: the composition root when it opens GPU
+devices, and the lab's streams benchmark.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ log = logging.getLogger(__name__)
 _SWITCH_INTERVAL_S = 0.0005
 
 
-def tune_interpreter_for_streams() -> None:
+def shorten_gil_switch_interval() -> None:
     """Shorten the GIL switch interval for a process serving many GPU streams (module-wide:
-    called once by the app when it starts GPU workers, and by the streams benchmark)."""
+    called once by the app when it starts GPU devices, and by the streams benchmark)."""
     if sys.getswitchinterval() > _SWITCH_INTERVAL_S:
         log.info("GIL switch interval -> %.4f s (many streams)", _SWITCH_INTERVAL_S)
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
 
 
-__all__ = ["tune_interpreter_for_streams"]
+__all__ = ["shorten_gil_switch_interval"]

@@ -225,7 +225,7 @@ def _parse_rows(
 
 @dataclass(frozen=True)
 class RunnerOptions:
-    """How a runner runs, whatever its network, input shape and batch: what a GPU worker
+    """How a runner runs, whatever its network, input shape and batch: what a GPU device
     gives every runner it makes.
 
     `dtype`, `device` and `channels_last` describe the network's input; `preprocess` /

@@ -2,9 +2,9 @@
 
 This module only decides; it starts nothing, touches no CUDA and keeps no state between calls,
 so the same inputs always give the same answer (what makes it testable and safe to re-run on
-every change). The caller owns the workers and passes in what it placed last time.
+every change). The caller owns the GPUs and passes in what it placed last time.
 
-One node, several GPUs (`assign`): one worker per GPU, each seeing only its own device, runs the
+One node, several GPUs (`assign`): one device per GPU, each seeing only its own, runs the
 streams assigned to it. The rules, applied in this order:
 
 1. Pinned: a source that names a `gpu` runs on that GPU. An index the node doesn't have is an

@@ -14,7 +14,7 @@ by frame and each waits whenever the other has a slow frame; a few frames of sla
 (`ingest.unpaced_queue_frames`) let each run at its own average speed, at one frame's memory
 per frame of depth.
 
-One producer (the source's worker) and any number of consumers; thread-safe. It does not know
+One producer (the source thread) and any number of consumers; thread-safe. It does not know
 about sources' states or the pipeline's batching.
 
 A stream may ask for fewer detections than frames (`set_detect_fps`): the box then takes only

@@ -2,11 +2,11 @@
 between it and the CPU reader.
 
 `NvdecSourceReader` is a `SourceReader` (same open/interrupt/close, timeouts, looping and
-pacing; the worker drives it unchanged) whose `frames()` yields `GpuVideoFrame`s instead of
+pacing; the source thread drives it unchanged) whose `frames()` yields `GpuVideoFrame`s instead of
 BGR `VideoFrame`s for H.264 and HEVC: PyAV only demuxes, length-prefixed MP4/MKV packets go
 through `{codec}_mp4toannexb`, Annex B ones (RTSP) as they are, with the SDP's parameter sets
 (`extradata`) fed to each new session. An NVDEC failure is yielded as a `DecodeError`, which
-the worker counts like a CPU decode error. A codec NVDEC cannot decode falls back to the CPU
+the source thread counts like a CPU decode error. A codec NVDEC cannot decode falls back to the CPU
 path inside the same reader (decoder "auto"), or fails to open ("nvdec").
 
 `select_reader` is the one place that decides: decoder "cpu" -> `SourceReader`; "nvdec" ->

@@ -3,7 +3,7 @@
 Owns the FFmpeg side of ingest: which options a camera, stream or file is opened with, how
 long a connect or a read may block, threaded decoding, conversion to BGR uint8, presentation
 times in seconds, looping and real-time pacing of files. It knows nothing of reconnecting,
-states or mailboxes (that is `worker.py`); a failure here is an exception for the caller.
+states or mailboxes (that is `source_thread.py`); a failure here is an exception for the caller.
 
 Timeouts, as verified against PyAV 18.1 with FFmpeg 8:
 
@@ -113,7 +113,7 @@ def _scheme_options(url: str, read_timeout_s: float) -> dict[str, str]:
             "timeout": microseconds(read_timeout_s),
             "rw_timeout": microseconds(read_timeout_s),
             "fflags": "nobuffer",
-            "reconnect": "0",  # the worker reconnects, with backoff and a visible state
+            "reconnect": "0",  # the source thread reconnects, with backoff and a visible state
         }
     return {}
 

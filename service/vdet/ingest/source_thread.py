@@ -1,4 +1,4 @@
-"""A supervised worker per source: connect, decode into the mailbox, and reconnect on failure.
+"""A supervised thread per source: connect, decode into the mailbox, and reconnect on failure.
 
 Owns a source's reconnect state machine and its health numbers (`SourceStatus`):
 
@@ -19,7 +19,7 @@ that is not paced (`realtime` off), whose every frame is detected: then it waits
 one to be taken. It does not decide which sources exist (the pipeline does) and does not
 interpret frames.
 
-Two daemon threads per source: the worker, which does all FFmpeg calls for its source, and a
+Two daemon threads per source: the decoding thread, which makes all FFmpeg calls for its source, and a
 watchdog that notices a connection making no progress (packets but no frames, or a call that
 ignores its timeout), marks it and interrupts the blocking FFmpeg call. Reads are bounded by
 FFmpeg/PyAV timeouts as well, so neither a stall nor `stop()` needs a thread to be killed.
@@ -55,7 +55,7 @@ _ERRORS_KEPT = 16
 
 class ReaderFactory(Protocol):
     """Makes the reader of one connection attempt: `SourceReader` itself (CPU decode), or
-    a GPU worker's choice between it and the NVDEC reader (vdet.ingest.nvdec_reader)."""
+    a GPU device's choice between it and the NVDEC reader (vdet.ingest.nvdec_reader)."""
 
     def __call__(
         self,
@@ -70,7 +70,7 @@ class ReaderFactory(Protocol):
 
 
 class Clock(Protocol):
-    """What the worker reads the time from; the `time` module is one."""
+    """What the source thread reads the time from; the `time` module is one."""
 
     def time(self) -> float: ...
 
@@ -163,7 +163,7 @@ def backoff_delay(failures: int, options: IngestOptions, rng: random.Random) -> 
     return max(0.0, min(base * spread, options.backoff_max_s))
 
 
-class SourceWorker:
+class SourceThread:
     """Keeps one source decoding into its mailbox, reconnecting until `stop()`.
 
     Counters in `status()`: ``attempts`` is every connection attempt since `start()`;
@@ -179,12 +179,12 @@ class SourceWorker:
     It starts in ``connecting`` (no callback for that) once `start()` is called. The URL is
     checked with `validate_source_url` on construction (`ValueError` if rejected).
 
-    The worker closes its mailbox when it ends (after `stop()` or at the end of a file that
+    The source thread closes its mailbox when it ends (after `stop()` or at the end of a file that
     does not loop); a consumer still gets the last frame, then None.
 
     `on_state_change(source_id, old, new)` is called after each transition, from whichever
-    thread made it (the worker's, the watchdog's or the one calling `stop()`); it must be
-    quick and must not call back into the worker's `stop()`.
+    thread made it (the decoding thread, the watchdog or the one calling `stop()`); it must be
+    quick and must not call back into `stop()`.
     """
 
     def __init__(
@@ -216,7 +216,7 @@ class SourceWorker:
         self._errors: collections.deque[str] = collections.deque(maxlen=_ERRORS_KEPT)
         self._decoded_rate = RateMeter()
         self._chain_damaged = False  # frames are being dropped until the next keyframe
-        self._gave_up = False  # a permanent failure: the worker ended in `failed`
+        self._gave_up = False  # a permanent failure: the source ended in `failed`
         self._decode_errors = 0
         self._failures = 0  # consecutive, for the backoff; reset by a decoded frame
         self._has_streamed = False
@@ -247,8 +247,8 @@ class SourceWorker:
     def stop(self, timeout: float = 5.0) -> bool:
         """Stop from any state within `timeout` seconds; True if the threads have ended.
 
-        A blocking connect or read is interrupted rather than waited for. If the worker
-        thread still has not returned (an FFmpeg call ignoring interrupts), the worker is
+        A blocking connect or read is interrupted rather than waited for. If the decoding
+        thread still has not returned (an FFmpeg call ignoring interrupts), the source is
         reported stopped anyway and delivers nothing more; its daemon thread ends when the
         call's own timeout expires.
         """
@@ -263,7 +263,7 @@ class SourceWorker:
                 thread.join(max(0.0, deadline - time.monotonic()))
         ended = not self._thread.is_alive() and not self._watchdog.is_alive()
         if not ended:
-            log.warning("source %s: worker did not end within %.1f s", self.source_id, timeout)
+            log.warning("source %s: decoding thread did not end within %.1f s", self.source_id, timeout)
         self.mailbox.close()
         self._transition(SourceState.STOPPED, "stopped")
         return ended
@@ -288,7 +288,7 @@ class SourceWorker:
 
     @property
     def decode_errors(self) -> int:
-        """Packets the decoder rejected, over the worker's life."""
+        """Packets the decoder rejected, over the source thread's life."""
         with self._lock:
             return self._decode_errors
 
@@ -296,10 +296,10 @@ class SourceWorker:
         return self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the worker thread to end (after `stop()` or the end of a file)."""
+        """Wait for the decoding thread to end (after `stop()` or the end of a file)."""
         self._thread.join(timeout)
 
-    # ------------------------------------------------------------ worker thread
+    # ------------------------------------------------------------ decoding thread
 
     def _run(self) -> None:
         try:
@@ -321,7 +321,7 @@ class SourceWorker:
                 if self._stop.wait(delay):
                     break
         except BaseException:  # a bug here must not leave a source silently dead
-            log.exception("source %s: worker crashed", self.source_id)
+            log.exception("source %s: decoding thread crashed", self.source_id)
             raise
         finally:
             self._done.set()
@@ -454,7 +454,7 @@ class SourceWorker:
 
     def _wait_for_detection(self) -> bool:
         """Whether a lossless `put` should keep waiting for its frame to be taken: until the
-        worker stops. Waiting on detection is not a stalled source, so the watchdog's clock
+        source stops. Waiting on detection is not a stalled source, so the watchdog's clock
         restarts while it lasts."""
         if self._stop.is_set() or self._aborted():
             return False

@@ -198,7 +198,7 @@ class Metrics:
         )
         self.source_state = Gauge(
             "vdet_source_state",
-            "1 for the state a source's worker is in now, 0 for the others.",
+            "1 for the state a source thread is in now, 0 for the others.",
             ["source", "state"],
             registry=r,
         )
@@ -287,23 +287,23 @@ class Metrics:
         self.backend = Info("vdet_backend", "The inference backend serving detections.", registry=r)
         self.gpu_memory_used = Gauge(
             "vdet_gpu_memory_used_bytes",
-            "GPU memory this process holds in torch's caching allocator, per GPU worker "
+            "GPU memory this process holds in torch's caching allocator, per GPU device "
             "(networks, graphs, frames; NVDEC's own surfaces are not included).",
             ["gpu"],
             registry=r,
         )
         self.source_gpu = Gauge(
             "vdet_source_gpu",
-            "1 for the GPU worker a source runs on ('cpu' without one); join on `source`.",
+            "1 for the GPU device a source runs on ('cpu' without one); join on `source`.",
             ["source", "gpu"],
             registry=r,
         )
         self.gpu_streams = Gauge(
-            "vdet_gpu_streams", "Streams placed on each GPU worker now.", ["gpu"], registry=r
+            "vdet_gpu_streams", "Streams placed on each GPU device now.", ["gpu"], registry=r
         )
         self.gpu_frames_processed = Counter(
             "vdet_gpu_frames_processed_total",
-            "Frames published by the streams of each GPU worker ('cpu' without one).",
+            "Frames published by the streams of each GPU device ('cpu' without one).",
             ["gpu"],
             registry=r,
         )
@@ -463,7 +463,7 @@ class Metrics:
     def add_source(self, source_id: str, state: SourceState, gpu: str = "cpu") -> None:
         """Create a new source's series at zero so dashboards see it before its first frame.
 
-        `gpu` labels the worker running it: a GPU index, or "cpu".
+        `gpu` labels the GPU running it: a GPU index, or "cpu".
         """
         with self._lock:
             series = _FrameSeries(
@@ -505,7 +505,7 @@ class Metrics:
         status: SourceStatus,
         now: float | None = None,
     ) -> None:
-        """Fold a source's cumulative counts (its worker's status) into the counters.
+        """Fold a source's cumulative counts (its source thread's status) into the counters.
 
         Workers keep their own running totals; counters only go up, so this adds the increase
         since the last call, and sets the last-frame age. Safe from any thread. Ignored for
@@ -591,10 +591,10 @@ class Metrics:
             ):
                 metric.remove_by_labels({"source": source_id})
 
-    # --- GPU workers ------------------------------------------------------------------------
+    # --- GPU devices ------------------------------------------------------------------------
 
     def set_gpu_usage(self, gpu: str, *, streams: int, memory_bytes: int | None = None) -> None:
-        """One worker's stream count and allocator memory (refreshed before a scrape); the
+        """One GPU's stream count and allocator memory (refreshed before a scrape); the
         CPU ("cpu") has no GPU memory to report."""
         self.gpu_streams.labels(gpu).set(streams)
         if memory_bytes is not None:

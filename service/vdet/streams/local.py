@@ -110,7 +110,7 @@ class LocalStreams:
         if self.gpu is None:
             return Health(sources, (("cpu", len(sources), None),), snapshots)
         counts = self.gpu.streams_by_gpu()
-        gpus = tuple((w.label, counts.get(w.label, 0), w.memory_bytes()) for w in self.gpu.workers)
+        gpus = tuple((w.label, counts.get(w.label, 0), w.memory_bytes()) for w in self.gpu.devices)
         return Health(sources, gpus, snapshots)
 
     def close(self) -> None:

@@ -1,12 +1,12 @@
 """The stream manager: the set of running streams and the threads that serve each one.
 
-A stream is a `FrameMailbox` fed by a supervised `SourceWorker` (ingest) and drained by one
+A stream is a `FrameMailbox` fed by a supervised `SourceThread` (ingest) and drained by one
 pipeline thread here, which runs the shared `Detector` with the stream's own thresholds; one
 publisher thread for all streams numbers each result in the `ResultsHub`, keeps the stream's
 snapshot and reports to `Metrics` (a single writer: see `StreamManager.__init__`). With a
-GPU side (`GpuSide`, vdet.gpu.devices.GpuPool), each new stream is placed on one GPU worker:
-its reader comes from that worker (NVDEC on that GPU), and its frames in GPU memory go to that
-worker's CUDA graphs; frames in host memory (a codec NVDEC cannot decode) still go to the
+GPU side (`GpuSide`, vdet.gpu.devices.GpuPool), each new stream is placed on one GPU device:
+its reader comes from that device (NVDEC on that GPU), and its frames in GPU memory go to that
+device's CUDA graphs; frames in host memory (a codec NVDEC cannot decode) still go to the
 `Detector`.
 
 This module owns adding, changing and removing streams and their threads' lifetimes; it does
@@ -50,7 +50,7 @@ from vdet.inference.class_thresholds import ClassThresholds
 from vdet.inference.postprocess import PostprocessParams
 from vdet.ingest.mailbox import FrameMailbox
 from vdet.ingest.reader import SourceReader
-from vdet.ingest.source_thread import IngestOptions, ReaderFactory, SourceWorker
+from vdet.ingest.source_thread import IngestOptions, ReaderFactory, SourceThread
 from vdet.ingest.urls import SourcePolicy, validate_source_url
 from vdet.metrics.registry import Metrics
 from vdet.streams.event_snapshots import (
@@ -84,7 +84,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 0.2
 # ... and, while a frame is in detection, before checking whether its result is ready.
 _IN_FLIGHT_POLL_S = 0.002
-# Counters from the worker are folded into metrics at most this often per stream.
+# Counters of the source thread are folded into metrics at most this often per stream.
 _METRICS_SYNC_S = 0.5
 # Results waiting for the publisher thread, per stream the manager may hold.
 _OUTBOX_PER_STREAM = 4
@@ -119,8 +119,8 @@ class ResultSink(Protocol):
     def remove_source(self, source_id: str) -> None: ...
 
 
-class GpuWorkerLike(Protocol):
-    """What the manager needs of one GPU worker (vdet.gpu.devices.GpuWorker)."""
+class GpuDeviceLike(Protocol):
+    """What the manager needs of one GPU device (vdet.gpu.devices.GpuDevice)."""
 
     label: str
 
@@ -140,12 +140,12 @@ class GpuWorkerLike(Protocol):
 
 
 class GpuSide(Protocol):
-    """What the manager needs of the GPU workers (vdet.gpu.devices.GpuPool)."""
+    """What the manager needs of the GPU devices (vdet.gpu.devices.GpuPool)."""
 
     @property
-    def workers(self) -> Sequence[GpuWorkerLike]: ...
+    def devices(self) -> Sequence[GpuDeviceLike]: ...
 
-    def place(self, source_id: str, pinned_gpu: int | None = None) -> GpuWorkerLike: ...
+    def place(self, source_id: str, pinned_gpu: int | None = None) -> GpuDeviceLike: ...
 
     def release(self, source_id: str) -> None: ...
 
@@ -177,8 +177,8 @@ class _Stream:
         self.mailbox = FrameMailbox(lossless_depth=unpaced_queue_frames)
         self.mailbox.set_detect_fps(spec.detect_fps)
         self.stop = threading.Event()
-        self.worker: SourceWorker | None = None
-        self.gpu_worker: GpuWorkerLike | None = None
+        self.source: SourceThread | None = None
+        self.gpu_device: GpuDeviceLike | None = None
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
         self.params = params
@@ -330,14 +330,14 @@ class StreamManager:
 
     def _start(self, stream: _Stream) -> None:
         source_id = stream.spec.id
-        gpu_worker = None
+        gpu_device = None
         if self._gpu is not None:  # a PlacementError (ValueError) says why it cannot run
-            gpu_worker = self._gpu.place(source_id, stream.spec.gpu)
+            gpu_device = self._gpu.place(source_id, stream.spec.gpu)
         with stream.lock:
-            stream.gpu_worker = gpu_worker
-        label = gpu_worker.label if gpu_worker is not None else "cpu"
+            stream.gpu_device = gpu_device
+        label = gpu_device.label if gpu_device is not None else "cpu"
         self._metrics.add_source(source_id, SourceState.CONNECTING, gpu=label)
-        worker = SourceWorker(
+        source = SourceThread(
             source_id,
             stream.url,
             stream.mailbox,
@@ -345,7 +345,7 @@ class StreamManager:
                 self._ingest, loop_files=stream.spec.loop, realtime=stream.spec.realtime
             ),
             on_state_change=self._on_state_change,
-            reader_factory=gpu_worker.open_reader if gpu_worker is not None else SourceReader,
+            reader_factory=gpu_device.open_reader if gpu_device is not None else SourceReader,
         )
         thread = threading.Thread(
             target=self._run_pipeline, args=(stream,), name=f"vdet-pipeline-{source_id}"
@@ -357,8 +357,8 @@ class StreamManager:
             if stream.closed:
                 raise StreamError(f"stream {source_id!r} was removed while starting")
             thread.start()
-            worker.start()
-            stream.thread, stream.worker = thread, worker
+            source.start()
+            stream.thread, stream.source = thread, source
 
     def remove(self, stream_id: str) -> None:
         """Stop a stream and forget it, its latest result and its metric series."""
@@ -378,10 +378,10 @@ class StreamManager:
     def _stop(self, stream: _Stream, timeout: float = 5.0) -> None:
         with stream.lock:
             stream.closed = True  # from here on nothing of this stream is published or counted
-            worker, thread = stream.worker, stream.thread
+            source, thread = stream.source, stream.thread
         stream.stop.set()
-        if worker is not None:
-            worker.stop(timeout)
+        if source is not None:
+            source.stop(timeout)
         stream.mailbox.close()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -497,10 +497,10 @@ class StreamManager:
             return frame.image_bgr
         stream = self._stream(stream_id)
         with stream.lock:
-            gpu_worker = stream.gpu_worker
-        if gpu_worker is None:
-            raise RuntimeError(f"stream {stream_id!r} has a GPU frame but no GPU worker")
-        return gpu_worker.to_bgr(frame)
+            gpu_device = stream.gpu_device
+        if gpu_device is None:
+            raise RuntimeError(f"stream {stream_id!r} has a GPU frame but no GPU device")
+        return gpu_device.to_bgr(frame)
 
     def change(self, stream_id: str, changes: StreamChanges) -> StreamView:
         """Apply `changes` to a running stream from its next frame (StreamChanges says what a
@@ -519,7 +519,7 @@ class StreamManager:
         return self._view(stream)
 
     def sync_metrics(self) -> None:
-        """Fold every stream's worker counters into metrics (call before a scrape)."""
+        """Fold every stream's source counters into metrics (call before a scrape)."""
         with self._lock:
             streams = list(self._streams.values())
         for stream in streams:
@@ -528,11 +528,11 @@ class StreamManager:
             self._metrics.set_gpu_usage("cpu", streams=len(streams))
         else:
             counts = self._gpu.streams_by_gpu()
-            for gpu_worker in self._gpu.workers:
+            for gpu_device in self._gpu.devices:
                 self._metrics.set_gpu_usage(
-                    gpu_worker.label,
-                    streams=counts.get(gpu_worker.label, 0),
-                    memory_bytes=gpu_worker.memory_bytes(),
+                    gpu_device.label,
+                    streams=counts.get(gpu_device.label, 0),
+                    memory_bytes=gpu_device.memory_bytes(),
                 )
 
     # --- internals -------------------------------------------------------------------------
@@ -558,18 +558,18 @@ class StreamManager:
 
     def _frame_size(self, stream: _Stream) -> tuple[int, int] | None:
         with stream.lock:
-            worker = stream.worker
-        status = worker.status() if worker is not None else None
+            source = stream.source
+        status = source.status() if source is not None else None
         if status is None or not status.width or not status.height:
             return None
         return status.width, status.height
 
     def _view(self, stream: _Stream) -> StreamView:
         with stream.lock:
-            spec, params, worker = stream.spec, stream.params, stream.worker
+            spec, params, source = stream.spec, stream.params, stream.source
             processed, error = stream.frames_processed, stream.pipeline_error
             fps_processed = stream.processed_rate.rate(time.monotonic())
-        status = worker.status() if worker is not None else SourceStatus()
+        status = source.status() if source is not None else SourceStatus()
         age = None
         if status.last_frame_time is not None:
             age = max(0.0, self._clock() - status.last_frame_time)
@@ -584,15 +584,15 @@ class StreamManager:
         )
 
     def _on_state_change(self, source_id: str, old: SourceState, new: SourceState) -> None:
-        # Called on the worker's thread. Metrics ignore sources already removed.
+        # Called on the source thread. Metrics ignore sources already removed.
         log.info("source %s: %s -> %s", source_id, old, new)
         self._metrics.set_source_state(source_id, new)
 
     def _sync_stream_metrics(self, stream: _Stream) -> None:
         with stream.lock:
-            worker = stream.worker
-        if worker is not None:
-            self._metrics.sync_source(stream.spec.id, worker.status(), now=self._clock())
+            source = stream.source
+        if source is not None:
+            self._metrics.sync_source(stream.spec.id, source.status(), now=self._clock())
         counts = self.event_snapshot_counts(stream.spec.id)
         self._metrics.sync_event_snapshots(
             stream.spec.id, counts.kept, counts.skipped, counts.failed
@@ -603,19 +603,19 @@ class StreamManager:
 
         With `parallel_frames` > 1, frames decoded on the CPU go to the detector from a pool of
         that many threads, so the next frame is taken (and detected) while earlier ones are
-        still in detection; so do a GPU stream's frames when its worker takes more than one
-        at a time (`frames_in_flight`: a batching worker). Results are tracked and published in
+        still in detection; so do a GPU stream's frames when its device takes more than one
+        at a time (`frames_in_flight`: a batching device). Results are tracked and published in
         the order frames were taken.
         """
         with stream.lock:
-            gpu_worker = stream.gpu_worker
-        gpu_depth = gpu_worker.frames_in_flight if gpu_worker is not None else 1
+            gpu_device = stream.gpu_device
+        gpu_depth = gpu_device.frames_in_flight if gpu_device is not None else 1
         depth = max(self._parallel_frames, gpu_depth)
         if depth == 1:
             self._pipeline_loop(stream, None, 1)
             return
         # A GPU stream's frames hold decoder surfaces: none is taken before it can start.
-        taken = depth + (_QUEUED_HOST_FRAMES if gpu_worker is None else 0)
+        taken = depth + (_QUEUED_HOST_FRAMES if gpu_device is None else 0)
         with ThreadPoolExecutor(depth, thread_name_prefix=f"vdet-detect-{stream.spec.id}") as pool:
             self._pipeline_loop(stream, pool, taken)
 
@@ -645,23 +645,23 @@ class StreamManager:
         """Detect `frame` with the stream's current settings: in `pool` when given, else here
         and now."""
         with stream.lock:
-            params, gpu_worker = stream.detect_params, stream.gpu_worker
+            params, gpu_device = stream.detect_params, stream.gpu_device
             tracking, zones = stream.spec.tracking, stream.zones
             thresholds = stream.class_thresholds
         result: Future[tuple[Detections, StageTimings]]
         if isinstance(frame, VideoFrame) and pool is not None:
             result = pool.submit(self._detect_one, frame.image_bgr, params)
-        elif gpu_worker is not None and pool is not None:
-            result = pool.submit(gpu_worker.detect, stream.spec.id, frame, params)
+        elif gpu_device is not None and pool is not None:
+            result = pool.submit(gpu_device.detect, stream.spec.id, frame, params)
         else:
             result = Future()
             try:
                 if isinstance(frame, VideoFrame):
                     result.set_result(self._detect_one(frame.image_bgr, params))
-                elif gpu_worker is not None:
-                    result.set_result(gpu_worker.detect(stream.spec.id, frame, params))
+                elif gpu_device is not None:
+                    result.set_result(gpu_device.detect(stream.spec.id, frame, params))
                 else:
-                    raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU worker")
+                    raise RuntimeError(f"{type(frame).__name__} on a stream without a GPU device")
             except Exception as exc:
                 result.set_exception(exc)
         return _InFlight(frame, result, tracking, zones, thresholds)

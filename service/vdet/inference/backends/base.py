@@ -22,7 +22,7 @@ class InferenceBackend(ABC):
     """One loaded model on one device.
 
     `infer` must be safe to call from several threads at once (each video source runs its own
-    worker thread); a backend that cannot run concurrently serialises internally.
+    pipeline thread); a backend that cannot run concurrently serialises internally.
     """
 
     name: str
@@ -73,7 +73,7 @@ class InferenceBackend(ABC):
 
     # ---- the GPU data path ---------------------------------------------------------------
     # What a backend whose `gpu_data_path` is True declares; vdet.gpu.devices builds its
-    # workers from these alone, knowing no backend type. The others raise.
+    # devices from these alone, knowing no backend type. The others raise.
 
     def network_for(self, batch: int, input_hw: tuple[int, int]) -> Any:
         """A network for vdet.gpu.graphs on this backend's GPU: a (batch, 3, H, W)
@@ -106,7 +106,7 @@ class InferenceBackend(ABC):
 
     def replica(self, gpu: int) -> InferenceBackend:
         """This backend on CUDA device `gpu`: itself where it runs there, else a copy of the
-        same model loaded there (the GPU data path runs one worker per GPU)."""
+        same model loaded there (the GPU data path runs one device per GPU)."""
         raise NotImplementedError(f"{type(self).__name__} does not feed the GPU data path")
 
     @abstractmethod

@@ -8,7 +8,7 @@ library, and `vdet.tensorrt.library` says what differs (the module, the runtime 
 JIT runtime cache on TensorRT for RTX, persisted beside the plan per GPU).
 
 It deserializes one plan once, then gives every calling thread (each video source runs its own
-worker thread) its own `IExecutionContext`, CUDA stream and device buffers, so sources never
+pipeline thread) its own `IExecutionContext`, CUDA stream and device buffers, so sources never
 wait for each other's copies. `infer` is the host-side generic contract: float32 NCHW in, the
 raw head out (`set_input_shape`, `set_tensor_address`, `execute_async_v3`, then a synchronise).
 An end-to-end engine (built with the decode + NMS plugin, `engine.plugin_nms`, full TensorRT
