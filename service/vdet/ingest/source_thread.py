@@ -19,8 +19,8 @@ that is not paced (`realtime` off), whose every frame is detected: then it waits
 one to be taken. It does not decide which sources exist (the pipeline does) and does not
 interpret frames.
 
-Two daemon threads per source: the decoding thread, which makes all FFmpeg calls for its source, and a
-watchdog that notices a connection making no progress (packets but no frames, or a call that
+Two daemon threads per source: the decoding thread, which makes all FFmpeg calls for its source,
+and a watchdog that notices a connection making no progress (packets but no frames, or a call that
 ignores its timeout), marks it and interrupts the blocking FFmpeg call. Reads are bounded by
 FFmpeg/PyAV timeouts as well, so neither a stall nor `stop()` needs a thread to be killed.
 """
@@ -263,7 +263,9 @@ class SourceThread:
                 thread.join(max(0.0, deadline - time.monotonic()))
         ended = not self._thread.is_alive() and not self._watchdog.is_alive()
         if not ended:
-            log.warning("source %s: decoding thread did not end within %.1f s", self.source_id, timeout)
+            log.warning(
+                "source %s: decoding thread did not end within %.1f s", self.source_id, timeout
+            )
         self.mailbox.close()
         self._transition(SourceState.STOPPED, "stopped")
         return ended
