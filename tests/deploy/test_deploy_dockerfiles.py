@@ -204,7 +204,7 @@ def test_cpu_build_stage_makes_a_wheel_with_the_model_and_clip_inside(tmp_path: 
     for needed in (
         "vdet/assets/demo.onnx",
         "vdet/assets/sample.mp4",
-        "vdet/cli.py",
+        "vdet/cli/main.py",
         "vdet/gpu/placement.py",
         "vdet/api/app.py",
         "vdet/tensorrt/build.py",

@@ -1,7 +1,7 @@
-"""The detection pipeline on one batch of frames: preprocess -> infer -> postprocess.
-
-This package owns the per-frame computation and nothing around it (no video, queues, or HTTP).
-`preprocess` and `postprocess` are the CPU reference implementations that GPU kernels are tested
-against (conventions in docs/conventions.md); `backends` run the network; `model` reads and
-validates model files; `detector.Detector` composes them and is the entry point for callers.
+"""Frames to detections: letterbox (`preprocess`), the network (`backends`: ONNX Runtime, torch,
+TensorRT, and the hand-off while an engine builds), decode + NMS back to source pixels
+(`postprocess`), per-class thresholds over it (`class_thresholds`), and `detector.Detector`, which
+composes them; `factory` opens the detector a service runs. `preprocess` and `postprocess` are
+the CPU references the GPU kernels are tested against (docs/conventions.md). No video, queues or
+HTTP here.
 """
