@@ -22,7 +22,7 @@ from support.toy_network import toy_network
 
 from vdet.config.gpu import GpuSettings
 from vdet.core.types import ColourMatrix, ColourRange
-from vdet.gpu.devices import GpuDevice
+from vdet.gpu.devices import GpuDevice, GpuTuning
 from vdet.gpu.graphs import CudaGraphRunner, Network, RunnerOptions, as_numpy_rows
 from vdet.gpu.input_shapes import COMMON_SOURCE_WH, InputShapes
 from vdet.inference.postprocess import PostprocessParams
@@ -111,13 +111,13 @@ class _Factory:
 
 
 def _worker(factory: _Factory, rect: bool = True, **settings: object) -> GpuDevice:
-    options: dict[str, object] = {"kernels": "torch", "cuda_graphs": False} | settings
     return GpuDevice(
         "cpu",
         factory,
         input_hw=MODEL_HW,
         dtype=torch.float32,
-        settings=GpuSettings(**options),  # type: ignore[arg-type]
+        settings=GpuSettings(**settings),  # type: ignore[arg-type]
+        tuning=GpuTuning(ops="torch", cuda_graphs=False),
         index=0,
         channels_last=False,
         input_shapes=InputShapes(MODEL_HW, STRIDE, rect=rect),

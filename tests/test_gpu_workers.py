@@ -4,8 +4,8 @@ What runs for real: the stream manager, source threads, the NVDEC reader (demux,
 filters, sessions, frames), the per-stream and batched runners, placement and metrics, on the
 demo model converted by onnx2torch and run by CPU torch. What stands in for what cannot exist
 here: `FakeNvc` (tests/support/fake_nvc.py) decodes with FFmpeg on the CPU where PyNvVideoCodec
-would use NVDEC; and CPU torch has no CUDA graphs, so `cuda_graphs=False` runs the same work
-eagerly. The same flow on a real GPU is tests/gpu/test_gpu_service.py.
+would use NVDEC; and CPU torch has no CUDA graphs, so `GpuTuning(cuda_graphs=False)` runs the same
+work eagerly. The same flow on a real GPU is tests/gpu/test_gpu_service.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from support.waiting import wait_until  # noqa: E402
 from vdet.config.gpu import GpuSettings  # noqa: E402
 from vdet.config.streams import StreamSpec  # noqa: E402
 from vdet.core.types import DetectionResult  # noqa: E402
-from vdet.gpu.devices import GpuDevice, GpuPool, build_gpu_pool  # noqa: E402
+from vdet.gpu.devices import GpuDevice, GpuPool, GpuTuning, build_gpu_pool  # noqa: E402
 from vdet.gpu.placement import PlacementError  # noqa: E402
 from vdet.inference.backends.torch import TorchBackend  # noqa: E402
 from vdet.inference.detector import Detector  # noqa: E402
@@ -54,14 +54,17 @@ def detector() -> Iterator[Detector]:
         yield d
 
 
+CPU_TUNING = GpuTuning(ops="torch", cuda_graphs=False)
+
+
 def _worker(backend: TorchBackend, index: int = 0, **settings: Any) -> GpuDevice:
-    options: dict[str, Any] = {"kernels": "torch", "cuda_graphs": False} | settings
     return GpuDevice(
         "cpu",
         backend.network_for,
         input_hw=backend.info.input_hw,
         dtype=torch.float32,
-        settings=GpuSettings(**options),
+        settings=GpuSettings(**settings),
+        tuning=CPU_TUNING,
         nvc=FakeNvc(),
         index=index,
     )
@@ -260,7 +263,8 @@ def test_a_failing_gpu_worker_fails_only_its_own_streams(
         broken_network,
         input_hw=cpu_backend.info.input_hw,
         dtype=torch.float32,
-        settings=GpuSettings(kernels="torch", cuda_graphs=False),
+        settings=GpuSettings(),
+        tuning=CPU_TUNING,
         nvc=FakeNvc(),
         index=1,
     )

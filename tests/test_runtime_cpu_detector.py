@@ -1,6 +1,6 @@
 """The service's detector on the CPU: two ONNX Runtime sessions where there are two cores,
 configured or chosen by `auto`, so each stream keeps two frames in detection; the bundled demo
-model as its INT8 build unless `cpu_int8_demo` is off, a model of one's own as it is."""
+model as its INT8 build, a model of one's own as it is."""
 
 from __future__ import annotations
 
@@ -55,8 +55,6 @@ def test_the_bundled_demo_runs_as_its_int8_build_on_onnxruntime(backend: str) ->
         assert detector.info.path.name == "demo.cpu-int8.onnx"
         assert detector.backend.precision == "int8"  # what /readyz and vdet_backend say
         assert detector.parallel_frames == factory.cpu_sessions(Settings())
-    with factory.open_configured_detector(Settings(backend=backend, cpu_int8_demo=False)) as fp32:
-        assert fp32.info.path.name == "demo.onnx" and fp32.backend.precision == "fp32"
 
 
 def test_a_model_of_ones_own_is_never_swapped(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""An unpaced file (`realtime: false`) decodes up to `ingest.unpaced_queue_frames` frames ahead of
+"""An unpaced file (`realtime: false`) decodes up to the manager's `unpaced_queue_frames` frames
+ahead of
 detection and still hands every frame on, in order. Stand-in detector (DetectorLike) that holds
 its first call until released, on real video."""
 
@@ -13,7 +14,6 @@ import pytest
 from support.truth import SAMPLE
 from support.waiting import wait_until
 
-from vdet.config.ingest import IngestSettings
 from vdet.config.streams import StreamSpec
 from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.inference.postprocess import PostprocessParams
@@ -46,8 +46,9 @@ def test_decoding_runs_that_many_frames_ahead_then_every_frame_is_detected_in_or
 ) -> None:
     hub = ResultsHub(capacity_per_source=4096, capacity_total=8192)
     detector = _HeldDetector()
-    ingest = IngestSettings(unpaced_queue_frames=queued)
-    manager = StreamManager(detector, ("a", "b"), hub, Metrics(), max_streams=1, ingest=ingest)
+    manager = StreamManager(
+        detector, ("a", "b"), hub, Metrics(), max_streams=1, unpaced_queue_frames=queued
+    )
     try:
         manager.add(StreamSpec(id="cam", url=str(SAMPLE), realtime=False))
         mailbox = manager._stream("cam").mailbox

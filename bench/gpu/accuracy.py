@@ -60,7 +60,7 @@ def demo_runner(
     fp16: bool = True, blocking_wait: bool = False
 ) -> tuple[CudaGraphRunner, TorchBackend]:
     """The demo network in a `CudaGraphRunner` with vdet's kernels on GPU 0, as a stream's
-    (`blocking_wait` as the service sets it with `gpu.host_wait: block`)."""
+    (`blocking_wait` as the service sets it: GpuTuning.host_wait "block")."""
     backend = TorchBackend(DEMO, fp16=fp16, cuda_graph=False)
     preprocess, decode_nms = kernel_ops(0)
     runner = CudaGraphRunner(

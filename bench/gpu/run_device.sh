@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/vdet-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
-export PYTHONUNBUFFERED=1 VDET_KERNEL_CACHE=/tmp/vdet-kernels YOLO_OFFLINE=1
+export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=/tmp/vdet-cache YOLO_OFFLINE=1
 SITE=${VDET_SITE:-/tmp/site}
 started=$SECONDS
 

@@ -34,7 +34,7 @@ mkdir -p "$OUT"
 pack() { [ -n "$DEST" ] && tar czf "$DEST/results-$phase.tgz" -C "$OUT" . ; }
 trap pack EXIT
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
-export PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 VDET_KERNEL_CACHE=/tmp/vdet-kernels
+export PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 XDG_CACHE_HOME=/tmp/vdet-cache
 SITE=/tmp/site
 started=$SECONDS
 {

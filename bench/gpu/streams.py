@@ -186,7 +186,7 @@ def _start_window(spec: dict[str, Any]) -> None:
 
 
 def _host_wait(spec: dict[str, Any]) -> HostWait:
-    """The run's `gpu.host_wait` mode (block when it names none)."""
+    """The run's host wait mode (GpuTuning.host_wait) (block when it names none)."""
     wanted = spec.get("host_wait") or "block"
     for mode in HOST_WAITS:
         if mode == wanted:
@@ -296,20 +296,22 @@ def _run_vdet(spec: dict[str, Any]) -> dict[str, Any]:
     detector = Detector.open(DEMO, "onnxruntime" if cpu_backend else "torch")
     pool = None
     if not cpu_backend:
-        from vdet.gpu.devices import build_gpu_pool
+        from vdet.gpu.devices import GpuTuning, build_gpu_pool
         from vdet.gpu.gil import shorten_gil_switch_interval
 
         shorten_gil_switch_interval()  # as vdet serve does with GPU devices
-        settings = GpuSettings(
-            decoder=decoder,
-            batch=spec.get("batch") or 1,
-            kernels="cuda",
+        settings = GpuSettings(decoder=decoder, batch=spec.get("batch") or 1)
+        tuning = GpuTuning(
+            ops="cuda",
             host_wait=_host_wait(spec),
             layer_kernels=spec.get("layer_kernels", True),
-            batch_frames_per_stream=spec.get("frames_per_stream", 2),
+            frames_per_stream=spec.get("frames_per_stream", 2),
         )
         pool = build_gpu_pool(
-            settings, detector.backend, input_shape=spec.get("input_shape", "rect")
+            settings,
+            detector.backend,
+            input_shape=spec.get("input_shape", "rect"),
+            tuning=tuning,
         )
     # The service's own replay buffers for the long run (its memory must not grow); room for
     # the whole window otherwise, so every frame's latency is read back.
@@ -706,8 +708,8 @@ def _listed_runs(text: str, seconds: float) -> list[dict[str, Any]]:
     every pass over the looped clip, as before sessions lived through loops), a host wait
     (block, spin, yield, auto), the input shape (`rect`: each frame at its rectangular input,
     384x640 for the 1080p clip, the service's default; `square`: 640x640) and `diag`
-    (thread-stack and GIL diagnostics), `nolayers` (gpu.layer_kernels false: torch's own conv
-    bias, SiLU and max pool kernels), `inflightN` (gpu.batch_frames_per_stream N, batched
+    (thread-stack and GIL diagnostics), `nolayers` (GpuTuning.layer_kernels false: torch's own conv
+    bias, SiLU and max pool kernels), `inflightN` (GpuTuning.frames_per_stream N, batched
     runs); `-` is no option."""
     plan = []
     for item in text.split():

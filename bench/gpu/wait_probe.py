@@ -2,7 +2,8 @@
 
 Run on the GPU machine: python3 bench/gpu/wait_probe.py --out wait_probe.json
 
-For each `gpu.host_wait` mode (the primary context's scheduling flag, vdet.cuda.host_wait):
+For each host wait mode (GpuTuning.host_wait: the primary context's scheduling flag,
+vdet.cuda.host_wait):
 - `event`: a ~1 ms GPU sleep kernel, then a torch event's `synchronize()`, with a default
   event and with a blocking-sync event;
 - `nvdec`: `NvdecDecoder.decode` of the sample clip's packets (PyNvVideoCodec's `Decode`

@@ -19,6 +19,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from vdet.config.settings import Settings
+from vdet.cuda.launch import use_cache_dir
 from vdet.inference.factory import DetectorFactory, open_configured_detector, open_worker_detector
 from vdet.metrics.registry import Metrics
 from vdet.notify.notifier import Notifier
@@ -59,6 +60,7 @@ def open_local_streams(
 ) -> LocalStreams:
     """Streams that run in this process: the detector, the GPU devices where the backend feeds
     the GPU data path, and the stream manager, whose results go to `sink`."""
+    use_cache_dir(settings.gpu.kernel_cache_dir)  # before a GPU backend compiles any kernel
     detector = detector_factory(settings)
     # Tracking is on by default and its per-frame code is compiled (Numba): compiled or loaded
     # from its cache here, before any stream, not in the first tracked frame of one (a cold

@@ -366,7 +366,7 @@ def test_on_a_supported_gpu_the_cuda_graph_path_replays_what_eager_gives(tmp_pat
 
     from vdet.config.gpu import GpuSettings
     from vdet.core.types import ColourMatrix, ColourRange
-    from vdet.gpu.devices import build_gpu_pool
+    from vdet.gpu.devices import GpuTuning, build_gpu_pool
     from vdet.inference.backends.tensorrt import TensorRTBackend
     from vdet.inference.detector import Detector
     from vdet.ingest.nvdec import GpuVideoFrame
@@ -399,7 +399,9 @@ def test_on_a_supported_gpu_the_cuda_graph_path_replays_what_eager_gives(tmp_pat
     with TensorRTBackend(plan) as engine, Detector.open(DEMO, "onnxruntime") as reference:
         results = {}
         for graphs in (True, False):
-            pool = build_gpu_pool(GpuSettings(cuda_graphs=graphs, devices=[0]), engine)
+            pool = build_gpu_pool(
+                GpuSettings(devices=[0]), engine, tuning=GpuTuning(cuda_graphs=graphs)
+            )
             try:
                 worker = pool.devices[0]
                 results[graphs] = [

@@ -139,9 +139,9 @@ def test_every_module_compiles_cleanly(module: str, arch: str, tmp_path: Path) -
 
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("VDET_KERNEL_CACHE", str(tmp_path / "k"))
+    launch.use_cache_dir(tmp_path / "k")  # the setting gpu.kernel_cache_dir
     assert launch.default_cache_dir() == tmp_path / "k"
-    monkeypatch.delenv("VDET_KERNEL_CACHE")
+    launch.use_cache_dir(None)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert launch.default_cache_dir() == tmp_path / "vdet" / "kernels"
 

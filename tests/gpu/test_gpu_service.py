@@ -40,7 +40,7 @@ from vdet.config.gpu import GpuSettings  # noqa: E402
 from vdet.config.streams import StreamSpec  # noqa: E402
 from vdet.core.assets import assets_dir  # noqa: E402
 from vdet.core.types import DetectionResult  # noqa: E402
-from vdet.gpu.devices import GpuPool, build_gpu_pool  # noqa: E402
+from vdet.gpu.devices import GpuPool, GpuTuning, build_gpu_pool  # noqa: E402
 from vdet.inference.detector import Detector  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame  # noqa: E402
 from vdet.metrics.registry import Metrics  # noqa: E402
@@ -78,7 +78,7 @@ def _check_recall(
 
 
 def _run(detector: Detector, settings: GpuSettings, streams: int, frames: int) -> dict[str, Any]:
-    pool = build_gpu_pool(settings, detector.backend)
+    pool = build_gpu_pool(settings, detector.backend, tuning=GpuTuning(ops="cuda"))
     metrics = Metrics()
     hub = ResultsHub(capacity_per_source=1024, capacity_total=8192)
     manager = StreamManager(
@@ -118,7 +118,7 @@ def _recall(results: list[DetectionResult]) -> float:
 def test_one_stream_finds_the_clip_objects_through_graphs_and_our_kernels(
     detector: Detector, cpu_reference: dict[int, list[dict[str, Any]]]
 ) -> None:
-    out = _run(detector, GpuSettings(kernels="cuda"), streams=1, frames=60)
+    out = _run(detector, GpuSettings(), streams=1, frames=60)
     view = out["views"]["cam0"]
     assert view.pipeline_error is None and view.frames_processed >= 60
     assert isinstance(out["snapshot"].frame, GpuVideoFrame)
@@ -132,7 +132,7 @@ def test_one_stream_finds_the_clip_objects_through_graphs_and_our_kernels(
 def test_batched_streams_find_the_same_objects(
     detector: Detector, cpu_reference: dict[int, list[dict[str, Any]]]
 ) -> None:
-    settings = GpuSettings(kernels="cuda", batch=4, batch_wait_ms=2)
+    settings = GpuSettings(batch=4, batch_wait_ms=2)
     out = _run(detector, settings, streams=4, frames=30)
     for stream_id, view in out["views"].items():
         assert view.pipeline_error is None and view.frames_processed >= 30, stream_id
@@ -145,8 +145,8 @@ def test_torch_reference_ops_and_our_kernels_agree_on_a_decoded_frame(detector: 
 
     workers = []
     detections = []
-    for kernels in ("cuda", "torch"):
-        pool = build_gpu_pool(GpuSettings(kernels=kernels), detector.backend)
+    for ops in ("cuda", "torch"):
+        pool = build_gpu_pool(GpuSettings(), detector.backend, tuning=GpuTuning(ops=ops))
         assert isinstance(pool, GpuPool)
         worker: GpuDevice = pool.devices[0]
         workers.append(pool)

@@ -31,7 +31,6 @@ def test_default_options_are_the_documented_ones() -> None:
         "loop_files": False,
         "realtime": False,
         "max_consecutive_decode_errors": 50,
-        "unpaced_queue_frames": 1,
         "pass_damaged_frames": False,
         "policy": None,
     }
@@ -46,7 +45,6 @@ def test_default_options_are_the_documented_ones() -> None:
         ({"backoff_multiplier": 0.5}, "backoff_multiplier must be in"),
         ({"jitter": 1.5}, "jitter must be in"),
         ({"max_consecutive_decode_errors": 0}, "max_consecutive_decode_errors must be in"),
-        ({"unpaced_queue_frames": 0}, "unpaced_queue_frames must be in"),
         ({"backoff_initial_s": 10.0, "backoff_max_s": 5.0}, "must not exceed"),
         ({"connect_timeout_s": "5"}, "must be a number"),
         ({"jitter": True}, "must be a number"),

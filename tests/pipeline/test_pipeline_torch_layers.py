@@ -94,13 +94,12 @@ def test_pools_that_are_not_same_and_convs_with_other_users_stay() -> None:
 
 
 def test_the_gpu_setting_reaches_the_networks_the_backend_builds() -> None:
-    """gpu.layer_kernels false: build_gpu_pool sets the backend's flag, and network_for then
-    builds (and caches apart) networks without the rewrite. On the CPU the rewrite never
+    """GpuTuning.layer_kernels false: build_gpu_pool sets the backend's flag, and network_for
+    then builds (and caches apart) networks without the rewrite. On the CPU the rewrite never
     applies, so the flag is what is checked here; the GPU tests run both."""
-    from vdet.config.gpu import GpuSettings
+    from vdet.gpu.devices import GpuTuning
 
-    assert GpuSettings().layer_kernels is True
-    assert GpuSettings(layer_kernels=False).layer_kernels is False
+    assert GpuTuning().layer_kernels is True
     from vdet.inference.backends.torch import TorchBackend
 
     backend = TorchBackend(DEMO, device="cpu", fp16=False, cuda_graph=False)

@@ -428,15 +428,15 @@ def test_gpu_workers_on_the_engine_find_what_onnxruntime_finds(fp32_plan: Path, 
     demo's engine has a profile over rectangular inputs, so the 1080p frames run at 384x640
     (input_shape: rect, the default), as the CPU reference does."""
     from vdet.config.gpu import GpuSettings
-    from vdet.gpu.devices import build_gpu_pool
+    from vdet.gpu.devices import GpuTuning, build_gpu_pool
     from vdet.inference.detector import Detector
 
     frames = [_nv12_frame(seed) for seed in range(3)]
     with TensorRTBackend(fp32_plan) as engine, Detector.open(DEMO, "onnxruntime") as reference:
         results = {}
         for graphs in (True, False):
-            settings = GpuSettings(batch=batch, cuda_graphs=graphs, devices=[0])
-            pool = build_gpu_pool(settings, engine)
+            settings = GpuSettings(batch=batch, devices=[0])
+            pool = build_gpu_pool(settings, engine, tuning=GpuTuning(cuda_graphs=graphs))
             worker = pool.devices[0]
             try:
                 results[graphs] = [

@@ -114,8 +114,8 @@ def test_worker_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("VDET_WORKERS__PROCESSES", "8")
     monkeypatch.setenv("VDET_GPU__MPS", "off")
     monkeypatch.setenv("VDET_WORKERS__SPARES", "0")
-    # vdet's own variables that are not settings are accepted beside them.
-    monkeypatch.setenv("VDET_KERNEL_CACHE", "/tmp/kernels")
+    # The variable naming the file is accepted beside them.
+    monkeypatch.setenv("VDET_CONFIG", "")
     loaded = load_settings()
     assert (loaded.workers.processes, loaded.gpu.mps, loaded.workers.spares) == (8, "off", 0)
     monkeypatch.setenv("VDET_WORKERS__PROCESES", "8")

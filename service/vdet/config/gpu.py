@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -10,10 +11,13 @@ from vdet.config.base import Strict
 
 
 class GpuSettings(Strict):
-    """The GPU data path: NVDEC decode, per-GPU devices, CUDA graphs, batching across sources.
+    """The GPU data path: NVDEC decode, which GPUs, batching across sources, MPS.
 
-    Used only when the inference backend runs on a GPU (torch); with ONNX Runtime on the CPU
-    every stream decodes on the CPU and these settings are ignored. See docs/gpu-data-path.md.
+    Used only when the inference backend runs on a GPU (torch, TensorRT); with ONNX Runtime on
+    the CPU every stream decodes on the CPU and these settings are ignored. How the GPU does its
+    work (vdet's kernels in CUDA graphs, threads sleeping while they wait) is not a setting:
+    vdet.gpu.devices.GpuTuning holds those choices, measured once, for tests and the lab's
+    comparisons. See docs/gpu-data-path.md.
     """
 
     decoder: Literal["auto", "nvdec", "cpu"] = Field(
@@ -45,37 +49,12 @@ class GpuSettings(Strict):
         le=100.0,
         description="With batch > 1: how long a batch waits for more frames once it has one.",
     )
-    batch_frames_per_stream: int = Field(
-        default=2,
-        ge=1,
-        le=4,
-        description="With batch > 1: frames of one stream in detection at once. 2 lets a "
-        "stream's next frame be staged into the next batch while its last one runs, so batches "
-        "follow each other without the GPU waiting for results to reach the streams.",
+    kernel_cache_dir: Path | None = Field(
+        default=None,
+        description="Where vdet's CUDA kernels are kept once NVRTC has compiled them for a GPU "
+        "architecture (the first start on a new GPU compiles them, later ones load them). "
+        "null: $XDG_CACHE_HOME/vdet/kernels, else ~/.cache/vdet/kernels.",
     )
-    cuda_graphs: bool = Field(
-        default=True, description="Capture each frame's work in a CUDA graph (else eager)."
-    )
-    kernels: Literal["auto", "cuda", "torch"] = Field(
-        default="auto",
-        description="Preprocess and decode+NMS ops: cuda (vdet's CUDA kernels, compiled by "
-        "NVRTC), torch (reference torch ops), auto (cuda when cuda-python and NVRTC import).",
-    )
-    layer_kernels: bool = Field(
-        default=True,
-        description="Torch networks: run each conv's bias + SiLU and SPPF's max pools through "
-        "vdet's own kernels (one pass each instead of torch's separate kernels; FP16 "
-        "channels_last on CUDA, where cuda-python compiles them). false: torch's own layers.",
-    )
-    host_wait: Literal["block", "spin", "yield", "auto"] = Field(
-        default="block",
-        description="How threads wait for the GPU (NVDEC calls, each frame's result): block "
-        "sleeps until the GPU signals (cores stay free for the streams with work; best with "
-        "many streams), spin busy-waits (a few microseconds sooner per wait, one core per "
-        "waiting thread), yield spins but yields, auto is CUDA's default (spin here). See "
-        "docs/gpu-data-path.md.",
-    )
-
     mps: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="NVIDIA MPS for the stream worker processes sharing a GPU (their kernels "

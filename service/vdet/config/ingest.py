@@ -92,15 +92,6 @@ class IngestSettings(Strict):
         le=1_000_000,
         description="Reconnect after this many packets in a row fail to decode.",
     )
-    unpaced_queue_frames: int = Field(
-        default=1,
-        ge=1,
-        le=16,
-        description="Frames an unpaced file (realtime off) may decode ahead and keep waiting for "
-        "detection. One: decoding and detection take turns, each waiting out the other's slow "
-        "frames; more lets each run at its own average speed, at a frame's memory each (1080p: "
-        "3 MB on a GPU, 6 MB on the CPU).",
-    )
     pass_damaged_frames: bool = Field(
         default=False,
         description="Detect on frames of a damaged reference chain (after a decode error, "

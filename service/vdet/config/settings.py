@@ -108,13 +108,6 @@ class Settings(BaseSettings):
         "Streams in the API process only; stream worker processes (`workers`) keep one "
         "session with their share of the cores.",
     )
-    cpu_int8_demo: bool = Field(
-        default=True,
-        description="On ONNX Runtime (the CPU), run the bundled demo model as its INT8 build "
-        "(demo.cpu-int8.onnx: about 1.8x the inferences per second on 2 cores, mAP50-95 "
-        "0.915 against 0.918, mAP50 the same). false: the FP32 model. A model of your own is "
-        "never swapped: quantize it with `vdet quantize --target cpu` and set model_path.",
-    )
     detection: DetectionDefaults = Field(
         default_factory=DetectionDefaults, description="Postprocessing defaults."
     )
@@ -217,7 +210,6 @@ def load_settings(config_file: str | os.PathLike[str] | None = None, **overrides
 OTHER_ENV_VARS: frozenset[str] = frozenset(
     {
         CONFIG_ENV_VAR,
-        "VDET_KERNEL_CACHE",  # compiled CUDA kernels (vdet.cuda.launch)
     }
 )
 

@@ -161,11 +161,22 @@ def cache_key(
     return digest.hexdigest()
 
 
+# Where this process keeps compiled kernels: the setting `gpu.kernel_cache_dir`, applied once
+# by the process that assembles the GPU path (vdet.root); None: the user's cache folder.
+_cache_dir: Path | None = None
+
+
+def use_cache_dir(folder: Path | None) -> None:
+    """Keep this process's compiled kernels in `folder` (None: `default_cache_dir`'s default)."""
+    global _cache_dir
+    _cache_dir = folder
+
+
 def default_cache_dir() -> Path:
-    """$VDET_KERNEL_CACHE, else $XDG_CACHE_HOME/vdet/kernels, else ~/.cache/vdet/kernels."""
-    explicit = os.environ.get("VDET_KERNEL_CACHE")
-    if explicit:
-        return Path(explicit)
+    """The folder `use_cache_dir` named, else $XDG_CACHE_HOME/vdet/kernels, else
+    ~/.cache/vdet/kernels."""
+    if _cache_dir is not None:
+        return _cache_dir
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "vdet" / "kernels"
 

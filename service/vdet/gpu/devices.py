@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -40,6 +41,7 @@ import torch
 from vdet.config.gpu import GpuSettings
 from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.cuda.capture_guard import CUDA_WORK
+from vdet.cuda.host_wait import HostWait
 from vdet.gpu.batcher import Batcher
 from vdet.gpu.frame_ops import DecodeNmsFn, Nv12Geometry, PreprocessFn, kernel_ops, nv12_to_rgb_u8
 from vdet.gpu.graphs import BatchedGraphRunner, CudaGraphRunner, Network, RunnerOptions
@@ -58,23 +60,44 @@ log = logging.getLogger(__name__)
 NetworkFactory = Callable[[int, tuple[int, int]], Network]
 
 
+@dataclass(frozen=True)
+class GpuTuning:
+    """How a GPU device does its work, where one choice was measured best and no operator needs
+    another (so none is a setting): the tests (a CPU stand-in runs the torch ops eagerly) and
+    the lab's comparisons (bench/gpu/) pass others.
+
+    `ops`: vdet's CUDA kernels for preprocess and decode + NMS where they compile (auto), always
+    (cuda: fail otherwise) or torch's reference ops (torch); `cuda_graphs`: each frame's work in
+    one CUDA graph, else eager; `host_wait`: how threads wait for the GPU (vdet.cuda.host_wait:
+    block lets a waiting thread sleep, which keeps the cores for the streams with work);
+    `layer_kernels`: a torch network's conv bias + SiLU and SPPF pools through vdet's kernels;
+    `frames_per_stream`: with batching, frames of one stream in detection at once (2: the next
+    is staged while the last one runs, so batches follow each other without the GPU idling).
+    """
+
+    ops: Literal["auto", "cuda", "torch"] = "auto"
+    cuda_graphs: bool = True
+    host_wait: HostWait = "block"
+    layer_kernels: bool = True
+    frames_per_stream: int = 2
+
+
 def choose_ops(
-    kernels: str, device: torch.device
+    ops: str, device: torch.device
 ) -> tuple[PreprocessFn | None, DecodeNmsFn | None, str]:
-    """The preprocess and decode + NMS ops for `gpu.kernels`, and a name for logs and metrics.
+    """The preprocess and decode + NMS ops for `GpuTuning.ops`, and a name for logs and metrics.
 
     None, None means the torch reference ops (vdet.gpu.frame_ops), which run anywhere.
     """
-    if kernels == "torch" or device.type != "cuda":
+    if ops == "torch" or device.type != "cuda":
         return None, None, "torch"
     try:
         preprocess, decode_nms = kernel_ops(device.index or 0)
     except (ImportError, RuntimeError, OSError) as exc:
-        if kernels == "cuda":
+        if ops == "cuda":
             raise RuntimeError(
-                f"gpu.kernels is 'cuda' but vdet's CUDA kernels cannot run on {device}: {exc} "
-                "(install the gpu extra: cuda-bindings and nvidia-cuda-nvrtc), or set "
-                "gpu.kernels to 'auto' or 'torch'"
+                f"vdet's CUDA kernels cannot run on {device}: {exc} (install the gpu extra: "
+                "cuda-bindings and nvidia-cuda-nvrtc)"
             ) from exc
         log.warning("vdet CUDA kernels unavailable on %s (%s); using torch ops", device, exc)
         return None, None, "torch"
@@ -113,6 +136,7 @@ class GpuDevice:
         input_hw: tuple[int, int],
         dtype: torch.dtype,
         settings: GpuSettings,
+        tuning: GpuTuning = GpuTuning(),
         on_eager_fallback: Callable[[], None] | None = None,
         nvc: Any = None,
         index: int | None = None,
@@ -127,6 +151,7 @@ class GpuDevice:
         self.index = index
         self.label = str(index) if index >= 0 else "cpu"
         self.settings = settings
+        self.tuning = tuning
         self.input_hw = input_hw
         self.input_shapes = InputShapes(input_hw) if input_shapes is None else input_shapes
         if self.input_shapes.model_hw != input_hw:
@@ -137,7 +162,7 @@ class GpuDevice:
         self.channels_last = channels_last
         self._network_factory = network_factory
         self._nvc = nvc
-        self.preprocess, self.decode_nms, self.ops_name = choose_ops(settings.kernels, self.device)
+        self.preprocess, self.decode_nms, self.ops_name = choose_ops(tuning.ops, self.device)
         # What every runner of this device shares; each gets its own network, shape and name.
         self.runner_options = RunnerOptions(
             dtype=dtype,
@@ -145,9 +170,9 @@ class GpuDevice:
             preprocess=self.preprocess,
             decode_nms=self.decode_nms,
             channels_last=channels_last,
-            use_graphs=settings.cuda_graphs,
+            use_graphs=tuning.cuda_graphs,
             on_eager_fallback=on_eager_fallback,
-            blocking_wait=settings.host_wait == "block",
+            blocking_wait=tuning.host_wait == "block",
         )
         self._lock = threading.Lock()
         # One runner per stream, for the input shape of its latest frame.
@@ -220,13 +245,13 @@ class GpuDevice:
 
     @property
     def frames_in_flight(self) -> int:
-        """Frames of one stream to hand this device at once. Batching: `gpu.
-        batch_frames_per_stream` (2: one in the batch on the GPU and the next staged into the
-        batch after it, so that a process's batches run back to back; with one frame per
-        stream every batch waited for the last one's results to reach its streams' threads
-        before it could fill, and the GPU idled meanwhile). Without batching 1: a stream's
-        runner runs its frames one at a time anyway."""
-        return self.settings.batch_frames_per_stream if self.settings.batch > 1 else 1
+        """Frames of one stream to hand this device at once. Batching: `GpuTuning.
+        frames_per_stream` (2: one in the batch on the GPU and the next staged into the batch
+        after it, so that a process's batches run back to back; with one frame per stream
+        every batch waited for the last one's results to reach its streams' threads before it
+        could fill, and the GPU idled meanwhile). Without batching 1: a stream's runner runs
+        its frames one at a time anyway."""
+        return self.tuning.frames_per_stream if self.settings.batch > 1 else 1
 
     def to_bgr(self, frame: GpuVideoFrame) -> ImageArray:
         """A decoded frame as a BGR host image (snapshots)."""
@@ -303,7 +328,7 @@ class GpuDevice:
 
     def describe(self) -> str:
         mode = f"batch {self.settings.batch}" if self.settings.batch > 1 else "per-stream"
-        graphs = "cuda graphs" if self.settings.cuda_graphs else "eager"
+        graphs = "cuda graphs" if self.tuning.cuda_graphs else "eager"
         shapes = self.input_shapes.describe()
         return f"{self.device} ({mode}, {graphs}, {self.ops_name} ops, {shapes})"
 
@@ -386,7 +411,7 @@ class GpuPool:
 
 
 def _apply_host_wait(index: int, mode: str) -> None:
-    """`gpu.host_wait` on one GPU; without cuda-python or a driver that takes it, CUDA's
+    """`GpuTuning.host_wait` on one GPU; without cuda-python or a driver that takes it, CUDA's
     default stays (logged: the service still runs, its waits spin)."""
     from vdet.cuda.host_wait import set_host_wait
 
@@ -394,7 +419,7 @@ def _apply_host_wait(index: int, mode: str) -> None:
         set_host_wait(index, mode)
     except (ImportError, RuntimeError) as exc:
         log.warning(
-            "gpu.host_wait %r not applied on GPU %d (%s); CUDA's default stays", mode, index, exc
+            "host wait %r not applied on GPU %d (%s); CUDA's default stays", mode, index, exc
         )
         return
     log.info("GPU %d: host threads wait for it the %r way", index, mode)
@@ -406,6 +431,7 @@ def build_gpu_pool(
     *,
     on_eager_fallback: Callable[[], None] | None = None,
     input_shape: Literal["rect", "square"] = "rect",
+    tuning: GpuTuning = GpuTuning(),
 ) -> GpuPool:
     """One device per GPU of `settings.devices` (None: every visible GPU) for a backend that
     feeds the GPU data path (torch, or a TensorRT raw-head engine: `gpu_data_path`), built
@@ -427,10 +453,10 @@ def build_gpu_pool(
 
     devices = []
     for index in indices:
-        _apply_host_wait(index, settings.host_wait)
+        _apply_host_wait(index, tuning.host_wait)
         source: InferenceBackend = backend.replica(index)
         if isinstance(source, TorchBackend):  # networks built from here on follow the setting
-            source.layer_kernels = settings.layer_kernels
+            source.layer_kernels = tuning.layer_kernels
         shapes = InputShapes(
             backend.info.input_hw,
             backend.info.stride,
@@ -446,6 +472,7 @@ def build_gpu_pool(
                 input_hw=backend.info.input_hw,
                 dtype=source.network_dtype,
                 settings=settings,
+                tuning=tuning,
                 on_eager_fallback=on_eager_fallback,
                 channels_last=source.network_channels_last,
                 input_shapes=shapes,

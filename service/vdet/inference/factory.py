@@ -81,12 +81,12 @@ def open_configured_detector(settings: Settings) -> Detector:
 
 def on_cpu(settings: Settings) -> Settings:
     """The settings to open ONNX Runtime with: the bundled demo model becomes its INT8 build
-    (`cpu_int8_demo`), the one that keeps the demo stream near real time on 2 cores (FP32 24.7
-    of 30 frames/s, INT8 29.8: bench/results/2026-12-04-cpu-int8.md); any other model as is."""
+    beside it, the one that keeps the demo stream in real time on 2 cores (docs/benchmarks.md);
+    any other model as is (`vdet quantize --target cpu` makes a model's INT8 build)."""
     int8 = demo_cpu_int8_path()
-    if not (settings.cpu_int8_demo and int8.is_file() and _is_bundled_demo(settings.model_path)):
+    if not (int8.is_file() and _is_bundled_demo(settings.model_path)):
         return settings
-    log.info("ONNX Runtime runs the bundled demo model's INT8 build %s (cpu_int8_demo)", int8.name)
+    log.info("ONNX Runtime runs the bundled demo model's INT8 build %s", int8.name)
     return settings.model_copy(update={"model_path": int8})
 
 

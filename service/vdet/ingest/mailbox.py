@@ -11,8 +11,8 @@ whoever analyses a recording wants every frame of it. Its producer passes `keep_
 decoding runs at the speed of detection instead of racing ahead and throwing frames away, and
 the consumer takes them in order. With a depth of one, decoding and detection take turns frame
 by frame and each waits whenever the other has a slow frame; a few frames of slack
-(`ingest.unpaced_queue_frames`) let each run at its own average speed, at one frame's memory
-per frame of depth.
+(`StreamManager(unpaced_queue_frames=...)`) let each run at its own average speed, at one frame's
+memory per frame of depth.
 
 One producer (the source thread) and any number of consumers; thread-safe. It does not know
 about sources' states or the pipeline's batching.

@@ -118,7 +118,6 @@ class IngestOptions:
     # detection has not taken). Off: as fast as detection takes them, every frame.
     realtime: bool = False
     max_consecutive_decode_errors: int = _DEFAULTS.max_consecutive_decode_errors
-    unpaced_queue_frames: int = _DEFAULTS.unpaced_queue_frames
     pass_damaged_frames: bool = _DEFAULTS.pass_damaged_frames
     # The operator's allowed sources; None: any supported source.
     policy: SourcePolicy | None = None

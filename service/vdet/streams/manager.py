@@ -239,6 +239,7 @@ class StreamManager:
         clock: Callable[[], float] = time.time,
         parallel_frames: int = 1,
         event_snapshots: EventSnapshotSettings | None = None,
+        unpaced_queue_frames: int = 1,
     ) -> None:
         if parallel_frames < 1:
             raise ValueError(f"parallel_frames must be >= 1, got {parallel_frames}")
@@ -253,6 +254,10 @@ class StreamManager:
         self._max_streams = max_streams
         self._defaults = defaults or DetectionDefaults()
         self._ingest = ingest or IngestSettings()
+        # Frames an unpaced file (realtime off) may decode ahead of detection: one, so decoding
+        # and detection take turns; more was no faster (docs/benchmarks.md), at a frame's
+        # memory each. Not a setting; the tests and the lab pass others.
+        self._unpaced_queue_frames = unpaced_queue_frames
         self._clock = clock
         self._lock = threading.Lock()  # guards _streams and _closed
         self._streams: dict[str, _Stream] = {}
@@ -302,7 +307,7 @@ class StreamManager:
             params,
             url,
             self._zones_for(spec.zones),
-            unpaced_queue_frames=self._ingest.unpaced_queue_frames,
+            unpaced_queue_frames=self._unpaced_queue_frames,
         )
         stream.class_thresholds = thresholds
         stream.detect_params = detect_params(params, thresholds)

@@ -401,7 +401,7 @@ class TorchBackend(InferenceBackend):
         self._on_eager_fallback = on_eager_fallback
         self._lock = threading.Lock()
         self._networks_lock = threading.Lock()
-        # Whether `network_for` builds networks with vdet's layer kernels (gpu.layer_kernels);
+        # Whether `network_for` builds networks with vdet's layer kernels (GpuTuning);
         # networks are cached per (batch, shape, this).
         self.layer_kernels = layer_kernels
         self._networks: dict[tuple[int, tuple[int, int], bool], Any] = {}
