@@ -4,12 +4,12 @@
  * vdet.cuda.ops.GpuOps._decode_nms and decode_nms_layout, which launch the very same kernels
  * from Python through NVRTC. Both must agree on the workspace layout and the launch shapes that
  * decode_nms.cu documents; plugins/tests/plugin_harness.cpp and
- * tests/engines/test_engines_plugin_emulated.py check this one against the CPU reference.
+ * tests/tensorrt/test_tensorrt_plugin_emulated.py check this one against the CPU reference.
  *
  * Built two ways:
  *   - for the GPU (default): kernels through cudaLaunchKernel, handles from decode_nms_kernels.cu;
  *   - with VDET_LAUNCH_EMULATION: kernels through emu_launch of the CPU emulator
- *     (tests/gpu/emulator), "device" pointers are host pointers, streams are ignored.
+ *     (tests/support/kernels/emu), "device" pointers are host pointers, streams are ignored.
  *
  * There is no class filter here (the plugin has none), so use_filter is always 0.
  */

@@ -1,6 +1,7 @@
 """Micro-benchmarks of the vdet CUDA kernels against CPU OpenCV and GPU torch baselines.
 
-Run on the GPU machine (bench/gpu/run_device.sh does): python3 bench/gpu/kernels.py --out X.json
+Run on the GPU machine (bench/gpu/run_session_device.sh pipeline does):
+python3 bench/gpu/kernels.py --out X.json
 
 Timing. GPU: CUDA events on the stream, warm-up first, median (p10, p90) of many iterations.
 "eager" times one call from Python with events around it (what a Python caller pays, launch

@@ -1,6 +1,6 @@
 """GPU pipeline benchmark: a decoded NV12 frame in GPU memory -> detections on the host.
 
-Run on the GPU machine (bench/gpu/run_pipeline_device.sh does):
+Run on the GPU machine (bench/gpu/run_session_device.sh pipeline does):
     python3 bench/gpu/pipeline.py --out $OUT/gpu_pipeline.json
 
 Per model (the demo YOLOv8n, and a yolov8s.yaml-built ONNX when ultralytics is importable),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU-side checks and benchmarks of vdet, as a few scenarios that each fit one ten-minute run
 # on an offline GPU machine:
-#   tests     install + pytest -m gpu tests/gpu (kernels, NVDEC, torch backend, the serve path),
+#   tests     install + pytest -m gpu tests (every test marked gpu, in every folder: kernels,
+#             NVDEC, torch backend, GPU devices, worker processes, vdet bench serve),
 #             then the TensorRT plugin harness (bench/gpu/run_plugin_device.sh, when
 #             .trt-include is there)
 #   pipeline  the kernel micro-benchmarks, then the frame -> detections pipeline bench
@@ -60,10 +61,12 @@ install_venv() {
   export PATH="/tmp/venv/bin:$PATH"
 }
 
-# gpu_tests SECONDS: pytest -m gpu on $VDET_GPU_TESTS (default tests/gpu; test files in the
-# order given), its summary printed.
+# gpu_tests SECONDS: pytest -m gpu on $VDET_GPU_TESTS (test files or folders, in the order
+# given), its summary printed. Default: every test file of the tree that marks tests `gpu`
+# (directly, or through the kernel tests' `harness` fixture): collecting the whole tree would
+# import the CPU tests' tools (schemathesis, playwright, ...), which this machine lacks.
 gpu_tests() {
-  local paths=${VDET_GPU_TESTS:-tests/gpu}
+  local paths=${VDET_GPU_TESTS:-$(grep -rlE 'mark\.gpu|\bharness\b' tests --include='test_*.py' | sort)}
   unset VDET_GPU_TESTS  # vdet refuses VDET_ variables it does not know
   # shellcheck disable=SC2086  # a list of paths
   timeout "$1" python3 -m pytest -m gpu $paths -q -rs -p no:cacheprovider \
@@ -140,7 +143,8 @@ rect)
   # 480x640 with the existing kernel and runner tests, the frame -> detections p50 square vs
   # rect (target: YOLOv8s <= 1.0 ms at rect), then unpaced 64 streams rect vs square vs the
   # decode-only ceiling (target: rect >= 90% of it), each run 8 s.
-  timeout 200 python3 -m pytest -m gpu tests/gpu -k "rect or kernels or torch_backend or service" -q -rs \
+  timeout 200 python3 -m pytest -m gpu tests/cuda tests/inference/test_inference_torch_backend_gpu.py \
+    tests/gpu/test_gpu_input_shapes_gpu.py tests/gpu/test_gpu_devices_gpu.py -q -rs \
     -p no:cacheprovider --junitxml="$OUT/junit.xml" >"$OUT/pytest.log" 2>&1
   echo "pytest rc=$? ($((SECONDS - started)) s)"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/pytest.log" | tail -n 12
@@ -183,7 +187,7 @@ serve)
   install_venv
   if [ "$tests_s" -gt 0 ]; then
     timeout "$tests_s" /tmp/venv/bin/python -m pytest -m gpu \
-      tests/gpu/test_gpu_workers_serve.py -q -s -rs -p no:cacheprovider >"$OUT/workers.log" 2>&1
+      tests/workers/test_workers_serve_gpu.py -q -s -rs -p no:cacheprovider >"$OUT/workers.log" 2>&1
     echo "workers rc=$? ($((SECONDS - started)) s)"
     cp /tmp/pytest-of-*/pytest-*/gpu_devices*/vdet-*.log "$OUT/" 2>/dev/null
     grep -E "mps=|published again|stopped in|passed|failed|Error|assert" "$OUT/workers.log" |

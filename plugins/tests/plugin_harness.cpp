@@ -12,7 +12,7 @@
  *     float32 and float16 input, an image without detections);
  *   - with --raw, enqueue on a raw head from a file, writing the outputs for a comparison with
  *     the CPU reference (plugins/tests/plugin_harness_check.py,
- *     tests/engines/test_engines_plugin_emulated.py, tests/tensorrt_engine/), optionally with
+ *     tests/tensorrt/test_tensorrt_plugin_emulated.py, tests/tensorrt/), optionally with
  *     the workspace sized for a larger profile batch (--max-batch) and timed (--time).
  * getOutputShapes needs an IExprBuilder, which only TensorRT's builder makes; the harness passes
  * ShapeExprBuilder below, a minimal stand-in (constants and opaque symbols) that is enough to
@@ -22,9 +22,9 @@
  * One source, two builds, the same checks:
  *   - for a GPU (plugins/CMakeLists.txt, or nvcc + g++ directly as bench/gpu/run_plugin_device.sh
  *     does): device buffers, a CUDA stream, enqueue timed with CUDA events;
- *   - with -DVDET_LAUNCH_EMULATION the kernels run in the CPU emulator of tests/gpu/emulator,
+ *   - with -DVDET_LAUNCH_EMULATION the kernels run in the CPU emulator of tests/support/kernels/emu,
  *     the buffers are host memory and --time measures host time
- *     (tests/engines/test_engines_plugin_emulated.py).
+ *     (tests/tensorrt/test_tensorrt_plugin_emulated.py).
  * Neither build links libnvinfer: everything of TensorRT the plugin and the harness use is
  * inline in its headers (interfaces, PluginField, InterfaceInfo).
  *

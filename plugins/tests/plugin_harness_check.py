@@ -22,7 +22,7 @@ every value was bit-identical). The first harness also times enqueue on --time-c
 Exit status: 0 when everything passed, 1 on any mismatch or harness failure, 2 on a usage error.
 Needs numpy and vdet: installed, or this checkout's with `PYTHONPATH=service` (its folder
 service/vdet/ is the package).
-The same comparison as tests/engines/test_engines_plugin_emulated.py, on more and larger cases.
+The same comparison as tests/tensorrt/test_tensorrt_plugin_emulated.py, on more and larger cases.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def make_head(case: Case) -> FloatArray:
     rng = np.random.default_rng(case.seed)
     b, nc, n = case.batch, case.nc, case.anchors
     if case.kind == "clustered":
-        # tests/engines/test_engines_plugin_emulated.py's heads: distinct scores in (0, 1).
+        # tests/tensorrt/test_tensorrt_plugin_emulated.py's heads: distinct scores in (0, 1).
         boxes = _boxes(rng, b, n, 6)
         ranks = rng.permutation(b * nc * n).reshape(b, n, nc)
         scores = 0.001 + 0.998 * ranks / ranks.max()

@@ -2,7 +2,7 @@
 with PyNvVideoCodec replaced by tests/support/fake_nvc.py (FFmpeg's decoder behind the same API).
 
 The fake decodes for real, so the frames the readers hand on are checked against the hashes in
-tests/gpu/data/reference.json, which the GPU tests hold NVDEC to as well.
+tests/support/media/reference.json, which the GPU tests hold NVDEC to as well.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from support.fake_nvc import FakeNvc
+from support.tools import REPO
 
 from vdet.core.types import ColourMatrix, ColourRange, VideoFrame
 from vdet.ingest.nvdec import (
@@ -38,8 +39,8 @@ from vdet.ingest.nvdec import (
 from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
 from vdet.ingest.reader import DecodeError, SourceError, SourceReader
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "gpu" / "data"
+ROOT = REPO
+DATA = ROOT / "tests" / "support" / "media"
 SAMPLE = ROOT / "service" / "vdet" / "assets" / "sample.mp4"
 REFERENCE = json.loads((DATA / "reference.json").read_text())
 
@@ -428,9 +429,9 @@ def test_select_reader_without_nvdec() -> None:
 
 
 def test_gpu_test_data_matches_pyav() -> None:
-    """tests/gpu/data/reference.json is what FFmpeg decodes the committed clips to."""
+    """tests/support/media/reference.json is what FFmpeg decodes the committed clips to."""
     spec = importlib.util.spec_from_file_location(
-        "make_data", ROOT / "tests" / "gpu" / "make_data.py"
+        "make_nvdec_data", ROOT / "tests" / "support" / "media" / "make_nvdec_data.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -11,8 +11,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from support.lab import LAB
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = LAB
 SCRIPTS = sorted(BENCH.rglob("*.py"))
 
 

@@ -79,9 +79,9 @@ def create_app(
     `freeze_startup_objects` (for the process `vdet serve` runs, not for apps in tests, which
     would keep every earlier test's objects): once started, everything alive so far goes to
     the garbage collector's permanent generation (`gc.freeze`), so that a full collection walks
-    only what serving allocates. Modules, routes and models are ~110k tracked objects; a full
-    collection over them took 115 ms on a loaded 2-core machine (bench/api_process_cpu.py),
-    and stops every thread of the process while it runs.
+    only what serving allocates. Modules, routes and models are about a hundred thousand
+    tracked objects, and a full collection over them stops every thread of the process for
+    a tenth of a second on a small machine.
     """
     settings = settings if settings is not None else Settings()
     service = build(settings, detector_factory=detector_factory)

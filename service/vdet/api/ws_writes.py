@@ -1,14 +1,13 @@
 """WebSocket frames written to the socket once per event-loop pass, not once per message.
 
-uvicorn's WebSocket protocol writes every frame to its transport as soon as the app sends it,
-and an idle asyncio transport sends each write to the socket at once: one system call per
-message per client. /v1/events at a node's load is thousands of results a second to each
-client, and those calls were the largest single cost of the API process's event loop (about
-a third of its time in `bench/api_loop_probe.py`). Here the transport under the protocol keeps
-what is written during one pass of the loop and hands it to the real transport in one write
-at the start of the next pass (or at once past `FLUSH_BYTES`). Each message is still its own
-frame, in the same order, so clients see exactly what they saw before; a message waits at
-most for the rest of the loop pass that sent it.
+uvicorn's WebSocket protocol writes every frame to its transport as soon as the app sends it, and an
+idle asyncio transport sends each write to the socket at once: one system call per message per
+client. /v1/events at a node's load is thousands of results a second to each client, and those calls
+were the largest single cost of the API process's event loop. Here the transport under the protocol
+keeps what is written during one pass of the loop and hands it to the real transport in one write at
+the start of the next pass (or at once past `FLUSH_BYTES`). Each message is still its own frame, in
+the same order, so clients see exactly what they saw before; a message waits at most for the rest of
+the loop pass that sent it.
 
 Everything the protocol writes goes through the same buffer (data, pings, pongs, close
 frames), so frames keep their order; closing writes what is buffered first. Flow control is

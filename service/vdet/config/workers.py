@@ -13,7 +13,7 @@ class WorkerSettings(Strict):
     """Stream worker processes: where `vdet serve` runs its streams (docs/workers.md).
 
     One process's threads share one Python interpreter lock, which bounds how many streams one
-    process carries (about 16 real-time 1080p streams with a GPU backend, measured on an H200).
+    process carries (about 16 real-time 1080p streams with a GPU backend).
     With worker processes, the API process keeps the API, the results hub, WebSockets and
     /metrics, and each worker runs the decoding and detection of its share of the streams.
     """

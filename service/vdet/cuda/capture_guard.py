@@ -4,8 +4,8 @@ A capture records every launch on its stream until it ends; CUDA invalidates it 
 must synchronise with that stream happens meanwhile (the legacy default stream, which NVDEC's
 internals may use, a device-wide synchronise, an allocation that frees memory in use). With
 dozens of sources, some runner is always decoding or launching while another captures, and an
-invalidated capture surfaced as a CUDA error that aborted the process (64 streams on an H200,
-2026-12-02). Captures are rare (once per stream and shape) and short; frames are many and
+invalidated capture surfaced as a CUDA error that aborted the process (64 streams on one
+GPU). Captures are rare (once per stream and shape) and short; frames are many and
 short. So: a readers-writer lock, `CUDA_WORK`. Every piece of per-frame CUDA work (an NVDEC
 decode call, a runner's replay or eager frame) holds it shared, many at once; a capture holds
 it exclusively, waiting for work in flight to finish and holding new work back until done.

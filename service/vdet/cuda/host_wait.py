@@ -9,9 +9,8 @@ asks CUDA to make a waiting thread sleep until the GPU signals instead. The flag
 context, and PyTorch, PyNvVideoCodec (`cudacontext=0`) and vdet's kernels share the device's
 primary context.
 
-What it does and does not reach, measured by bench/gpu/wait_probe.py (results:
-bench/results/2026-12-02-wait-probe-h200.json):
-a default torch event's `synchronize()` spun in every mode, and NVDEC's `Decode` cost the same
+What it does and does not reach, measured by the lab's bench/gpu/wait_probe.py: a default torch
+event's `synchronize()` spun in every mode, and NVDEC's `Decode` cost the same
 CPU in every mode. So the per-frame wait that matters is made blocking where it happens: the
 graph runners wait on a blocking-sync event under host wait `block` (GpuTuning)
 (vdet.gpu.graphs). This flag covers the rest (stream and device synchronisations,

@@ -9,7 +9,7 @@ what the kernels compute: `vdet.cuda.ops` does, and is what callers use.
 
 Importing it needs neither a GPU nor cuda-python; using a GPU part without them raises
 `CudaUnavailableError`. The `Backend` protocol is the seam that lets tests run the same launch
-code against a CPU emulation of the kernels (tests/gpu/gpu_emulator.py).
+code against a CPU emulation of the kernels (tests/support/kernels/emulator.py).
 """
 
 from __future__ import annotations

@@ -40,8 +40,7 @@ class Batcher:
     done, reads its own detections. The batcher thread only seals the batch, launches its
     graph and waits for it, and the next batch stages meanwhile (the stream runs it after
     this one). One thread doing every frame's launches and row reading in series left the GPU
-    mostly idle at batch 8, slower than batch 1 (call 4 of
-    bench/results/report/2026-12-02-streams-mps-h200.md).
+    mostly idle at batch 8, slower than batch 1.
     """
 
     def __init__(self, runner: BatchedGraphRunner, wait_s: float, name: str) -> None:

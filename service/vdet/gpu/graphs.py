@@ -607,8 +607,8 @@ class BatchedGraphRunner(_RunnerBase):
     batch replays the batch-`batch` graph, padded (unused slots are ignored). With it (a
     network per batch size, as backends' `network_for_batch`), a batch of n frames replays the
     graph of the smallest bucket of `batch_buckets(batch)` that holds n: under real-time load
-    most gathers hold a few frames, and a padded graph spends GPU time on its empty slots (64
-    streams over 8 processes: bench/results/report/2026-12-02-streams-mps-h200.md). One graph
+    most gathers hold a few frames, and a padded graph spends GPU time on its empty slots. One
+    graph
     per (params, bucket); every bucket's graph reads
     the first rows of one shared staging batch.
 

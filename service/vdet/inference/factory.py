@@ -59,8 +59,7 @@ def cpu_sessions(settings: Settings) -> int:
 def open_configured_detector(settings: Settings) -> Detector:
     """The configured detector; where that is ONNX Runtime (configured, or what `auto` chose),
     with `cpu_sessions` sessions, so that each stream keeps that many frames in detection
-    (two: 1.78-1.87x the frames per second of one frame at a time on 2 busy cores, see
-    bench/results/2026-12-03-cpu-vs-ultralytics.md)."""
+    (two on 2 cores: nearly twice the frames per second of one frame at a time)."""
     sessions = cpu_sessions(settings)
     if settings.backend == "onnxruntime":
         return open_detector(on_cpu(settings), sessions=sessions)

@@ -7,7 +7,7 @@ after which the pixels are valid), `nvdec_available()`, and `decode_file`, which
 with PyNvVideoCodec's own demuxer (no PyAV needed). Feeding it from PyAV (RTSP, HTTP, files,
 with interrupts and pacing) is vdet.ingest.nvdec_reader; this module must not import PyAV.
 
-Facts it relies on (PyNvVideoCodec 2.2.4 and its C++ source; tests/gpu/test_gpu_nvdec.py):
+Facts it relies on (PyNvVideoCodec 2.2.4 and its C++ source; tests/ingest/test_ingest_nvdec_gpu.py):
 
 - `CreateDecoder(gpuid, codec, cudacontext, cudastream, usedevicememory, latency=...)`; with
   cudacontext 0 it retains the device's primary context (the one torch uses), so a torch

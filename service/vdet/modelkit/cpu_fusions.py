@@ -2,9 +2,8 @@
 not what it computes (the demo model's outputs are bitwise equal before and after).
 
 Two patterns of the exported graph cost the CPU build (`vdet quantize --target cpu`) more than
-their arithmetic (ONNX Runtime's profiler, one thread, the demo model at 384x640, on the 2-core
-AVX2 machine of docs/quantization.md: 58.6 ms a frame before, 50.0 ms after;
-bench/results/2026-12-04-cpu-fusions.md):
+their arithmetic (ONNX Runtime's profiler, one thread, the demo model at 384x640: about 15% of
+a frame between them; docs/quantization.md):
 
 - SiLU. `x * sigmoid(x)` exports as a Sigmoid and a Mul that both read x. In a Q/DQ model x is
   a convolution's dequantized output, and ONNX Runtime gives each reader its own

@@ -93,8 +93,8 @@ _PUBLISH_BATCH = 64
 # Host frames a stream detecting several at once (CPU sessions side by side) may take from its
 # mailbox beyond those in detection, to start as soon as a detection ends. Near full load two
 # frames often come while every detection is busy; with only the mailbox's slot the first is
-# overwritten. One more costs at most a frame interval of latency and saved 58-91% of the
-# drops on the 2-core machine's demo stream (bench/results/2026-12-04-serve-queued-frame-cpu.md).
+# overwritten. One more costs at most a frame interval of latency and saved most of the drops
+# of the demo stream on 2 cores (docs/benchmarks.md).
 _QUEUED_HOST_FRAMES = 1
 
 

@@ -2,8 +2,8 @@
 
 The API process used to read each worker's pipe on a thread of its own. Nine reader threads
 (eight workers and a spare) then took turns at the GIL with the event loop, and the loop, which
-gives the GIL away on every WebSocket send, waited behind them (loop-lag p99 28.6 ms with a
-thread per pipe, 6.8 ms with one thread for all: bench/results/2026-12-03-api-loop-cpu.md).
+gives the GIL away on every WebSocket send, waited behind them (its lag p99 about four times
+that with one thread for all).
 One reader thread is still a second thread: whenever the loop was busy in Python (a /metrics
 scrape, a burst of sends) the reader waited up to the GIL's 5 ms switch interval for each of its
 system calls, results stopped reaching the hub, and every client saw them late at once.

@@ -1,8 +1,8 @@
 """NVIDIA MPS for the worker processes that share a GPU: started, reported and stopped here.
 
 Without MPS the kernels of several processes on one GPU are time-sliced; with it they run
-side by side through one server (measured on an H200: 64 paced streams over 8 processes, 1853
-frames/s with MPS against 1594 without, p99 219 ms against 383 ms; docs/workers.md). vdet
+side by side through one server (more frames per second and a shorter tail at the same
+load: docs/workers.md). vdet
 starts a control daemon of its own, with private pipe and log folders, so it neither needs nor
 disturbs a system-wide one, and stops it on shutdown. `gpu.mps` chooses:
 - off: never;

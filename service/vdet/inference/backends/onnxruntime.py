@@ -30,9 +30,9 @@ class OnnxRuntimeBackend(InferenceBackend):
     core, with one session; the cores shared out between sessions with several). `sessions`
     loads that many copies of the model; each `infer` call takes a free one, so that many calls
     run at once. On a small CPU two frames on one thread each finish sooner than two frames one
-    after the other on two threads (the demo YOLOv8n at 384x640 on 2 busy cores: 1.78-1.87x the
-    frames per second, bench/results/2026-12-03-cpu-vs-ultralytics.md), at the price of each
-    frame's latency. `infer` is thread-safe; with every session busy a call waits for one.
+    after the other on two threads (the demo YOLOv8n at 384x640 on 2 busy cores: nearly twice the
+    frames per second), at the price of each frame's latency. `infer` is thread-safe; with every
+    session busy a call waits for one.
     """
 
     name = "onnxruntime"

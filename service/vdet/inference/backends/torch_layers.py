@@ -3,9 +3,9 @@
 At batch 1 on a large GPU a YOLOv8 network's time is its kernels one after another. PyTorch
 runs a convolution's bias as its own elementwise kernel after the convolution, then the SiLU as
 another; its channels_last max pool launches too few blocks for SPPF's small feature maps
-(measured on an H200, YOLOv8s at 384x640: 57 bias adds and 57 SiLUs 0.28 ms of 0.94 ms of
-kernel time, three 5x5 pools 0.13 ms). `use_layer_kernels` rewrites the fx graph of a network
-from `load_onnx_network` so that each Conv2d whose only user is a SiLU runs without its bias
+(YOLOv8s at 384x640: the bias adds and SiLUs were about a third of its kernel time, the three
+5x5 pools another seventh; docs/gpu-data-path.md). `use_layer_kernels` rewrites the fx graph of a
+network from `load_onnx_network` so that each Conv2d whose only user is a SiLU runs without its bias
 and one kernel adds the bias and applies the SiLU in place, and each stride-1 "same" MaxPool2d
 runs one thread per output (vdet/cuda/kernels/layers.cu, through vdet.cuda.layer_ops).
 

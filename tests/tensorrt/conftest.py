@@ -1,0 +1,5 @@
+"""Fixtures of the TensorRT tests."""
+
+from support.engines import demo_int8
+
+__all__ = ["demo_int8"]
