@@ -29,9 +29,10 @@ async def asgi_request(
     chunks: Sequence[bytes] = (),
     *,
     stall_after: int | None = None,
+    chunk_gap_s: float = 0.0,
 ) -> AsgiAnswer:
     """Send a request of `chunks` to `app`; with `stall_after`, the body stops after that
-    many chunks and never finishes (a half-sent body)."""
+    many chunks and never finishes (a half-sent body); `chunk_gap_s` apart (a slow sender)."""
     read = 0
     sent: list[dict[str, Any]] = []
 
@@ -40,6 +41,8 @@ async def asgi_request(
         if stall_after is not None and read >= stall_after:
             await asyncio.Event().wait()  # never
         if read < len(chunks):
+            if read and chunk_gap_s:
+                await asyncio.sleep(chunk_gap_s)
             read += 1
             return {"type": "http.request", "body": chunks[read - 1], "more_body": True}
         return {"type": "http.request", "body": b"", "more_body": False}

@@ -9,9 +9,10 @@ no byte of a body before the checks that can refuse it without one:
    `Retry-After`, counted from the request head to the response;
 3. a declared `Content-Length` over the route's body limit (`max_upload_bytes` for
    /v1/detect, else `limits.max_json_body_bytes`): 413;
-4. the body itself, read here: counted (413 at the limit, never buffered beyond it), and due
-   whole within `limits.body_timeout_s` of the request head (408, connection closed); a
-   JSON body must be UTF-8 (422). The app then gets the body in one piece.
+4. the body itself, read here: counted (413 at the limit, never buffered beyond it), due
+   whole within `limits.body_timeout_s` of the request head and never silent for
+   `limits.body_stall_timeout_s` (408, connection closed: a stalled upload frees its slot);
+   a JSON body must be UTF-8 (422). The app then gets the body in one piece.
 
 A bounded JSON body bounds the cost of parsing and validating it on the event loop.
 `validation_error_response` answers FastAPI's 422s with at most `MAX_REPORTED_ERRORS`
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,10 +38,12 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import Headers
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from vdet.api.auth import headers_carry_key
+from vdet.api.responses import SafeJSONResponse, safe_text
+from vdet.config.limits import LimitSettings
 from vdet.config.settings import Settings
 from vdet.core.redact import redact
 
@@ -66,9 +70,52 @@ EXCERPT_CHARS = 80
 
 
 def install(app: FastAPI, settings: Settings) -> None:
-    """Put the request guard in front of `app`'s routes and bound its 422 answers."""
+    """Put the request guard in front of `app`'s routes, bound its 422 answers and say in the
+    OpenAPI document what the guard may answer."""
     app.add_middleware(RequestGuard, settings=settings)
     app.add_exception_handler(RequestValidationError, validation_error_response)
+    _document(app)
+
+
+_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+_HEAD_TOO_LARGE = {
+    "description": "Request head over limits.max_head_bytes or limits.max_header_count "
+    "(the connection is closed).",
+    "content": _ERROR,
+}
+_BODY_ANSWERS = {
+    "408": {
+        "description": "The body stalled (limits.body_stall_timeout_s) or did not arrive "
+        "within limits.body_timeout_s (the connection is closed).",
+        "content": _ERROR,
+    },
+    "413": {
+        "description": "Body over its limit (limits.max_json_body_bytes; max_upload_bytes "
+        "for /v1/detect).",
+        "content": _ERROR,
+    },
+}
+
+
+def _document(app: FastAPI) -> None:
+    """Add the guard's answers to every operation of `app.openapi()`: 431 on all, 408 and 413
+    on those with a body."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                answers = operation.setdefault("responses", {})
+                answers.setdefault("431", _HEAD_TOO_LARGE)
+                if "requestBody" in operation:
+                    for code, answer in _BODY_ANSWERS.items():
+                        answers.setdefault(code, answer)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class RequestGuard:
@@ -138,9 +185,14 @@ class RequestGuard:
                 await _answer(scope, send, 413, _too_large(limit))
                 return
         body = bytearray()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.body_timeout_s
         try:
-            async with asyncio.timeout(self.limits.body_timeout_s):
+            async with asyncio.timeout(None) as timeout:
                 while True:
+                    timeout.reschedule(
+                        min(deadline, loop.time() + self.limits.body_stall_timeout_s)
+                    )
                     message = await receive()
                     if message["type"] == "http.disconnect":
                         return  # nobody left to answer
@@ -151,14 +203,17 @@ class RequestGuard:
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
-            await _answer(
-                scope,
-                send,
-                408,
-                f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
-                "(limits.body_timeout_s)",
-                close=True,
-            )
+            if loop.time() >= deadline:
+                why = (
+                    f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
+                    "(limits.body_timeout_s)"
+                )
+            else:
+                why = (
+                    f"the request body stalled: no byte for {self.limits.body_stall_timeout_s:g}"
+                    " s (limits.body_stall_timeout_s)"
+                )
+            await _answer(scope, send, 408, why, close=True)
             return
         if body and _is_json(headers):
             try:
@@ -206,7 +261,7 @@ async def _answer(
     extra = dict(headers or {})
     if close:
         extra["Connection"] = "close"
-    response = JSONResponse({"detail": detail}, status_code=status_code, headers=extra)
+    response = SafeJSONResponse({"detail": detail}, status_code=status_code, headers=extra)
 
     async def nothing() -> Message:
         return {"type": "http.disconnect"}
@@ -222,7 +277,7 @@ async def validation_error_response(request: Request, exc: Exception) -> Respons
     if len(errors) > MAX_REPORTED_ERRORS:
         more = len(errors) - MAX_REPORTED_ERRORS
         shown.append({"type": "too_many_errors", "loc": [], "msg": f"and {more} more issue(s)"})
-    return JSONResponse({"detail": shown}, status_code=422)
+    return SafeJSONResponse({"detail": shown}, status_code=422)
 
 
 def _short_issue(err: Any) -> dict[str, Any]:
@@ -235,60 +290,139 @@ def _short_issue(err: Any) -> dict[str, Any]:
         issue["input"] = _excerpt(err["input"])
     ctx = err.get("ctx")
     if ctx:
-        issue["ctx"] = {str(k): _excerpt(v) for k, v in list(ctx.items())[:4]}
+        issue["ctx"] = {_clip(str(k)): _excerpt(v) for k, v in list(ctx.items())[:4]}
     return issue
 
 
 def _excerpt(value: Any) -> Any:
-    """`value` itself when it is a short scalar, else at most EXCERPT_CHARS of its JSON."""
-    if value is None or isinstance(value, bool | int | float):
+    """`value` itself when it is a short finite scalar, else at most EXCERPT_CHARS of its JSON
+    (or of its repr, for what has none: an infinite float, an exception)."""
+    if value is None or isinstance(value, bool | int):
         return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
     if isinstance(value, str):
         return _clip(redact(value))
     try:
-        text = json.dumps(jsonable_encoder(value), separators=(",", ":"))
+        text = json.dumps(jsonable_encoder(value), separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
         text = repr(value)
     return _clip(redact(text))
 
 
 def _clip(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """`text`, Unicode (lone surrogates escaped), cut to `limit` characters."""
+    text = safe_text(text)
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def http_protocol(header_timeout_s: float) -> type[asyncio.Protocol] | str:
-    """uvicorn's `http` setting: its httptools protocol with a time limit on request heads.
+def http_protocol(limits: LimitSettings) -> type[asyncio.Protocol] | str:
+    """uvicorn's `http` setting: its httptools protocol with request heads bounded in time
+    (`limits.header_timeout_s`), size (`limits.max_head_bytes`) and header lines
+    (`limits.max_header_count`).
 
-    Without httptools (uvicorn installed without its `standard` extra) this is "auto", and
-    a half-sent head waits until the client gives up; a warning says so.
+    A head over a bound is answered 431 and its connection closed while it is being read: the
+    app never sees it, so neither routing nor the API key check runs, and what it costs is at
+    most the bound plus one socket read. Without httptools (uvicorn installed without its
+    `standard` extra) this is "auto", with no such bounds; a warning says so.
     """
     try:
+        import httptools
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
-        log.warning("httptools is not installed: request heads have no time limit")
+        log.warning("httptools is not installed: request heads are not bounded")
         return "auto"
+    header_timeout_s = limits.header_timeout_s
+    max_head_bytes, max_headers = limits.max_head_bytes, limits.max_header_count
 
-    class HeaderTimeoutProtocol(HttpToolsProtocol):
+    class HeadTooLargeError(httptools.HttpParserError):
+        """Raised in a parser callback: ends the parse, and the 400 becomes a 431."""
+
+    class BoundedHeadProtocol(HttpToolsProtocol):
         """Closes a connection whose request head is incomplete `header_timeout_s` after the
-        connection was made or its request began."""
+        connection was made or its request began; answers 431 to a head over its size or
+        header count."""
 
         _head_timer: asyncio.TimerHandle | None = None
+        _in_head = True  # from the connection (or a request's first byte) to its last header
+        _head_bytes = 0  # received since the head began
+        _header_lines = 0
+        _head_size = 0  # of the request line and the header lines parsed so far
+        _refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._arm()
 
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # what follows a refused head is never parsed
+            if self._in_head:
+                # Counted before parsing: a header still incomplete is buffered by the parser,
+                # so a head that never ends must be cut here, not in a callback.
+                if self._head_bytes > max_head_bytes:
+                    self._refuse_head()
+                    return
+                self._head_bytes += len(data)
+            super().data_received(data)
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._in_head, self._head_bytes, self._header_lines, self._head_size = True, 0, 0, 0
             self._arm()
 
+        def on_url(self, url: bytes) -> None:
+            self._head_size += len(url)
+            if self._head_size > max_head_bytes:
+                raise HeadTooLargeError("request line too long")
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_lines += 1
+            self._head_size += len(name) + len(value) + 4
+            if self._header_lines > max_headers or self._head_size > max_head_bytes:
+                raise HeadTooLargeError("request head too large")
+            super().on_header(name, value)
+
         def on_headers_complete(self) -> None:
+            self._in_head = False
             self._disarm()
             super().on_headers_complete()
+
+        def send_400_response(self, msg: str) -> None:
+            if self._head_over_bounds():
+                self._refuse_head()
+            else:
+                super().send_400_response(msg)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def _head_over_bounds(self) -> bool:
+            return (
+                self._head_bytes > max_head_bytes
+                or self._header_lines > max_headers
+                or self._head_size > max_head_bytes
+            )
+
+        def _refuse_head(self) -> None:
+            self._refused = True
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            text = (
+                f"request head over {max_head_bytes} bytes or {max_headers} header lines "
+                "(limits.max_head_bytes, limits.max_header_count)"
+            )
+            self.transport.write(
+                b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                b"content-type: application/json\r\n"
+                + f"content-length: {len(text) + 14}\r\n".encode()
+                + b"connection: close\r\n\r\n"
+                + f'{{"detail": "{text}"}}'.encode()
+            )
+            self.transport.close()
 
         def _arm(self) -> None:
             if self._head_timer is None:
@@ -304,4 +438,4 @@ def http_protocol(header_timeout_s: float) -> type[asyncio.Protocol] | str:
             if not self.transport.is_closing():
                 self.transport.close()
 
-    return HeaderTimeoutProtocol
+    return BoundedHeadProtocol

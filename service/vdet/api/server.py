@@ -26,6 +26,7 @@ from fastapi import FastAPI
 
 from vdet.api.limits import http_protocol
 from vdet.api.ws_writes import websocket_protocol
+from vdet.config.limits import LimitSettings
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def server_config(
     host: str = "127.0.0.1",
     port: int = 0,
     log_level: str = "warning",
-    header_timeout_s: float = 10.0,
+    limits: LimitSettings | None = None,
 ) -> uvicorn.Config:
     """uvicorn's settings for vdet's app, as `vdet serve` runs it."""
     return uvicorn.Config(
@@ -51,7 +52,7 @@ def server_config(
         ws_per_message_deflate=False,
         # Frames written once per loop pass (vdet.api.ws_writes), not a system call each.
         ws=websocket_protocol(),
-        http=http_protocol(header_timeout_s),
+        http=http_protocol(limits if limits is not None else LimitSettings()),
         # Live video responses never end by themselves: give them this long after SIGTERM or
         # Ctrl-C, then cut them, so that shutdown cannot wait forever on a viewer.
         timeout_graceful_shutdown=5,

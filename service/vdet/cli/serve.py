@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        header_timeout_s=settings.limits.header_timeout_s,
+        limits=settings.limits,
     )
     GracefulServer(config, app).run()  # WebSocket goodbyes, then exit 0 on SIGTERM
     return 0

@@ -21,6 +21,20 @@ class LimitSettings(Strict):
         description="Largest body of the JSON endpoints (POST /v1/streams, PATCH); "
         "POST /v1/detect has max_upload_bytes instead.",
     )
+    max_head_bytes: int = Field(
+        default=32 * 1024,
+        ge=1024,
+        le=MiB,
+        description="Largest request head (request line and headers): a larger one is "
+        "answered 431 and its connection closed while it is still being read, before the "
+        "API key is checked or the request routed.",
+    )
+    max_header_count: int = Field(
+        default=100,
+        ge=8,
+        le=1000,
+        description="Most header lines a request head may have (431 beyond).",
+    )
     header_timeout_s: float = Field(
         default=10.0,
         ge=0.5,
@@ -34,6 +48,15 @@ class LimitSettings(Strict):
         le=3600.0,
         description="The whole request body must arrive within this many seconds of the "
         "request head; else 408 and the connection is closed.",
+    )
+    body_stall_timeout_s: float = Field(
+        default=5.0,
+        ge=0.5,
+        le=3600.0,
+        description="A request body's bytes must keep coming: none for this long (from the "
+        "request head, or since the last ones) is answered 408 and the connection closed. "
+        "Frees an upload's slot of max_concurrent_detect when its sender stalls, long before "
+        "body_timeout_s.",
     )
     max_concurrent_detect: int = Field(
         default=4,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import socket
 import threading
 import time
@@ -21,6 +22,7 @@ from support.asgi import asgi_request
 
 from vdet.api.app import create_app
 from vdet.api.limits import MAX_REPORTED_ERRORS, http_protocol
+from vdet.config.limits import LimitSettings
 from vdet.core.types import DetectionResult, Detections, StageTimings
 from vdet.results.wire import ResultEventEncoder
 
@@ -115,6 +117,33 @@ def test_detect_beyond_the_concurrency_cap_is_503_with_retry_after(
     asyncio.run(run())
 
 
+def test_a_stalled_upload_is_408_and_frees_its_slot_long_before_the_body_timeout(
+    make_settings: MakeSettings,
+) -> None:
+    limits = {"max_concurrent_detect": 1, "body_timeout_s": 60, "body_stall_timeout_s": 0.5}
+    app = create_app(make_settings(limits=limits))
+    headers = [("content-type", "image/jpeg"), ("content-length", "1000")]
+
+    async def run() -> None:
+        started = time.monotonic()
+        hung = asyncio.create_task(
+            asgi_request(app, "POST", "/v1/detect", headers, [b"\xff\xd8\xff"], stall_after=1)
+        )
+        await asyncio.sleep(0.05)
+        busy = await asgi_request(app, "POST", "/v1/detect", headers, [b"\xff\xd8\xff"])
+        assert busy.status == 503
+        answer = await hung
+        assert answer.status == 408
+        assert "body_stall_timeout_s" in json.loads(answer.body)["detail"]
+        assert time.monotonic() - started < 3.0
+        # A slow sender that keeps sending (0.2 s apart, 1.4 s in all) is not a stalled one.
+        slow = [b"x" * 100] * 8
+        answer = await asgi_request(app, "POST", "/v1/streams", [JSON], slow, chunk_gap_s=0.2)
+        assert answer.status == 422  # its body was read whole, and is not a stream
+
+    asyncio.run(run())
+
+
 def test_422_for_a_huge_invalid_body_is_short(client: TestClient) -> None:
     # 60 KiB of unknown keys (within the body limit): thousands of issues, a short answer.
     body = json.dumps({f"k{i:05d}": "v" * 8 for i in range(2800)})
@@ -150,14 +179,16 @@ def test_json_that_is_not_utf8_is_422(client: TestClient, body: bytes) -> None:
 
 @pytest.fixture
 def server(make_settings: MakeSettings) -> Iterator[tuple[str, int]]:
-    """A real uvicorn on a free port with vdet's request-head time limit of 0.5 s."""
+    """A real uvicorn on a free port, behind an API key, with vdet's request-head bounds: 0.5 s,
+    32 KiB, 100 header lines."""
+    limits = LimitSettings(header_timeout_s=0.5)
     config = uvicorn.Config(
-        create_app(make_settings(sources=[])),
+        create_app(make_settings(sources=[], api_key=KEY)),
         host="127.0.0.1",
         port=0,
         log_level="warning",
-        http=http_protocol(0.5),
-        lifespan="off",
+        http=http_protocol(limits),
+        lifespan="on",
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -211,6 +242,102 @@ def test_complete_requests_on_a_kept_alive_connection_are_served(
         # The next request's head is timed from its first byte.
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")
         assert _closed_within(sock, 5.0)
+
+
+def _send_until_refused(sock: socket.socket, head: bytes, filler: bytes, limit: int) -> int:
+    """Send `head`, then `filler` again and again (up to `limit` bytes) until the server stops
+    taking them; the bytes it took."""
+    sock.settimeout(10.0)
+    sent = 0
+    try:
+        sock.sendall(head)
+        sent += len(head)
+        while sent < limit:
+            sock.sendall(filler)
+            sent += len(filler)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return sent
+
+
+def _reply(sock: socket.socket) -> bytes:
+    sock.settimeout(10.0)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return data
+
+
+@pytest.mark.parametrize(
+    ("head", "filler"),
+    [
+        (b"GET /v1/streams HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a" * 65536),  # one header
+        (b"GET /v1/streams HTTP/1.1\r\nHost: x\r\n", b"X-A: b\r\n" * 8192),  # many lines
+        (b"GET /v1/streams?" + b"q" * 60000, b"q" * 65536),  # a request line
+    ],
+    ids=["one-256MiB-header", "header-lines", "request-line"],
+)
+def test_an_oversized_request_head_is_431_while_it_is_read_before_the_key(
+    server: tuple[str, int], head: bytes, filler: bytes
+) -> None:
+    """A head over `limits.max_head_bytes` (no API key in it) is answered 431 and its connection
+    closed after a little more than the bound, not read whole (256 MiB offered)."""
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with socket.create_connection(server) as sock:
+        taken = _send_until_refused(sock, head, filler, 256 << 20)
+        reply = _reply(sock)
+    assert reply.startswith(b"HTTP/1.1 431 "), reply[:80]
+    assert b"limits.max_head_bytes" in reply
+    assert taken < 16 << 20  # the kernel's buffers, not the head, decide how much went out
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100, grown_mb
+
+
+def test_too_many_header_lines_are_431_and_a_full_normal_head_is_served(
+    server: tuple[str, int],
+) -> None:
+    lines = b"".join(b"X-H%d: v\r\n" % i for i in range(101))
+    with socket.create_connection(server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + lines + b"\r\n")
+        assert _reply(sock).startswith(b"HTTP/1.1 431 ")
+    # 99 headers and a 20 KiB cookie: under both bounds, served (and the key still checked).
+    lines = b"".join(b"X-H%d: v\r\n" % i for i in range(96)) + b"Cookie: " + b"c" * 20000
+    with socket.create_connection(server) as sock:
+        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + lines
+        sock.sendall(head + b"\r\n\r\n")
+        assert _reply(sock).startswith(b"HTTP/1.1 200 ")
+    with socket.create_connection(server) as sock:
+        sock.sendall(b"GET /v1/streams HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _reply(sock).startswith(b"HTTP/1.1 401 ")
+
+
+def test_a_body_strict_json_cannot_echo_is_422_and_the_connection_lives_on(
+    server: tuple[str, int],
+) -> None:
+    """NaN, 1e999 and a lone surrogate used to fail the 422's rendering: a 500 and a reset
+    keep-alive connection. Now each is a 422, and the next request on the connection served."""
+    bodies = [
+        b'{"id":"c","url":"rtsp://10.0.0.7/s","conf_threshold":NaN}',
+        b'{"id":"c","url":"rtsp://10.0.0.7/s","detect_fps":1e999}',
+        b'{"id":"c","url":"rtsp://10.0.0.7/s","classes":["\\ud800"]}',
+    ]
+    with socket.create_connection(server) as sock:
+        sock.settimeout(5.0)
+        for body in bodies:
+            head = (
+                b"POST /v1/streams HTTP/1.1\r\nHost: x\r\nX-API-Key: "
+                + KEY.encode()
+                + b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+            )
+            sock.sendall(head + body)
+            reply = sock.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 422 "), reply[:200]
+            json.loads(reply.split(b"\r\n\r\n", 1)[1])
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
 
 
 class _ThreadRecordingEncoder(ResultEventEncoder):
