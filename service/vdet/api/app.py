@@ -15,13 +15,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
 from vdet.api import (
     limits,
     loop_health,
+    methods,
+    responses,
     routes_detect,
     routes_events,
     routes_live,
@@ -35,6 +36,7 @@ from vdet.api import (
 )
 from vdet.api.auth import require_api_key
 from vdet.api.live import LiveVideo
+from vdet.api.responses import SafeJSONResponse
 from vdet.api.schemas import ErrorOut
 from vdet.config.settings import Settings
 from vdet.inference.factory import DetectorFactory, open_configured_detector
@@ -113,6 +115,7 @@ def create_app(
         summary="Real-time video object detection",
         description=_DESCRIPTION,
         lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
         openapi_tags=[
             {
                 "name": "streams",
@@ -132,31 +135,41 @@ def create_app(
     }
     if protected:
         errors[401] = {"model": ErrorOut, "description": "Missing or invalid API key."}
-    app.include_router(routes_streams.router, dependencies=protected, responses=errors)
     app.state.live_video = LiveVideo(settings.live, service.metrics)
-    app.include_router(routes_live.router, dependencies=protected, responses=errors)
-    app.include_router(routes_zones.router, dependencies=protected, responses=errors)
-    app.include_router(routes_detect.router, dependencies=protected, responses=errors)
-    app.include_router(routes_workers.router, dependencies=protected, responses=errors)
-    app.include_router(routes_webhooks.router, dependencies=protected, responses=errors)
-    app.include_router(routes_snapshots.router, dependencies=protected, responses=errors)
+    routers: tuple[APIRouter, ...] = (
+        routes_streams.router,
+        routes_live.router,
+        routes_zones.router,
+        routes_detect.router,
+        routes_workers.router,
+        routes_webhooks.router,
+        routes_snapshots.router,
+    )
+    for router in routers:
+        app.include_router(router, dependencies=protected, responses=errors)
     app.include_router(routes_events.router)  # WebSockets check the key in the handshake
     app.include_router(routes_ops.router)
     app.include_router(routes_ui.router)  # the web page: public files; data needs the key
+    routers += (routes_events.router, routes_ops.router, routes_ui.router)
     _add_exception_handlers(app)
+    responses.install(app)
     limits.install(app, settings)  # body limits, read timeouts, key before body
+    # Outside the key check: which methods a URL takes is no secret (/openapi.json says it).
+    # The routers' own routes: what the app holds of an included router is FastAPI's business.
+    routes = [route for router in routers for route in router.routes] + app.router.routes
+    app.add_middleware(methods.AllowedMethods, routes=routes)
     return app
 
 
 def _add_exception_handlers(app: FastAPI) -> None:
-    async def not_found(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=404)
+    async def not_found(request: Request, exc: Exception) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": str(exc)}, status_code=404)
 
-    async def conflict(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=409)
+    async def conflict(request: Request, exc: Exception) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": str(exc)}, status_code=409)
 
-    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
+    async def unavailable(request: Request, exc: Exception) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "1"})
 
     app.add_exception_handler(UnknownStreamError, not_found)
     app.add_exception_handler(DuplicateStreamError, conflict)

@@ -7,8 +7,9 @@ streams or the tracker.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from vdet.config.base import Strict
 from vdet.config.tracking import ZoneList, ZoneSpec
 
 
@@ -16,9 +17,7 @@ class ZonesOut(BaseModel):
     zones: list[ZoneSpec] = Field(description="The stream's zones and lines, in order.")
 
 
-class ZonesIn(BaseModel):
+class ZonesIn(Strict):
     """All of a stream's zones at once (PUT /v1/streams/{id}/zones)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     zones: ZoneList

@@ -6,38 +6,27 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, StrictBool, StrictInt, StringConstraints, field_validator
 
-from vdet.config.base import Strict
+from vdet.config.base import ClassRef, Strict
 from vdet.config.tracking import TrackingSpec, ZoneList
 from vdet.core import contract
 
 STREAM_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
 
-ConfThreshold = Annotated[
-    float, Field(ge=0.0, le=1.0, description="Minimum class score a detection must reach.")
-]
+_CONF = Field(ge=0.0, le=1.0, description="Minimum class score a detection must reach.")
+_IOU = Field(ge=0.0, le=1.0, description="IoU above which NMS suppresses the weaker box.")
+_MAX_DET = Field(ge=1, le=10_000, description="Most detections kept per frame, best first.")
+_STRICT = Field(strict=True)  # a JSON number only: no "0.5", no true
 
-
-IouThreshold = Annotated[
-    float, Field(ge=0.0, le=1.0, description="IoU above which NMS suppresses the weaker box.")
-]
-
-
-ClassThresholdMap = Annotated[
-    dict[Annotated[str, Field(min_length=1, max_length=256)], ConfThreshold],
-    Field(min_length=1, max_length=1000),
-]
-
-
-MaxDet = Annotated[
-    int, Field(ge=1, le=10_000, description="Most detections kept per frame, best first.")
-]
-
-
+# What streams and PATCH bodies accept: JSON numbers (ints, for max_det) and nothing else.
+ConfThreshold = Annotated[float, _STRICT, _CONF]
+IouThreshold = Annotated[float, _STRICT, _IOU]
+MaxDet = Annotated[int, _STRICT, _MAX_DET]
 DetectFps = Annotated[
     float,
+    _STRICT,
     Field(
         gt=0.0,
         le=1000.0,
@@ -45,12 +34,9 @@ DetectFps = Annotated[
     ),
 ]
 
-
-# Strict: a JSON `false` or `1.0` is neither a name nor an id (lax parsing made false class 0).
-ClassRef = Annotated[
-    Annotated[str, Field(strict=True, min_length=1, max_length=256)]
-    | Annotated[int, Field(strict=True)],
-    Field(description="A class name from the model, or its integer id."),
+ClassThresholdMap = Annotated[
+    dict[Annotated[str, Field(min_length=1, max_length=256)], ConfThreshold],
+    Field(min_length=1, max_length=1000),
 ]
 
 
@@ -66,17 +52,17 @@ class StreamSpec(Strict):
         "(they would be path segments in the stream's URLs).",
         examples=["gate-cam-1"],
     )
-    url: str = Field(
+    url: Annotated[str, StringConstraints(strip_whitespace=True)] = Field(
         min_length=1,
         max_length=4096,
         description="Source URL: rtsp://, rtsps://, http(s):// or a local file (see errors for "
-        "the schemes this server allows).",
+        "the schemes this server allows). Leading and trailing whitespace is dropped.",
         examples=["rtsp://camera.local:554/stream1"],
     )
-    loop: bool = Field(
+    loop: StrictBool = Field(
         default=False, description="Restart a file source from the start when it ends."
     )
-    realtime: bool = Field(
+    realtime: StrictBool = Field(
         default=True,
         description="Pace file sources at their native frame rate, like a camera: frames "
         "detection cannot keep up with are dropped. False: analyse the file as fast as detection "
@@ -115,7 +101,7 @@ class StreamSpec(Strict):
         "every frame.",
         examples=[10],
     )
-    gpu: int | None = Field(
+    gpu: StrictInt | None = Field(
         default=None,
         ge=0,
         le=255,
@@ -146,9 +132,10 @@ class DetectionDefaults(Strict):
     The defaults are vdet.core.contract's, as are those of the CLI and the TensorRT plugin node.
     """
 
-    conf_threshold: ConfThreshold = contract.CONF_THRESHOLD
-    iou_threshold: IouThreshold = contract.IOU_THRESHOLD
-    max_det: MaxDet = contract.MAX_DET
+    # Lax, unlike a stream's: these come from environment variables too ("0.3").
+    conf_threshold: Annotated[float, _CONF] = contract.CONF_THRESHOLD
+    iou_threshold: Annotated[float, _IOU] = contract.IOU_THRESHOLD
+    max_det: Annotated[int, _MAX_DET] = contract.MAX_DET
     top_k: int = Field(
         default=contract.TOP_K,
         ge=1,

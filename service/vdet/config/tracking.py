@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictFloat, StrictInt, model_validator
 
-from vdet.config.base import Strict
+from vdet.config.base import ClassRef, Strict
 from vdet.core.geometry import polygon_area, self_intersection
 
 MAX_ZONES = 16  # per stream, polygons, lines and masks together
@@ -22,55 +22,50 @@ MAX_POLYGON_POINTS = 64
 MAX_PIXEL_COORD = 16384.0  # beyond any frame a decoder here accepts (8K is 7680 wide)
 ZONE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
-ZoneClassRef = Annotated[
-    str | int, Field(description="A class name from the model, or its integer id.")
-]
-
 
 class TrackingSpec(Strict):
     """Per-stream tracker settings (ByteTrack association; see docs/tracking.md)."""
 
-    enabled: bool = Field(
+    enabled: StrictBool = Field(
         default=True,
         description="Track objects on this stream: track ids, zone and line events, counts.",
     )
-    track_threshold: float = Field(
+    track_threshold: StrictFloat = Field(
         default=0.5,
         ge=0.0,
         le=1.0,
         description="Detections scoring at least this are matched first; weaker ones only "
         "continue tracks seen on the previous frame.",
     )
-    new_track_threshold: float = Field(
+    new_track_threshold: StrictFloat = Field(
         default=0.6, ge=0.0, le=1.0, description="Least score of a detection that starts a track."
     )
-    match_iou: float = Field(
+    match_iou: StrictFloat = Field(
         default=0.2,
         ge=0.01,
         le=1.0,
         description="Least IoU between a strong detection and a track's predicted box to match.",
     )
-    lost_track_buffer: int = Field(
+    lost_track_buffer: StrictInt = Field(
         default=30,
         ge=0,
         le=3000,
         description="Frames a track is kept while unseen, so that it resumes with its id after "
         "an occlusion; then it ends (zone_exit events for the zones it was in).",
     )
-    min_hits: int = Field(
+    min_hits: StrictInt = Field(
         default=1,
         ge=1,
         le=100,
         description="Frames a new track must be matched on before it gets an id (1: at once).",
     )
-    class_aware: bool = Field(
+    class_aware: StrictBool = Field(
         default=True, description="Only match detections to tracks of the same class."
     )
 
 
-Point = tuple[
-    Annotated[float, Field(allow_inf_nan=False)], Annotated[float, Field(allow_inf_nan=False)]
-]
+Coordinate = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Point = tuple[Coordinate, Coordinate]
 
 
 class ZoneBody(Strict):
@@ -91,12 +86,12 @@ class ZoneBody(Strict):
         "the left to the right of first -> second point, as seen on the image, is 'in'.",
         examples=[[[0.1, 0.5], [0.9, 0.5]]],
     )
-    normalized: bool = Field(
+    normalized: StrictBool = Field(
         default=True,
         description="true: coordinates are fractions 0..1 of the frame's width and height; "
         "false: source pixels.",
     )
-    classes: list[ZoneClassRef] | None = Field(
+    classes: list[ClassRef] | None = Field(
         default=None,
         min_length=1,
         max_length=1000,

@@ -17,10 +17,10 @@ import builtins
 import dataclasses
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from vdet.config.base import ClassRef, Strict
 from vdet.config.streams import (
-    ClassRef,
     ClassThresholdMap,
     ConfThreshold,
     DetectFps,
@@ -72,12 +72,12 @@ class StreamView:
     worker: str | None = None  # the worker process running it; None: this process
 
 
-class StreamChanges(BaseModel):
+class StreamChanges(Strict):
     """Changes to a running stream (the body of PATCH /v1/streams/{id}). A field left out is
     kept; null resets it to the default (`classes`: all; `class_thresholds`: conf_threshold for
     all; `detect_fps`: every frame; `tracking`: the defaults; `zones`: none)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     conf_threshold: ConfThreshold | None = None
     iou_threshold: IouThreshold | None = None

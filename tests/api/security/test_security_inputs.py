@@ -31,3 +31,10 @@ def test_class_refs_are_names_or_integers_only(client: TestClient, classes: list
     assert r.status_code == 422, r.text
     r = client.patch("/v1/streams/cam", json={"classes": [0, "car"]})
     assert r.json()["effective"]["classes"] == ["person", "car"]
+
+
+def test_a_url_is_stored_without_surrounding_whitespace(client: TestClient) -> None:
+    r = client.post("/v1/streams", json={"id": "cam", "url": f" {URL}\t\n"})
+    assert (r.status_code, r.json()["spec"]["url"]) == (201, URL)
+    r = client.post("/v1/streams", json={"id": "blank", "url": " \n"})
+    assert r.status_code == 422

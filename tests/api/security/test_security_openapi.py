@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from openapi_spec_validator import validate
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 from support.apptest import MakeSettings, TestClient
 
@@ -48,3 +49,36 @@ def test_generated_requests_get_no_server_error_and_match_the_schema(app: Any) -
 
         check()
     assert calls >= 5 * len(operations)
+
+
+def test_the_document_is_valid_openapi_3_1_and_says_what_the_guard_answers(
+    client: TestClient,
+) -> None:
+    document = client.get("/openapi.json").json()
+    assert document["openapi"].startswith("3.1")
+    validate(document)  # the OpenAPI 3.1 schema, JSON Schema 2020-12 for the models
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            answers = operation["responses"]
+            assert "431" in answers, (method, path)
+            if "requestBody" in operation:
+                assert {"408", "413", "422"} <= answers.keys(), (method, path)
+
+
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("/v1/streams", "GET, OPTIONS, POST"),
+        ("/v1/streams/cam", "DELETE, GET, OPTIONS, PATCH"),
+        ("/v1/streams/cam/zones", "DELETE, GET, OPTIONS, PUT"),
+        ("/healthz", "GET, OPTIONS"),
+    ],
+)
+def test_options_says_every_method_of_a_url_and_so_does_a_405(
+    client: TestClient, path: str, methods: str
+) -> None:
+    r = client.options(path)
+    assert (r.status_code, r.headers["allow"], r.content) == (204, methods, b"")
+    r = client.request("TRACE", path)
+    assert (r.status_code, r.headers["allow"]) == (405, methods)
+    assert client.options("/v1/nothing-here").status_code == 404
