@@ -19,6 +19,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from vdet.config.settings import Settings
+from vdet.core.redact import use_secret_params
 from vdet.cuda.launch import use_cache_dir
 from vdet.inference.factory import DetectorFactory, open_configured_detector, open_worker_detector
 from vdet.metrics.registry import Metrics
@@ -42,6 +43,7 @@ def build(
     settings: Settings, *, detector_factory: DetectorFactory = open_configured_detector
 ) -> Service:
     """The service for `settings`, not started."""
+    use_secret_params(settings.secret_query_params)  # before any URL is shown
     hub = ResultsHub(
         capacity_per_source=settings.hub.capacity_per_source,
         capacity_total=settings.hub.capacity_total,

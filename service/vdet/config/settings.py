@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -35,7 +35,7 @@ from vdet.config.notify import NotifySettings
 from vdet.config.streams import DetectionDefaults, StreamSpec
 from vdet.config.workers import WorkerSettings
 from vdet.core.assets import default_model_path
-from vdet.core.redact import redact
+from vdet.core.redact import DEFAULT_SECRET_PARAMS, redact
 
 CONFIG_ENV_VAR = "VDET_CONFIG"
 
@@ -61,6 +61,15 @@ class Settings(BaseSettings):
         description="When set, every endpoint except /healthz, /readyz, /metrics and the web "
         "page's files (/, /ui/) requires it (X-API-Key or Authorization: Bearer; WebSockets: "
         "?api_key= or subprotocol).",
+    )
+    secret_query_params: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default=list(DEFAULT_SECRET_PARAMS),
+        max_length=256,
+        description="Query-string parameters of source and webhook URLs whose values are "
+        "secrets: shown as *** wherever a URL is (API answers, logs, errors), like a URL's "
+        "user:password@. A parameter is secret when its name, or a word of its name (split at "
+        "'_', '-', '.'), is listed, ignoring case: access_token and X-Amz-Signature are, "
+        "with the defaults.",
     )
     max_streams: int = Field(default=16, ge=1, le=1024, description="Most concurrent streams.")
     max_upload_bytes: int = Field(

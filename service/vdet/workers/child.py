@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from vdet.config.settings import Settings
+from vdet.core.redact import use_secret_params
 from vdet.core.types import DetectionResult
 from vdet.metrics.registry import Metrics
 from vdet.results.wire import encode_result_tail
@@ -86,6 +87,7 @@ def main(config: WorkerConfig, conn: Connection) -> None:
     channel = Channel(conn)
     os.environ.update(config.env)  # CUDA_VISIBLE_DEVICES and MPS, before anything loads CUDA
     _exit_with_parent(config.parent_pid)
+    use_secret_params(config.settings.secret_query_params)
     # Ctrl-C reaches the whole process group; the API process decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name = _NameFilter(config.name)

@@ -12,6 +12,7 @@ from support.apptest import MakeSettings, TestClient
 from support.waiting import wait_until
 
 from vdet.api.app import create_app
+from vdet.core.redact import DEFAULT_SECRET_PARAMS, use_secret_params
 from vdet.ingest.urls import REFUSED_FILE
 
 
@@ -80,3 +81,36 @@ def test_credentials_never_come_back(locked: TestClient) -> None:
     assert r.status_code == 422 and "hunter22" not in r.text
     r = locked.post("/v1/streams", json={"id": "x", "url": url + "a" * 5000})
     assert r.status_code == 422 and "hunter22" not in r.text
+
+
+def test_secrets_in_query_strings_never_come_back(
+    locked: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = "http://10.255.255.1/video.cgi?user=admin&password=hunter22&access_token=t0k3n99"
+    r = locked.post("/v1/streams", json={"id": "cam", "url": url})
+    assert r.status_code == 201
+    shown = "http://10.255.255.1/video.cgi?user=admin&password=***&access_token=***"
+    assert r.json()["spec"]["url"] == shown
+
+    def failed() -> dict[str, Any] | None:
+        status: dict[str, Any] = locked.get("/v1/streams/cam").json()["status"]
+        return status if status["last_error"] else None
+
+    wait_until(failed, 10, what="the unreachable source to fail")
+    for path in ("/v1/streams", "/v1/streams/cam"):
+        text = locked.get(path).text
+        assert "hunter22" not in text and "t0k3n99" not in text
+    r = locked.post("/v1/streams", json={"id": "x", "url": url + "&x=" + "a" * 5000})
+    assert r.status_code == 422 and "hunter22" not in r.text
+    assert "hunter22" not in caplog.text and "t0k3n99" not in caplog.text
+
+
+def test_which_query_parameters_are_secret_is_a_setting(make_settings: MakeSettings) -> None:
+    settings = make_settings(secret_query_params=["camkey"])
+    try:
+        with TestClient(create_app(settings)) as c:
+            url = "rtsp://10.0.0.7/s?camkey=abc&password=shown"
+            r = c.post("/v1/streams", json={"id": "cam", "url": url})
+            assert r.json()["spec"]["url"] == "rtsp://10.0.0.7/s?camkey=***&password=shown"
+    finally:
+        use_secret_params(DEFAULT_SECRET_PARAMS)  # the process-wide setting, as it was
