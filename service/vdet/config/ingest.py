@@ -38,6 +38,16 @@ class SourcePolicySettings(Strict):
         description="Folders whose files may be sources (symbolic links resolved). Empty: "
         "only the bundled demo clip.",
     )
+    max_redirects: int = Field(
+        default=3,
+        ge=0,
+        le=10,
+        description="Redirects (HTTP or RTSP 3xx) a network source may send vdet through on "
+        "one connect; each target must pass this policy (scheme, host) before it is "
+        "contacted, stay within HTTP(S) or RTSP(S) and never leave TLS. 0: none followed. "
+        "With `hosts` set, RTSP sources are relayed on the loopback so that no redirect "
+        "bypasses the check (vdet.ingest.redirects).",
+    )
 
 
 class IngestSettings(Strict):

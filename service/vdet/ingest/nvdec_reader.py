@@ -38,6 +38,7 @@ from vdet.ingest.nvdec import (
     nvdec_available,
 )
 from vdet.ingest.reader import DecodeError, SourceError, SourceReader, StreamInfo
+from vdet.ingest.urls import SourcePolicy
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def select_reader(
     read_timeout_s: float = 5.0,
     loop: bool = False,
     realtime: bool = False,
+    policy: SourcePolicy | None = None,
     nvc: Any = None,
     device: str | None = None,
 ) -> SourceReader:
@@ -71,6 +73,7 @@ def select_reader(
         "read_timeout_s": read_timeout_s,
         "loop": loop,
         "realtime": realtime,
+        "policy": policy,
     }
     if decoder == "cpu":
         return SourceReader(url, **options)

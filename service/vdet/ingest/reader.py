@@ -40,7 +40,8 @@ import numpy as np
 
 from vdet.core.redact import redact
 from vdet.core.types import ImageArray, VideoFrame
-from vdet.ingest.urls import ffmpeg_whitelists, is_network_url
+from vdet.ingest.redirects import RedirectError, RtspGuard, check_redirect, http_location
+from vdet.ingest.urls import SourcePolicy, ffmpeg_whitelists, is_network_url
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +233,10 @@ class SourceReader:
         loop: bool = False,
         realtime: bool = False,
         pass_damaged_frames: bool = False,
+        policy: SourcePolicy | None = None,
     ) -> None:
         self.url = url
+        self.policy = policy
         self.source_id = source_id
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
@@ -250,6 +253,7 @@ class SourceReader:
         self.pacing_resets = 0
         self.pacing_lag_dropped_s = 0.0
         self._container: av.container.InputContainer | None = None
+        self._guard: RtspGuard | None = None
         self._stream: av.VideoStream | None = None
         self._thread: int | None = None
         self._interrupted = threading.Event()
@@ -275,13 +279,7 @@ class SourceReader:
         # with dozens of sources those tiny GIL grabs queue behind each other (up to a switch
         # interval each) and demuxing collapses. Local files never block on I/O: no timeout,
         # no callback; `interrupt()` still stops them between packets.
-        timeout = (self.connect_timeout_s, self.read_timeout_s) if self.live else None
-        container = av.open(
-            self.url,
-            mode="r",
-            container_options=open_options(self.url, self.read_timeout_s),
-            timeout=timeout,
-        )
+        container = self._connect()
         self._container = container
         if not container.streams.video:
             raise SourceError(f"no video stream in {redact(self.url)}")
@@ -302,6 +300,64 @@ class SourceReader:
             live=self.live,
         )
         return self.info
+
+    def _connect(self) -> av.container.InputContainer:
+        """The container of this source, redirects followed as vdet.ingest.redirects says:
+        each target checked against the policy before it is contacted, at most
+        `policy.max_redirects` of them."""
+        url = self.url
+        for hop in range(self.policy.max_redirects + 1 if self.policy is not None else 1):
+            try:
+                return self._open_container(url)
+            except (av.FFmpegError, OSError):
+                location = self._redirect_of(url)
+                if location is None:
+                    raise
+            assert self.policy is not None
+            if hop == self.policy.max_redirects:
+                raise RedirectError(
+                    f"{redact(url)} redirects to {redact(location)!r}: more than "
+                    f"{self.policy.max_redirects} redirect(s) "
+                    "(ingest.source_policy.max_redirects)"
+                )
+            url = check_redirect(url, location, self.policy)
+            log.info("source %s: following a redirect to %s", self.source_id, redact(url))
+        raise AssertionError("unreachable")
+
+    def _open_container(self, url: str) -> av.container.InputContainer:
+        # A timeout makes PyAV's FFmpeg interrupt callback take the GIL on every I/O poll;
+        # with dozens of sources those tiny GIL grabs queue behind each other (up to a switch
+        # interval each) and demuxing collapses. Local files never block on I/O: no timeout,
+        # no callback; `interrupt()` still stops them between packets.
+        timeout = (self.connect_timeout_s, self.read_timeout_s) if self.live else None
+        options = open_options(url, self.read_timeout_s)
+        target = url
+        if self.policy is not None and self.live:
+            if url.lower().startswith("http"):
+                options["max_redirects"] = "0"  # vdet follows them itself, checked
+            elif self.policy.hosts is not None:  # rtsp(s) to restricted hosts
+                self._close_guard()
+                self._guard = RtspGuard(url, self.connect_timeout_s)
+                target = self._guard.local_url
+                options = open_options(target, self.read_timeout_s)
+        return av.open(target, mode="r", container_options=options, timeout=timeout)
+
+    def _redirect_of(self, url: str) -> str | None:
+        """Where `url` redirected the failed open to, if it did and vdet checks redirects."""
+        if self.policy is None or not self.live:
+            return None
+        if url.lower().startswith("http"):
+            return http_location(url, self.connect_timeout_s)
+        guard, self._guard = self._guard, None
+        if guard is None:
+            return None
+        guard.close()
+        return guard.location
+
+    def _close_guard(self) -> None:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.close()
 
     def frames(self, first_index: int = 0) -> Iterator[VideoFrame | DecodeError]:
         """Decoded frames (and decode errors, which do not end the iteration) until the end.
@@ -438,6 +494,7 @@ class SourceReader:
 
     def close(self) -> None:
         """Release the connection; call it from the thread that opened. Idempotent."""
+        self._close_guard()
         container, self._container = self._container, None
         self._stream = None
         try:

@@ -66,6 +66,7 @@ class ReaderFactory(Protocol):
         read_timeout_s: float,
         loop: bool,
         realtime: bool,
+        policy: SourcePolicy | None,
     ) -> SourceReader: ...
 
 
@@ -339,6 +340,7 @@ class SourceThread:
             read_timeout_s=self.options.read_timeout_s,
             loop=self.options.loop_files,
             realtime=self.options.realtime,
+            policy=self.options.policy,
         )
         now = self._clock.monotonic()
         with self._lock:

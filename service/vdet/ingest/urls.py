@@ -73,12 +73,15 @@ class SourcePolicy:
     addresses and networks (``10.0.0.7``, ``10.0.0.0/8``, ``fd00::/8``); None allows every
     host. A host name is matched by name, never resolved, so a network entry only covers URLs
     that name an IP address. `file_roots` are folders (symbolic links resolved) whose files
-    may be sources, besides the bundled assets.
+    may be sources, besides the bundled assets. A network source's redirects are followed
+    up to `max_redirects` hops, each target held to the same policy before it is contacted
+    (vdet.ingest.redirects).
     """
 
     schemes: tuple[str, ...] = ALLOWED_SCHEMES
     hosts: tuple[str, ...] | None = None
     file_roots: tuple[Path, ...] = ()
+    max_redirects: int = 3
     _networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(
         default=(), init=False, repr=False, compare=False
     )
@@ -91,6 +94,7 @@ class SourcePolicy:
             schemes=tuple(dict.fromkeys(settings.schemes)),
             hosts=tuple(settings.hosts) if settings.hosts is not None else None,
             file_roots=tuple(settings.file_roots),
+            max_redirects=settings.max_redirects,
         )
 
     def __post_init__(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from support.apptest import MakeSettings, TestClient
+from support.redirecting import Listener, http_server, rtsp_redirector
 from support.waiting import wait_until
 
 from vdet.api.app import create_app
@@ -114,3 +115,33 @@ def test_which_query_parameters_are_secret_is_a_setting(make_settings: MakeSetti
             assert r.json()["spec"]["url"] == "rtsp://10.0.0.7/s?camkey=***&password=shown"
     finally:
         use_secret_params(DEFAULT_SECRET_PARAMS)  # the process-wide setting, as it was
+
+
+@pytest.mark.parametrize("scheme", ["http", "rtsp"])
+def test_a_redirect_off_the_allowed_hosts_is_refused_and_never_followed(
+    make_settings: MakeSettings, scheme: str
+) -> None:
+    """The source at an allowed host answers 302 to 127.0.0.2, which the policy does not
+    allow: the stream fails with the reason, and nothing connects to 127.0.0.2."""
+    outsider = Listener("127.0.0.2")
+    target = f"{scheme}://127.0.0.2:{outsider.port}/x"
+    if scheme == "http":
+        url = http_server("127.0.0.1", lambda _: (302, target, None)) + "/video"
+    else:
+        url = rtsp_redirector("127.0.0.1", target)
+    policy = {"hosts": ["127.0.0.1"]}
+    settings = make_settings(ingest={"connect_timeout_s": 1.0, "source_policy": policy})
+    try:
+        with TestClient(create_app(settings)) as c:
+            assert c.post("/v1/streams", json={"id": "cam", "url": url}).status_code == 201
+
+            def failed() -> str | None:
+                error: str | None = c.get("/v1/streams/cam").json()["status"]["last_error"]
+                return error
+
+            error = wait_until(failed, 10, what="the redirect to be refused")
+            assert "redirect to" in error and "not allowed" in error, error
+            assert c.get("/v1/streams/cam/snapshot.jpg").status_code == 204
+    finally:
+        outsider.close()
+    assert outsider.connections == 0
