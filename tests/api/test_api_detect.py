@@ -230,3 +230,17 @@ def test_invalid_content_length_is_400(client: TestClient) -> None:
     )
     assert r.status_code == 400
     assert r.json() == {"detail": "invalid Content-Length header"}
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".png"])
+def test_a_large_upload_is_answered_in_its_own_pixels(client: TestClient, ext: str) -> None:
+    """Decoded reduced to about the model's input, detected there; the boxes come back in
+    the upload's pixels."""
+    wh = (2560, 1920)
+    r = client.post("/v1/detect", content=encoded(ext, wh))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["image_width"], body["image_height"]) == wh
+    # Within a reduced pixel's rounding of the letterbox (the reduction is 2560 / 640 = 4 at
+    # most here, 4 upload pixels of a letterbox pad).
+    assert body["detections"][0]["box"] == pytest.approx(expected_box(0, wh), abs=8.0)

@@ -35,6 +35,7 @@ from vdet.api import (
     routes_zones,
 )
 from vdet.api.auth import require_api_key
+from vdet.api.images import DecodeBudget
 from vdet.api.live import LiveVideo
 from vdet.api.responses import SafeJSONResponse
 from vdet.api.schemas import ErrorOut
@@ -136,6 +137,7 @@ def create_app(
     if protected:
         errors[401] = {"model": ErrorOut, "description": "Missing or invalid API key."}
     app.state.live_video = LiveVideo(settings.live, service.metrics)
+    app.state.decode_budget = DecodeBudget(settings.limits.decode_budget_pixels)
     routers: tuple[APIRouter, ...] = (
         routes_streams.router,
         routes_live.router,

@@ -8,22 +8,33 @@ uses chunked encoding is cut off at the limit, never buffered beyond it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 from typing import Annotated
 
+import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from vdet.api.deps import ServiceDep, StreamsDep
-from vdet.api.images import SUPPORTED_FORMATS, UnsupportedImageError, decode_image
+from vdet.api.images import (
+    SUPPORTED_FORMATS,
+    DecodeBudget,
+    UnsupportedImageError,
+    decode_image,
+    probe_image,
+)
 from vdet.api.schemas import DetectOut, ErrorOut
 from vdet.results.wire import detections_out, timings_out
 from vdet.streams.params import resolve_params
 
 router = APIRouter(tags=["detect"])
+
+# How long an upload waits for its share of limits.decode_budget_pixels before a 503.
+DECODE_WAIT_S = 10.0
 
 _IMAGE_MEDIA_TYPES = [f"image/{fmt}" for fmt in SUPPORTED_FORMATS]
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
@@ -166,21 +177,36 @@ async def detect(
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail=str(exc)) from exc
 
     data = await _read_upload(request, service.settings.max_upload_bytes)
+    limits = service.settings.limits
+    fit = max(streams.backend_info.input_hw)
     started = time.perf_counter()
     try:
-        image = await run_in_threadpool(
-            decode_image, data, service.settings.limits.max_image_pixels
-        )
+        header = await run_in_threadpool(probe_image, data, limits.max_image_pixels, fit)
+        budget: DecodeBudget = request.app.state.decode_budget
+        async with budget.share(header.cost_pixels, DECODE_WAIT_S):
+            decoded = await run_in_threadpool(decode_image, data, limits.max_image_pixels, fit)
     except UnsupportedImageError as exc:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail=str(exc)) from exc
-    decoded = time.perf_counter()
-    dets, timings = await run_in_threadpool(streams.detect, image, params)
+    except TimeoutError:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"images being decoded hold limits.decode_budget_pixels ({budget.pixels}); "
+            "retry shortly",
+            headers={"Retry-After": str(limits.retry_after_s)},
+        ) from None
+    del data  # the encoded bytes are not needed any more
+    decode_done = time.perf_counter()
+    dets, timings = await run_in_threadpool(streams.detect, decoded.image, params)
+    sx, sy = decoded.scale_xy
+    if (sx, sy) != (1.0, 1.0):  # boxes in the upload's own pixels
+        scale = np.array([sx, sy, sx, sy], dtype=dets.xyxy.dtype)
+        dets = dataclasses.replace(dets, xyxy=dets.xyxy * scale)
     timings_ms = timings_out(timings)
-    timings_ms.decode = (decoded - started) * 1e3
+    timings_ms.decode = (decode_done - started) * 1e3
     timings_ms.end_to_end = (time.perf_counter() - started) * 1e3
     return DetectOut(
-        image_width=int(image.shape[1]),
-        image_height=int(image.shape[0]),
+        image_width=decoded.width,
+        image_height=decoded.height,
         detections=detections_out(dets, service.class_names),
         timings_ms=timings_ms,
     )

@@ -69,8 +69,19 @@ class LimitSettings(Strict):
         default=1 << 24,
         ge=1 << 16,
         le=1 << 28,
-        description="Largest image POST /v1/detect decodes (width x height, read from the "
-        "header by the decoder before decoding; 16 MP by default, about 50 MB decoded).",
+        description="Largest image POST /v1/detect takes (width x height, read from the "
+        "header before decoding; 16 MP by default).",
+    )
+    decode_budget_pixels: int = Field(
+        default=1 << 24,
+        ge=1 << 16,
+        le=1 << 30,
+        description="Decoded pixels the uploads being decoded share: a decode waits for its "
+        "share (up to 10 s, then 503). A JPEG costs the pixels of its reduced decode (about "
+        "the model's input size), other formats their full size (twice for palette and "
+        "16-bit images). About 4 bytes of memory per pixel: the default, 16 MP (one "
+        "max_image_pixels image, or eight 1080p PNGs), bounds decoding at about 70 MB however "
+        "many uploads are admitted.",
     )
     retry_after_s: int = Field(
         default=1, ge=1, le=3600, description="Retry-After sent with a 503 for a busy detect."

@@ -50,6 +50,7 @@ class LocalStreams:
             class_names=tuple(info.names),
             data_path="gpu" if backend.gpu_data_path else "cpu",
             selection=backend.selection,
+            input_hw=(int(info.input_hw[0]), int(info.input_hw[1])),
         )
 
     @property

@@ -164,6 +164,7 @@ class BackendInfo:
     # "gpu": NVDEC, our kernels, CUDA graphs; "cpu": CPU decode, every frame through Detector.
     data_path: Literal["gpu", "cpu"] = "cpu"
     selection: str = ""  # why this backend serves (what `auto` passed over)
+    input_hw: tuple[int, int] = (640, 640)  # the network's input; uploads are decoded to it
 
 
 @dataclasses.dataclass(frozen=True)
