@@ -7,6 +7,7 @@ on the short H.264 clip.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -250,6 +251,38 @@ def test_viewer_cap_fps_cap_and_unknown_stream(serve: Any, clip: Path) -> None:
     wait_until(lambda: server.metric("vdet_live_viewers") == 0, 10, what="the slot to free")
     with server.client.stream("GET", url) as again:
         assert again.status_code == 200
+
+
+def test_viewers_that_stop_reading_are_dropped_and_their_places_freed(
+    serve: Any, clip: Path
+) -> None:
+    """Two viewers take both places and read nothing (a small receive window, never read):
+    once a frame has waited live.send_timeout_s to go out, each is dropped, and a real
+    viewer gets in."""
+    server = serve(live={"max_viewers": 2, "send_timeout_s": 0.5, "max_fps": 30})
+    add_clip(server, clip)
+    host, port = server.base_url.removeprefix("http://").split(":")
+    idle = []
+    for _ in range(2):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        sock.connect((host, int(port)))
+        sock.sendall(
+            b"GET /v1/streams/cam/live.mjpeg?fps=30&max_width=1280 HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        idle.append(sock)
+    try:
+        wait_until(lambda: server.metric("vdet_live_viewers") == 2, 10, what="both to watch")
+        assert server.client.get("/v1/streams/cam/live.mjpeg").status_code == 503
+        wait_until(
+            lambda: server.metric("vdet_live_viewers") == 0, 60, what="the idle viewers to go"
+        )
+        with server.client.stream("GET", "/v1/streams/cam/live.mjpeg") as viewer:
+            assert viewer.status_code == 200
+            PartReader(viewer).read(2)
+    finally:
+        for sock in idle:
+            sock.close()
 
 
 def test_removing_the_stream_ends_its_live_video(serve: Any, clip: Path) -> None:

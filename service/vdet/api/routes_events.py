@@ -18,7 +18,8 @@ Protocol (server -> client JSON text messages; client messages are read and igno
    disconnected without a message and resumes from the last seq it read.
 
 Handshake refusals are HTTP responses with a JSON `detail`: 401 (API key), 404 (unknown
-stream), 422 (bad `after`), 503 (not ready); servers without the WebSocket denial-response
+stream), 422 (bad `after`), 503 (not ready, or the clients' cap reached: see
+vdet.api.ws_seats); servers without the WebSocket denial-response
 extension close with 1008 / 4404 / 1003 / 1013 instead.
 """
 
@@ -36,6 +37,7 @@ from starlette.websockets import WebSocketDisconnected
 from vdet.api.auth import websocket_auth
 from vdet.api.deps import service_of
 from vdet.api.schemas import EndEvent, GapEvent
+from vdet.api.ws_seats import Seats
 from vdet.results.hub import Subscription, SubscriptionEnd, SubscriptionEndedError
 from vdet.results.wire import ResultEventEncoder
 from vdet.root import Service
@@ -112,6 +114,11 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
         sub.close()
         await _deny(ws, status.HTTP_404_NOT_FOUND, f"no stream {source_id!r}")
         return
+    seats: Seats = ws.app.state.websocket_seats
+    if (refusal := seats.take(source_id)) is not None:
+        sub.close()
+        await _deny(ws, status.HTTP_503_SERVICE_UNAVAILABLE, refusal)
+        return
     service.metrics.websocket_clients.inc()
     try:
         await ws.accept(subprotocol)
@@ -135,6 +142,7 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
         pass
     finally:
         sub.close()
+        seats.give_back(source_id)
         service.metrics.websocket_clients.dec()
 
 

@@ -9,12 +9,13 @@ shared encodes and framing live in `vdet.api.live`; this module paces one viewer
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from vdet.api.deps import ServiceDep, StreamsDep
 from vdet.api.live import MEDIA_TYPE, LiveVideo, PictureKey, ViewerLimitError, multipart_part
@@ -23,6 +24,7 @@ from vdet.root import Service
 from vdet.streams.service import Picture, StreamService, UnknownStreamError
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
+log = logging.getLogger(__name__)
 
 
 def live_video_of(request: Request) -> LiveVideo:
@@ -30,18 +32,47 @@ def live_video_of(request: Request) -> LiveVideo:
     return live
 
 
-class _ViewerResponse(StreamingResponse):
-    """Frees the viewer's slot however the response ends (even before its first byte)."""
+class _ViewerStalledError(Exception):
+    """A part did not go out within the send timeout: the viewer stopped reading."""
 
-    def __init__(self, content: AsyncIterator[bytes], release: Any, **kwargs: Any) -> None:
+
+class _ViewerResponse(StreamingResponse):
+    """Frees the viewer's slot however the response ends (even before its first byte), and
+    ends the response of a viewer that stopped reading (`live.send_timeout_s`)."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], release: Any, send_timeout_s: float, **kwargs: Any
+    ) -> None:
         super().__init__(content, **kwargs)
         self._release = release
+        self._send_timeout_s = send_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def timed_send(message: Message) -> None:
+            try:
+                async with asyncio.timeout(self._send_timeout_s):
+                    await send(message)
+            except TimeoutError:
+                raise _ViewerStalledError from None
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, timed_send)
+        except _ViewerStalledError:
+            # Returning with the body unfinished makes the server close the connection.
+            log.warning(
+                "live viewer %s of %s dropped: a frame did not go out in %g s "
+                "(live.send_timeout_s)",
+                _client(scope),
+                scope.get("path", "?"),
+                self._send_timeout_s,
+            )
         finally:
             self._release()
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "?"
 
 
 @router.get(
@@ -111,6 +142,7 @@ async def live_mjpeg(
     return _ViewerResponse(
         _frames(service, live, streams, key, min(fps, live.settings.max_fps)),
         slot.release,
+        live.settings.send_timeout_s,
         media_type=MEDIA_TYPE,
         headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
     )

@@ -28,6 +28,13 @@ class LiveSettings(Strict):
         le=7680,
         description="Live frames wider than this are scaled down to it before encoding.",
     )
+    send_timeout_s: float = Field(
+        default=5.0,
+        ge=0.5,
+        le=300.0,
+        description="A viewer whose next frame has not gone out after this long (it stopped "
+        "reading) is disconnected and its place freed.",
+    )
     encoder_threads: int = Field(
         default=2, ge=1, le=32, description="Threads that may encode live frames at once."
     )

@@ -11,12 +11,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.apptest import MakeSettings
+from support.apptest import MakeSettings, TestClient, WebSocketDenialResponse
 from support.procs import Process, wait_http_ok
 from support.rtsp import free_port
 from support.waiting import wait_until
@@ -138,3 +139,31 @@ def test_sigterm_says_goodbye_to_every_client_and_exits_0(tmp_path: Path) -> Non
         assert time.monotonic() - started < 10
     finally:
         process.stop()
+
+
+def test_websocket_clients_are_capped_per_stream_and_in_all(make_settings: MakeSettings) -> None:
+    """Up to the caps clients are served; beyond, a 503 that names the setting; a client that
+    leaves gives its seat back."""
+    limits = {"max_websocket_clients": 5, "max_websocket_clients_per_stream": 3}
+    with TestClient(create_app(make_settings(limits=limits))) as client, ExitStack() as open_:
+        for stream_id in ("a", "b"):
+            body = {"id": stream_id, "url": "rtsp://10.0.0.7/s"}
+            assert client.post("/v1/streams", json=body).status_code == 201
+
+        def refused(path: str) -> str:
+            with pytest.raises(WebSocketDenialResponse) as denied, client.websocket_connect(path):
+                pass
+            assert denied.value.status_code == 503
+            detail: str = denied.value.json()["detail"]
+            return detail
+
+        first = open_.enter_context(client.websocket_connect("/v1/streams/a/events"))
+        for _ in range(2):
+            open_.enter_context(client.websocket_connect("/v1/streams/a/events"))
+        assert "max_websocket_clients_per_stream" in refused("/v1/streams/a/events")
+        for _ in range(2):
+            open_.enter_context(client.websocket_connect("/v1/events"))
+        assert "(limits.max_websocket_clients)" in refused("/v1/streams/b/events")
+        first.close()
+        wait_until(lambda: client.app.state.websocket_seats.taken["a"] == 2, 5, what="a seat back")
+        open_.enter_context(client.websocket_connect("/v1/streams/b/events"))
