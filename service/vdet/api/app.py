@@ -39,6 +39,7 @@ from vdet.api.images import DecodeBudget
 from vdet.api.live import LiveVideo
 from vdet.api.responses import SafeJSONResponse
 from vdet.api.schemas import ErrorOut
+from vdet.api.ws_seats import Seats
 from vdet.config.settings import Settings
 from vdet.inference.factory import DetectorFactory, open_configured_detector
 from vdet.results.wire import ResultEventEncoder
@@ -138,6 +139,9 @@ def create_app(
         errors[401] = {"model": ErrorOut, "description": "Missing or invalid API key."}
     app.state.live_video = LiveVideo(settings.live, service.metrics)
     app.state.decode_budget = DecodeBudget(settings.limits.decode_budget_pixels)
+    app.state.websocket_seats = Seats(
+        settings.limits.max_websocket_clients, settings.limits.max_websocket_clients_per_stream
+    )
     routers: tuple[APIRouter, ...] = (
         routes_streams.router,
         routes_live.router,

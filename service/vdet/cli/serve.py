@@ -33,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from vdet.config.base import ConfigError
     from vdet.config.settings import CONFIG_ENV_VAR, load_settings
     from vdet.config.streams import StreamSpec
+    from vdet.ingest.urls import SourcePolicy
+    from vdet.streams.startup import StartupError, check_startup
 
     if args.config is not None:
         # Parts that read the settings themselves (the tensorrt backend's engine settings)
@@ -52,6 +54,12 @@ def run(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update={"sources": [demo]})
     if not settings.model_path.is_file():
         raise UsageError(f"model not found: {settings.model_path}")
+    try:
+        check_startup(
+            settings.sources, settings.streams_file, SourcePolicy.of(settings.ingest.source_policy)
+        )
+    except StartupError as exc:
+        raise UsageError(str(exc)) from None
     app = create_app(settings, freeze_startup_objects=True)
     config = server_config(
         app,

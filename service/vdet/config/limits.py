@@ -83,6 +83,20 @@ class LimitSettings(Strict):
         "max_image_pixels image, or eight 1080p PNGs), bounds decoding at about 70 MB however "
         "many uploads are admitted.",
     )
+    max_websocket_clients: int = Field(
+        default=256,
+        ge=1,
+        le=65536,
+        description="WebSocket event clients connected at once, all feeds together; more are "
+        "refused in the handshake (503, or close code 1013).",
+    )
+    max_websocket_clients_per_stream: int = Field(
+        default=64,
+        ge=1,
+        le=65536,
+        description="WebSocket event clients of one stream's feed at once (the all-streams "
+        "feed /v1/events counts as one stream).",
+    )
     retry_after_s: int = Field(
         default=1, ge=1, le=3600, description="Retry-After sent with a 503 for a busy detect."
     )

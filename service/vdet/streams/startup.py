@@ -18,9 +18,10 @@ from pathlib import Path
 
 from vdet.config.streams import StreamSpec
 from vdet.core.redact import redact
+from vdet.ingest.urls import SourcePolicy, validate_source_url
 from vdet.streams.persistent import PersistentControl
 from vdet.streams.service import StreamControl, StreamService
-from vdet.streams.store import StoredStream, StreamStore
+from vdet.streams.store import StoredStream, StreamStore, StreamStoreError
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,29 @@ class Started:
             self.store.unlock()
 
 
+class StartupError(RuntimeError):
+    """A configured source or the streams file keeps the service from starting; the message
+    says which and why."""
+
+
+def check_startup(
+    configured: Sequence[StreamSpec], streams_file: Path | None, policy: SourcePolicy
+) -> None:
+    """What can be checked before anything starts: every configured source's URL against the
+    source policy, and the streams file's contents. Raises StartupError, so that `vdet serve`
+    says what is wrong in one line instead of failing in the middle of its start-up."""
+    for spec in configured:
+        try:
+            validate_source_url(spec.url, policy)
+        except ValueError as exc:
+            raise StartupError(f"configured source {spec.id!r}: {redact(str(exc))}") from None
+    if streams_file is not None:
+        try:
+            StreamStore(streams_file).load()
+        except StreamStoreError as exc:
+            raise StartupError(str(exc)) from None
+
+
 def start_streams(
     streams: StreamService,
     configured: Sequence[StreamSpec],
@@ -106,7 +130,7 @@ def start_streams(
     on_save_failure: Callable[[], object] = lambda: None,
 ) -> Started:
     """Start the configured sources and, with `streams_file`, the streams kept there (module
-    docstring). Raises RuntimeError naming a configured source that does not start, and
+    docstring). Raises StartupError naming a configured source that does not start, and
     StreamStoreError for a streams file that cannot be used."""
     if streams_file is None:
         started = Started(streams)
@@ -158,7 +182,7 @@ def _start_one(streams: StreamService, item: StartupStream) -> bool:
         return True
     except Exception as exc:
         if not item.from_file:
-            raise RuntimeError(f"configured source {item.spec.id!r}: {exc}") from exc
+            raise StartupError(f"configured source {item.spec.id!r}: {redact(str(exc))}") from exc
         log.error(
             "stream %r from the streams file does not start (%s); %s",
             item.spec.id,

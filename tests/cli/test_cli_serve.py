@@ -1,0 +1,52 @@
+"""`vdet serve` refuses to start with a clear one-line reason, not a traceback, when a
+configured source or the streams file cannot be used."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from support.serve import vdet_command
+
+
+def _serve(tmp_path: Path, config: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "vdet.yaml"
+    path.write_text(yaml.safe_dump({"port": 1, **config}))
+    return subprocess.run(
+        [vdet_command(), "serve", "--no-demo", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "streams_file", "reason"),
+    [
+        (
+            {
+                "sources": [{"id": "cam", "url": "rtsp://10.0.0.7/s?password=hunter22"}],
+                "ingest": {"source_policy": {"hosts": ["127.0.0.1"]}},
+            },
+            None,
+            "configured source 'cam': source host '10.0.0.7' is not allowed",
+        ),
+        ({"streams_file": "streams.json"}, '{"version": 1, "streams": [', "invalid streams file"),
+        ({"streams_file": "streams.json"}, '{"version": 9, "streams": []}', "streams file"),
+    ],
+    ids=["source-off-policy", "streams-file-cut", "streams-file-version"],
+)
+def test_a_bad_source_or_streams_file_stops_start_up_in_one_line(
+    tmp_path: Path, config: dict[str, object], streams_file: str | None, reason: str
+) -> None:
+    if streams_file is not None:
+        (tmp_path / "streams.json").write_text(streams_file)
+    done = _serve(tmp_path, config)
+    assert done.returncode == 2, done.stderr
+    assert reason in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "hunter22" not in done.stderr
