@@ -5,8 +5,8 @@ PyNvVideoCodec's own `CreateDemuxer(filename=...)`, and the expected planes are 
 hashes in tests/support/media/reference.json, made with PyAV by
 tests/support/media/make_nvdec_data.py (a CPU test checks them against the committed clips).
 
-Facts these tests rely on, as found on the GPU machine of bench/results/2026-12-02-gpu-tests-h200.md
-(one H200, driver 580.159.04, CUDA 13.0, torch 2.11.0+cu130, PyNvVideoCodec 2.2.4):
+Facts these tests rely on, as found on the GPU machine on 2026-12-02 (one H200, driver 580.159.04,
+CUDA 13.0, torch 2.11.0+cu130, PyNvVideoCodec 2.2.4):
 - libnvcuvid.so lives in /usr/local/nvidia/lib64, which must be on LD_LIBRARY_PATH.
 - A 1080p H.264 IPPP clip decodes 300/300 frames with DisplayDecodeLatencyType.LOW and the
   ENDOFPICTURE flag; a clip with B-frames decodes completely in NATIVE mode.
