@@ -193,8 +193,9 @@ class RtspGuard:
                     break
                 status = _STATUS_RE.match(head)
                 if status is not None and status.group(1).startswith(b"3"):
-                    client.sendall(b"".join(out) + _refusal(head))
+                    # Kept before FFmpeg hears the 502: the reader asks right after.
                     self.location = _header(head, b"location") or ""  # "": none said
+                    client.sendall(b"".join(out) + _refusal(head))
                     return
                 out.append(buffer[: end + 4 + length])
                 buffer = buffer[end + 4 + length :]
