@@ -167,3 +167,43 @@ def test_prometheus_and_grafana_get_their_provisioning(effective: dict[str, Any]
         (REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text()
     )
     assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+
+
+def test_host_ports_are_variables_and_the_camera_is_not_published() -> None:
+    """A host with 8000, 9090 or 3000 taken picks others; the camera's RTSP port only with the
+    override file that asks for it."""
+    env = {"VDET_HOST_PORT": "18000", "PROMETHEUS_HOST_PORT": "19090", "GRAFANA_HOST_PORT": "13000"}
+    result = subprocess.run(
+        [
+            require_tool("docker-compose", provided_by="Debian package docker-compose"),
+            "--project-directory",
+            str(REPO),
+            "-f",
+            str(COMPOSE_FILE),
+            "config",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))},
+            **env,
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    published = {
+        name: [p["published"] for p in spec.get("ports", [])] for name, spec in services.items()
+    }
+    assert published == {
+        "vdet": [18000],
+        "vdet-cpu": [18000],
+        "prometheus": [19090],
+        "grafana": [13000],
+        "camera": [],
+    }
+    with_camera = compose("-f", str(REPO / "deploy/compose.camera-port.yml"), "config")
+    assert with_camera.returncode == 0, with_camera.stderr
+    camera = yaml.safe_load(with_camera.stdout)["services"]["camera"]
+    assert [p["published"] for p in camera["ports"]] == [8554]
