@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vdet.core.extras import install_hint
+
 DASH = "—"
 FIGSIZE = (10.0, 6.0)
 DPI = 100
@@ -844,8 +846,11 @@ def write_report(inputs: Sequence[Path], out_dir: Path) -> Report:
         if kind in ("streams", "serve"):
             try:
                 plots = write_plots(_as_streams(data) if kind == "serve" else data, out_dir, stem)
-            except ModuleNotFoundError as exc:  # matplotlib is in the dev extra only
-                report.notes.append(f"{path}: no plots ({exc}); markdown only")
+            except ModuleNotFoundError as exc:  # matplotlib: the report (or dev) extra
+                report.notes.append(
+                    f"{path}: no plots ({exc}); markdown only. The plots need the report "
+                    f"extra: {install_hint('report')}"
+                )
         markdown = render_markdown(data, stem, plots)
         assert markdown is not None  # the kind was recognised above
         md_path = out_dir / f"{stem}.md"

@@ -43,6 +43,7 @@ from vdet.bench.environment import environment
 from vdet.bench.stats import summarize_ms
 from vdet.config.settings import Settings
 from vdet.core.contract import CONF_THRESHOLD, IOU_THRESHOLD, MAX_DET
+from vdet.core.extras import needs_extra
 from vdet.core.types import Detections, FloatArray, ImageArray
 from vdet.inference.detector import Detector
 from vdet.inference.factory import cpu_sessions
@@ -226,9 +227,7 @@ def run_pipeline_vs_ultralytics(
         from ultralytics import YOLO  # type: ignore[attr-defined]
         from ultralytics.utils import LOGGER
     except ImportError as exc:
-        raise RuntimeError(
-            "the Ultralytics baseline needs the train extra: pip install 'vdet[train]'"
-        ) from exc
+        raise RuntimeError(needs_extra("the Ultralytics baseline", "train")) from exc
     # Ultralytics logs to stdout, where `vdet bench` prints the result's JSON.
     for handler in LOGGER.handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stdout:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from vdet.cli.args import UsageError, add_input_shape_arg, progress
 from vdet.core import contract
 from vdet.core.assets import default_model_path
+from vdet.core.extras import needs_extra
 
 if TYPE_CHECKING:
     from vdet.inference.detector import Detector
@@ -37,7 +38,8 @@ def add_parsers(sub: Any) -> None:
         "--track",
         action="store_true",
         help="score tracking instead: IDF1/MOTA on synthetic clips with identities, and exact "
-        "zone/line counts on a counting clip (needs vdet[eval])",
+        "zone/line counts on a counting clip (needs the eval extra: "
+        "scripts/setup.sh --extras eval)",
     )
     p.add_argument("--clips", type=int, default=3, help="--track: synthetic clips (seeds 0..N-1)")
     p.add_argument("--seconds", type=float, default=8.0, help="--track: length of each clip")
@@ -197,7 +199,7 @@ def _eval_track(args: argparse.Namespace) -> int:
     import importlib.util
 
     if importlib.util.find_spec("motmetrics") is None:
-        raise UsageError("--track needs py-motmetrics: pip install 'vdet[eval]'")
+        raise UsageError(needs_extra("--track (py-motmetrics)", "eval"))
     if not 1 <= args.clips <= 100 or not 1.0 <= args.seconds <= 600.0:
         raise UsageError("--clips must be 1..100 and --seconds 1..600")
     from vdet.modelkit.tracking_evaluation import evaluate_tracking

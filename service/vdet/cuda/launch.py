@@ -28,6 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from vdet.core.extras import needs_extra
+
 # Package data of vdet (vdet/cuda/kernels/), beside this sub-package.
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
@@ -106,7 +108,7 @@ def _bindings() -> tuple[Any, Any]:
         from cuda.bindings import driver, nvrtc
     except ImportError as exc:
         raise CudaUnavailableError(
-            "the GPU kernels need cuda-python: pip install 'vdet[gpu]' (cuda-bindings 13.x)"
+            needs_extra("the GPU kernels (cuda-python, cuda-bindings 13.x)", "gpu")
         ) from exc
     return driver, nvrtc
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vdet.core.extras import needs_extra
+
 
 class CudaError(RuntimeError):
     """A CUDA runtime call failed, or there is no usable GPU."""
@@ -23,8 +25,9 @@ def runtime() -> Any:
         from cuda.bindings import runtime as rt
     except ImportError as exc:
         raise CudaError(
-            "the CUDA runtime bindings are missing: pip install 'vdet[tensorrt]' (cuda-bindings "
-            "of your CUDA major version)"
+            needs_extra(
+                "the CUDA runtime bindings (cuda-bindings of your CUDA major version)", "tensorrt"
+            )
         ) from exc
     return rt
 

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from vdet.core.extras import needs_extra
 from vdet.core.types import ColourMatrix, ColourRange
 from vdet.cuda.capture_guard import CUDA_WORK
 from vdet.cuda.cuda_stream import on_stream
@@ -141,7 +142,7 @@ def load_pynvvideocodec() -> ModuleType:
         module = importlib.import_module("PyNvVideoCodec")
     except ImportError as exc:
         raise ImportError(
-            "NVDEC decoding needs PyNvVideoCodec (pip install 'vdet[gpu]') and the NVIDIA "
+            f"{needs_extra('NVDEC decoding (PyNvVideoCodec)', 'gpu')}, and the NVIDIA "
             f"driver's libnvcuvid on the library path: {exc}"
         ) from exc
     return module

@@ -5,8 +5,8 @@ pixels, then per-class sigmoid scores) and carries the class names in its metada
 NMS are ours (NumPy on the CPU, the fused CUDA kernel / TensorRT plugin on the GPU), so the export
 must not add Ultralytics' own NMS (`nms=False`, no end2end head).
 
-Ultralytics (AGPL-3.0) and PyTorch are an optional extra (`pip install vdet[train]`): serving
-never imports them.
+Ultralytics (AGPL-3.0) and PyTorch are an optional extra (`scripts/setup.sh --extras train`):
+serving never imports them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vdet.core.contract import INPUT_SIZE
+from vdet.core.extras import needs_extra
 
 if TYPE_CHECKING:
     from vdet.core.model import ModelInfo
@@ -46,9 +47,7 @@ def export_onnx(
     try:
         from ultralytics import YOLO  # type: ignore[attr-defined]
     except ImportError as exc:  # pragma: no cover - depends on the optional extra
-        raise ExportError(
-            "exporting needs the optional training extra: pip install 'vdet[train]'"
-        ) from exc
+        raise ExportError(needs_extra("exporting", "train")) from exc
     if opset < 17:
         raise ExportError(f"opset {opset} is too old: vdet needs opset 17 or newer")
     weights = Path(weights)

@@ -49,6 +49,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from vdet.core.extras import needs_extra
 from vdet.core.model import ModelError, ModelInfo, file_sha256, load_model_info
 from vdet.core.types import FloatArray
 from vdet.inference.preprocess import letterbox
@@ -637,9 +638,7 @@ def _run_modelopt(
         try:
             from modelopt.onnx.quantization import quantize
         except ImportError as exc:  # pragma: no cover - depends on the optional extra
-            raise QuantizeError(
-                "quantizing needs NVIDIA ModelOpt: pip install 'vdet[quant]'"
-            ) from exc
+            raise QuantizeError(needs_extra("quantizing (NVIDIA ModelOpt)", "quant")) from exc
         _ignore_shadowed_tensorrt()
         quantize(
             onnx_path=str(source),

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import onnx
 
 from vdet.core.contract import rect_input_hw
+from vdet.core.extras import install_hint, needs_extra
 from vdet.core.model import ModelError, ModelInfo, file_sha256, load_model_info
 from vdet.tensorrt.cache import (
     PORTABLE_GPU,
@@ -355,7 +356,7 @@ class EngineRequest:
         except ImportError as exc:  # pragma: no cover - the quant extra is missing
             raise BuildError(
                 f"fp16 on {self.library.title} converts the ONNX with NVIDIA ModelOpt AutoCast: "
-                "pip install 'vdet[quant]', or convert it yourself and build that model"
+                f"{install_hint('quant')}, or convert it yourself and build that model"
             ) from exc
         half = self.workdir / f"{self.source.stem}.{self.info.sha256[:12]}.fp16.onnx"
         try:
@@ -364,8 +365,7 @@ class EngineRequest:
                 convert_fp16(self.source, half)
         except ImportError as exc:
             raise BuildError(
-                f"fp16 on {self.library.title} needs NVIDIA ModelOpt AutoCast: "
-                "pip install 'vdet[quant]'"
+                needs_extra(f"fp16 on {self.library.title} (NVIDIA ModelOpt AutoCast)", "quant")
             ) from exc
         if self.options.plugin_nms is None:
             return half
@@ -500,7 +500,7 @@ def _key_gpu(
         raise BuildError(
             f"{lib.title} builds only for the GPU it runs on ({gpu[0]}, compute capability "
             f"{gpu[1]}), not for {', '.join(targets)}: --target needs TensorRT for RTX "
-            "(pip install 'vdet[tensorrt-rtx]')"
+            f"({install_hint('tensorrt-rtx')})"
         )
     return gpu
 

@@ -34,6 +34,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from vdet.core.extras import install_hint
+
 Flavour = Literal["tensorrt", "tensorrt-rtx"]
 FLAVOURS: tuple[Flavour, ...] = ("tensorrt", "tensorrt-rtx")
 
@@ -182,7 +184,7 @@ TENSORRT_RTX = TensorRTLibrary(
     module="tensorrt_rtx_bindings",
     title="TensorRT for RTX",
     min_version=(1, 7),
-    pip_hint="pip install 'vdet[tensorrt-rtx]' (docs/tensorrt.md)",
+    pip_hint=f"{install_hint('tensorrt-rtx')}; docs/tensorrt.md",
     builds_without_gpu=True,
     always_strongly_typed=True,
     has_timing_cache=False,

@@ -12,6 +12,7 @@ import sys
 
 from vdet.bench.serve.options import ServeBenchUsageError, options_from_args
 from vdet.bench.serve.server import vdet_executable
+from vdet.core.extras import needs_extra
 
 
 def _clients_installed() -> bool:
@@ -21,7 +22,7 @@ def _clients_installed() -> bool:
 def run_cli(args: argparse.Namespace) -> int:
     if not _clients_installed():
         print(
-            "vdet bench serve: needs httpx and websockets: pip install 'vdet[bench]'",
+            f"vdet bench serve: {needs_extra('its WebSocket clients (websockets)', 'bench')}",
             file=sys.stderr,
         )
         return 2
