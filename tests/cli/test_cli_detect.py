@@ -17,7 +17,7 @@ from vdet.cli.main import main
 
 
 def recall(records: list[dict[str, Any]]) -> float:
-    return truth.recall([(r["frame"], r["detections"]) for r in records])
+    return truth.recall([(r["frame_index"], r["detections"]) for r in records])
 
 
 @pytest.mark.slow
@@ -42,10 +42,18 @@ def test_detect_on_sample_clip_recalls_labelled_objects(
     )
     lines = capsys.readouterr().out.splitlines()
     records = [json.loads(line) for line in lines]
-    assert [r["frame"] for r in records] == list(range(45))
+    assert [r["frame_index"] for r in records] == list(range(45))
     for r in records:
         for d in r["detections"]:
-            assert set(d) == {"class", "class_id", "score", "box"}
+            assert set(d) == {"class_name", "class_id", "score", "box", "track_id"}
+        assert set(r) == {
+            "frame_index",
+            "pts_s",
+            "image_width",
+            "image_height",
+            "detections",
+            "timings_ms",
+        }
     assert recall(records) >= 0.9
     with av.open(str(out)) as container:
         assert sum(1 for _ in container.decode(video=0)) == 45

@@ -1,5 +1,6 @@
 """`vdet detect`: detections on an image, a video file or a stream, one JSON line per frame
-(the REST result's shape), and optionally the frames with their boxes drawn."""
+(the REST result's schema: `frame_index`, `pts_s`, then POST /v1/detect's body), and
+optionally the frames with their boxes drawn."""
 
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         if image is None:
             raise UsageError(f"cannot read image {source}")
         ((dets, timings),) = detector.detect([image], params)
-        print(json.dumps(_frame_record(0, None, dets, names, timings)))
+        print(_frame_record(0, None, image.shape[:2], dets, names, timings))
         if args.output:
             cv2.imwrite(str(args.output), draw_detections(image, dets, names))
         return 0
@@ -110,7 +111,11 @@ def run(args: argparse.Namespace) -> int:
                 continue
             in_damaged_chain = False
             ((dets, timings),) = detector.detect([item.image_bgr], params)
-            print(json.dumps(_frame_record(item.index, item.pts_seconds, dets, names, timings)))
+            print(
+                _frame_record(
+                    item.index, item.pts_seconds, item.image_bgr.shape[:2], dets, names, timings
+                )
+            )
             if args.output:
                 if writer is None:
                     writer = ClipWriter(args.output, fps=info.fps or 30.0, crf=20)
@@ -133,25 +138,20 @@ def run(args: argparse.Namespace) -> int:
 def _frame_record(
     index: int,
     pts: float | None,
+    image_hw: tuple[int, int],
     dets: Detections,
     names: Sequence[str],
     timings: StageTimings,
-) -> dict[str, object]:
-    return {
-        "frame": index,
-        "pts": pts,
-        "detections": [
-            {
-                "class": names[int(c)],
-                "class_id": int(c),
-                "score": round(float(s), 4),
-                "box": [round(float(v), 1) for v in box],
-            }
-            for box, s, c in zip(dets.xyxy, dets.scores, dets.class_ids, strict=True)
-        ],
-        "timings_ms": {
-            "preprocess": round(timings.preprocess * 1e3, 3),
-            "inference": round(timings.inference * 1e3, 3),
-            "postprocess": round(timings.postprocess * 1e3, 3),
-        },
-    }
+) -> str:
+    """One frame as JSON in the REST result's schema: POST /v1/detect's body (`DetectOut`),
+    with the stream result's `frame_index` and `pts_s` in front."""
+    from vdet.api.schemas import DetectOut
+    from vdet.results.wire import detections_out, timings_out
+
+    body = DetectOut(
+        image_width=image_hw[1],
+        image_height=image_hw[0],
+        detections=detections_out(dets, names),
+        timings_ms=timings_out(timings),
+    )
+    return json.dumps({"frame_index": index, "pts_s": pts, **body.model_dump(mode="json")})
