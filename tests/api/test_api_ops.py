@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from support.apptest import MakeSettings, TestClient, stream_body
 from support.waiting import wait_until
 
 from vdet.api.app import create_app
+from vdet.api.server import QuietPolls
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -204,3 +206,38 @@ def test_openapi_documents_routes_status_codes_and_tags(client: TestClient) -> N
     schemas = spec["components"]["schemas"]
     assert schemas["StreamSpec"]["additionalProperties"] is False
     assert all(p.get("description") for p in schemas["StreamSpec"]["properties"].values())
+
+
+@pytest.mark.parametrize(
+    ("method", "status", "at_info"),
+    [
+        ("GET", 200, False),
+        ("HEAD", 304, False),
+        ("GET", 404, True),
+        ("POST", 201, True),
+        ("DELETE", 204, True),
+        ("GET", 503, True),
+    ],
+)
+def test_access_lines_of_polls_are_debug_and_changes_and_errors_info(
+    method: str, status: int, at_info: bool
+) -> None:
+    access = logging.getLogger("uvicorn.access")
+    level = access.level
+    access.setLevel(logging.INFO)
+    record = access.makeRecord(
+        access.name,
+        logging.INFO,
+        __file__,
+        1,
+        '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", method, "/v1/streams", "1.1", status),
+        None,
+    )
+    assert QuietPolls().filter(record) is at_info
+    assert record.levelname == ("INFO" if at_info else "DEBUG")
+    access.setLevel(logging.DEBUG)
+    try:
+        assert QuietPolls().filter(record) is True
+    finally:
+        access.setLevel(level)

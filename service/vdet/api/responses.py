@@ -19,13 +19,14 @@ from starlette.responses import JSONResponse, Response
 
 
 class SafeJSONResponse(JSONResponse):
-    """JSONResponse that renders any content: values strict JSON refuses become text."""
+    """JSONResponse that renders any content: values strict JSON refuses become text. The body
+    ends with a newline, so that a shell prompt after `curl` starts on a line of its own."""
 
     def render(self, content: Any) -> bytes:
         try:
-            return super().render(content)
+            return super().render(content) + b"\n"
         except (ValueError, UnicodeEncodeError):  # non-finite float, lone surrogate
-            return super().render(json_safe(content))
+            return super().render(json_safe(content)) + b"\n"
 
 
 def json_safe(value: Any) -> Any:

@@ -41,7 +41,7 @@ def server_config(
     limits: LimitSettings | None = None,
 ) -> uvicorn.Config:
     """uvicorn's settings for vdet's app, as `vdet serve` runs it."""
-    return uvicorn.Config(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -57,6 +57,26 @@ def server_config(
         # Ctrl-C, then cut them, so that shutdown cannot wait forever on a viewer.
         timeout_graceful_shutdown=5,
     )
+    access = logging.getLogger("uvicorn.access")  # configured by uvicorn.Config just now
+    if not any(isinstance(f, QuietPolls) for f in access.filters):
+        access.addFilter(QuietPolls())
+    return config
+
+
+class QuietPolls(logging.Filter):
+    """Access lines of successful GET and HEAD requests (the web page's polls, health checks,
+    Prometheus scrapes) at DEBUG: shown with `--log-level debug`, left out at info. Changes
+    (POST, PATCH, PUT, DELETE) and every error stay at INFO."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not (isinstance(args, tuple) and len(args) == 5):
+            return True  # not uvicorn's access line
+        method, status = args[1], args[4]
+        if method not in ("GET", "HEAD") or not isinstance(status, int) or status >= 400:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 class GracefulServer(uvicorn.Server):

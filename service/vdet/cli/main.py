@@ -29,6 +29,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # httpx logs every request at INFO: one line per webhook delivery. vdet logs the
+        # deliveries that fail itself; the rest only with --log-level debug.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
