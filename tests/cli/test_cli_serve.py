@@ -33,12 +33,37 @@ def _serve(tmp_path: Path, config: dict[str, object]) -> subprocess.CompletedPro
                 "ingest": {"source_policy": {"hosts": ["127.0.0.1"]}},
             },
             None,
-            "configured source 'cam': source host '10.0.0.7' is not allowed",
+            "configured source 'cam' (sources[0].url): source host '10.0.0.7' is not allowed",
+        ),
+        (
+            {"sources": [{"id": "a", "url": "/etc/hostname"}]},
+            None,
+            "source file /etc/hostname is outside ingest.source_policy.file_roots",
+        ),
+        (
+            {"sources": [{"id": "a", "url": "ftp://x.example/v"}]},
+            None,
+            "configured source 'a' (sources[0].url): unsupported source scheme 'ftp'",
+        ),
+        (
+            {
+                "sources": [{"id": "a", "url": "http://x.example/v"}],
+                "ingest": {"source_policy": {"schemes": ["rtsp"]}},
+            },
+            None,
+            "is not allowed on this server; use rtsp:// (ingest.source_policy.schemes)",
         ),
         ({"streams_file": "streams.json"}, '{"version": 1, "streams": [', "invalid streams file"),
         ({"streams_file": "streams.json"}, '{"version": 9, "streams": []}', "streams file"),
     ],
-    ids=["source-off-policy", "streams-file-cut", "streams-file-version"],
+    ids=[
+        "source-off-policy",
+        "file-outside-roots",
+        "scheme-unknown",
+        "scheme-off-policy",
+        "streams-file-cut",
+        "streams-file-version",
+    ],
 )
 def test_a_bad_source_or_streams_file_stops_start_up_in_one_line(
     tmp_path: Path, config: dict[str, object], streams_file: str | None, reason: str

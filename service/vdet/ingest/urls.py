@@ -182,6 +182,12 @@ def validate_source_url(url: str, policy: SourcePolicy | None = None) -> str:
     return text
 
 
+def is_local_file(checked: str) -> bool:
+    """Whether `checked`, as `validate_source_url` returned it, names a local file (it comes
+    back as an absolute path, without a scheme)."""
+    return _SCHEME_RE.match(checked) is None
+
+
 def _check_policy(checked: str, policy: SourcePolicy) -> str:
     match = _SCHEME_RE.match(checked)
     scheme = match.group(1).lower() if match is not None else FILE_SCHEME

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from vdet.config.streams import StreamSpec
 from vdet.core.redact import redact
-from vdet.ingest.urls import SourcePolicy, validate_source_url
+from vdet.ingest.urls import REFUSED_FILE, SourcePolicy, is_local_file, validate_source_url
 from vdet.streams.persistent import PersistentControl
 from vdet.streams.service import StreamControl, StreamService
 from vdet.streams.store import StoredStream, StreamStore, StreamStoreError
@@ -110,16 +110,42 @@ def check_startup(
     """What can be checked before anything starts: every configured source's URL against the
     source policy, and the streams file's contents. Raises StartupError, so that `vdet serve`
     says what is wrong in one line instead of failing in the middle of its start-up."""
-    for spec in configured:
+    for index, spec in enumerate(configured):
         try:
             validate_source_url(spec.url, policy)
         except ValueError as exc:
-            raise StartupError(f"configured source {spec.id!r}: {redact(str(exc))}") from None
+            raise StartupError(
+                f"configured source {spec.id!r} (sources[{index}].url): "
+                f"{_why_refused(spec.url, policy, exc)}"
+            ) from None
     if streams_file is not None:
         try:
             StreamStore(streams_file).load()
         except StreamStoreError as exc:
             raise StartupError(str(exc)) from None
+
+
+def _why_refused(url: str, policy: SourcePolicy, exc: ValueError) -> str:
+    """Why the source policy refused a configured source, naming the setting to change. A
+    client of the API is told less (REFUSED_FILE does not say whether a file exists); the
+    operator who wrote the config file is told which."""
+    try:
+        checked = validate_source_url(url)  # the URL itself, without the policy
+    except ValueError as plain:
+        return redact(str(plain))
+    if is_local_file(checked) and str(exc) == REFUSED_FILE:
+        if not policy.allows_file(checked):
+            roots = ", ".join(str(r) for r in policy.file_roots) or "none set"
+            return (
+                f"source file {redact(checked)} is outside ingest.source_policy.file_roots "
+                f"({roots}); add its folder there"
+            )
+        return f"source file {redact(checked)} is not readable by this user"
+    if "scheme" in str(exc):
+        return f"{redact(str(exc))} (ingest.source_policy.schemes)"
+    if "host" in str(exc):
+        return f"{redact(str(exc))} (ingest.source_policy.hosts)"
+    return redact(str(exc))
 
 
 def start_streams(
