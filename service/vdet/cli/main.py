@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
-from vdet.cli import bench, detect, models, serve
+from vdet.cli import bench, config, detect, models, serve
 from vdet.cli.args import UsageError
 
 
@@ -17,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info")
     sub = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(sub)
+    config.add_parser(sub)
     detect.add_parser(sub)
     models.add_parsers(sub)
     bench.add_parser(sub)
@@ -41,3 +43,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `vdet config show | head`: the reader has gone, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -15,7 +15,16 @@ DEMO_SOURCE_ID = "demo"
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run the HTTP/WebSocket service")
+    p = sub.add_parser(
+        "serve",
+        help="run the HTTP/WebSocket service",
+        description="Run the HTTP/WebSocket service: the settings file (--config or "
+        "VDET_CONFIG), VDET_* variables over it, these flags over both.",
+        epilog="Every setting (key, type, default, bounds, environment variable): "
+        "docs/configuration.md or `vdet config reference`. Before starting: `vdet config check "
+        "FILE` validates a file and its sources; `vdet config show --config FILE` prints the "
+        "effective settings and where each came from.",
+    )
     p.add_argument("--config", type=Path, default=None, help="YAML settings file")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)

@@ -120,7 +120,9 @@ class MqttSettings(EventFilterSettings):
         description="PEM file of the CA(s) that signed the broker's certificate (a site's own "
         "CA); implies tls.",
     )
-    username: str | None = Field(default=None, min_length=1, max_length=256)
+    username: str | None = Field(
+        default=None, min_length=1, max_length=256, description="Broker login, with password."
+    )
     password: SecretStr | None = Field(default=None, description="Never logged.")
     client_id: str = Field(
         default="vdet",

@@ -8,6 +8,7 @@ instead of being ignored. This module only describes and validates; it starts no
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
@@ -32,7 +33,8 @@ from vdet.config.ingest import IngestSettings
 from vdet.config.limits import LimitSettings
 from vdet.config.live import LiveSettings
 from vdet.config.notify import NotifySettings
-from vdet.config.streams import DetectionDefaults, StreamSpec
+from vdet.config.reference import model_at
+from vdet.config.streams import STREAM_ID_PATTERN, DetectionDefaults, StreamSpec
 from vdet.config.workers import WorkerSettings
 from vdet.core.assets import default_model_path
 from vdet.core.redact import DEFAULT_SECRET_PARAMS, redact
@@ -232,9 +234,18 @@ def _check_env_names(environ: Mapping[str, str]) -> None:
         if name.upper().startswith("VDET_") and name[5:].upper().split("__")[0] not in known
     )
     if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(
+                name[5:].upper().split("__")[0], sorted(known), n=1, cutoff=0.6
+            )
+            if close:
+                hints.append(f"{name}: did you mean VDET_{close[0]}?")
         raise ConfigError(
-            f"unknown environment variable(s) {', '.join(unknown)}; settings are "
-            f"{', '.join(sorted('VDET_' + k for k in known))} (nested keys with '__')"
+            f"unknown environment variable(s) {', '.join(unknown)}"
+            + (f" ({'; '.join(hints)})" if hints else "")
+            + f"; settings are {', '.join(sorted('VDET_' + k for k in known))} "
+            "(nested keys with '__')"
         )
 
 
@@ -244,9 +255,39 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            lines.append(f"  {key}: unknown key{_did_you_mean(err['loc'])}")
         elif "api_key" in key:  # never echo a secret
             lines.append(f"  {key}: {err['msg']}")
         else:
-            lines.append(f"  {key}: {err['msg']} (got {redact(repr(err.get('input')))})")
+            message = _PATTERN_WORDS.get(str((err.get("ctx") or {}).get("pattern")), err["msg"])
+            lines.append(f"  {key}: {message} (got {redact(repr(err.get('input')))})")
+    lines.append(
+        "  (every key, its type and bounds: docs/configuration.md, or vdet config reference)"
+    )
     return "\n".join(lines)
+
+
+# What the settings' patterns mean, for errors a person reads instead of a regular expression.
+_PATTERN_WORDS = {
+    r"^https?://[^\s]+$": "must be an http:// or https:// URL without spaces",
+    r"^https?://[^\s?#]+$": "must be an http:// or https:// URL without spaces, query or fragment",
+    STREAM_ID_PATTERN: "must be 1-64 letters, digits, '_', '.' or '-'",
+    r"^[A-Za-z0-9-]{1,64}$": "must be a header name: 1-64 letters, digits or '-'",
+    r"^[A-Za-z0-9.:_-]+$": "must be a host name or IP address",
+    r"^[A-Za-z0-9_.-]{1,64}$": "must be 1-64 letters, digits, '_', '.' or '-'",
+    r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$": "must be words of letters, digits, '_', '.' or "
+    "'-' separated by single '/' (no wildcards, no leading or trailing '/')",
+}
+
+
+def _did_you_mean(loc: tuple[str | int, ...]) -> str:
+    """'; did you mean X?' for an unknown key near a known one, else the keys known there."""
+    name = loc[-1] if loc else ""
+    model = model_at(Settings, loc[:-1])
+    if model is None or not isinstance(name, str):
+        return ""
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f"; known keys here: {', '.join(known)}"
