@@ -60,7 +60,18 @@ def test_key_in_header_or_bearer_token(
     assert keyed.delete("/v1/streams/cam", headers=headers).status_code == 204
 
 
-@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/docs",
+        "/docs-assets/swagger-ui-bundle.js",
+        "/docs-assets/swagger-ui.css",
+        "/openapi.json",
+    ],
+)
 def test_operational_routes_stay_open(keyed: TestClient, path: str) -> None:
     assert keyed.get(path).status_code == 200
 

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from starlette.concurrency import run_in_threadpool
 
 from vdet.api import (
+    docs_pages,
     limits,
     loop_health,
     methods,
@@ -118,6 +119,8 @@ def create_app(
         description=_DESCRIPTION,
         lifespan=lifespan,
         default_response_class=SafeJSONResponse,
+        docs_url=None,  # vdet.api.docs_pages serves them with their assets (no CDN)
+        redoc_url=None,
         openapi_tags=[
             {
                 "name": "streams",
@@ -157,6 +160,7 @@ def create_app(
     app.include_router(routes_ops.router)
     app.include_router(routes_ui.router)  # the web page: public files; data needs the key
     routers += (routes_events.router, routes_ops.router, routes_ui.router)
+    docs_pages.install(app)
     _add_exception_handlers(app)
     responses.install(app)
     limits.install(app, settings)  # body limits, read timeouts, key before body

@@ -60,11 +60,10 @@ OPEN_PATHS = frozenset(
         "/metrics",
         "/docs",
         "/docs/oauth2-redirect",
-        "/redoc",
         "/openapi.json",
     }
 )
-OPEN_PREFIXES = ("/ui/",)
+OPEN_PREFIXES = ("/ui/", "/docs-assets/")  # the web page's and /docs' files
 MAX_REPORTED_ERRORS = 20
 EXCERPT_CHARS = 80
 
