@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from vdet.core import contract
 
@@ -35,11 +39,55 @@ def add_detection_args(p: argparse.ArgumentParser) -> None:
 
 
 def progress(label: str) -> Callable[[int, int], None]:
-    """A `done/total` line on stderr: rewritten in place on a terminal, every tenth in a log."""
+    """A `done/total` reporter: a tqdm bar on stderr when it is a terminal, nothing in logs and
+    pipes (the command's result is what they get)."""
+    bar: Any = None
 
     def report(done: int, total: int) -> None:
-        if sys.stderr.isatty() or done == total or done % max(total // 10, 1) == 0:
-            end = "\n" if done == total else "\r"
-            print(f"{label}: {done}/{total}", end=end, file=sys.stderr, flush=True)
+        nonlocal bar
+        if not sys.stderr.isatty():
+            return
+        from tqdm import tqdm
+
+        if bar is None:
+            bar = tqdm(total=total, desc=label, file=sys.stderr, leave=True, **_screen())
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
 
     return report
+
+
+@contextmanager
+def activity(label: str) -> Iterator[None]:
+    """`label` and the time it has taken so far, on stderr while a step with no count of its
+    own runs (an engine build, a calibration), when stderr is a terminal; silent otherwise."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from tqdm import tqdm
+
+    stop = threading.Event()
+    with tqdm(desc=label, file=sys.stderr, bar_format="{desc}: {elapsed}", **_screen()) as bar:
+
+        def tick() -> None:
+            while not stop.wait(1.0):
+                bar.refresh()
+
+        ticker = threading.Thread(target=tick, name="progress", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            ticker.join()
+
+
+def _screen() -> dict[str, int]:
+    """tqdm's ncols and nrows: the terminal's size, 80x24 where it says 0x0 (as a fresh
+    pseudo-terminal does; tqdm then draws nothing at all)."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except OSError:
+        return {"ncols": 80, "nrows": 24}
+    return {"ncols": size.columns or 80, "nrows": size.lines or 24}

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vdet.cli.args import add_input_shape_arg
+from vdet.cli.args import activity, add_input_shape_arg
 from vdet.core.assets import default_model_path, sample_clip
 
 
@@ -56,6 +56,20 @@ def run(args: argparse.Namespace) -> int:
         from vdet.bench.serve.command import run_cli as run_serve_cli
 
         return run_serve_cli(args)
+    with activity(f"vdet bench {args.scenario}"):
+        result = _measure(args)
+    if result is None:
+        return 2
+    text = json.dumps(result, indent=2)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+def _measure(args: argparse.Namespace) -> dict[str, object] | None:
+    """The scenario's result, or None after saying on stderr why it cannot run."""
     from vdet.bench.engine import run_engine_bench
     from vdet.bench.pipeline import run_pipeline_bench, run_pipeline_shapes_bench
 
@@ -66,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
             batches = [int(b) for b in args.batches.split(",") if b.strip()]
         except ValueError:
             print(f"vdet bench: --batches must be integers, got {args.batches!r}", file=sys.stderr)
-            return 2
+            return None
         result = run_engine_bench(model, args.backend, batches, iterations=args.iterations)
     elif args.scenario == "tracking":
         from vdet.bench.tracking import run_tracking_bench
@@ -88,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
                     "rect inputs (Ultralytics' default); drop --backend/--input-shape",
                     file=sys.stderr,
                 )
-                return 2
+                return None
             try:
                 result = run_pipeline_vs_ultralytics(
                     model, source, frames=args.frames, warmup=args.warmup
                 )
             except RuntimeError as exc:
                 print(f"vdet bench: {exc}", file=sys.stderr)
-                return 2
+                return None
         elif args.input_shape == "both":
             result = run_pipeline_shapes_bench(
                 model=model,
@@ -113,9 +127,4 @@ def run(args: argparse.Namespace) -> int:
                 warmup=args.warmup,
                 input_shape=args.input_shape,
             )
-    text = json.dumps(result, indent=2)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
-    print(text)
-    return 0
+    return result

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vdet.cli.args import UsageError, add_input_shape_arg, progress
+from vdet.cli.args import UsageError, activity, add_input_shape_arg, progress
 from vdet.core import contract
 from vdet.core.assets import default_model_path
 from vdet.core.extras import needs_extra
@@ -221,7 +221,11 @@ def _heldout_set(cache_dir: Path, count: int) -> Path:
     coco = root / "heldout_coco.json"
     if not coco.is_file():
         print(f"rendering {count} held-out synthetic images into {root}", file=sys.stderr)
-        write_dataset(root, {"heldout": range(HELDOUT_SEED_BASE, HELDOUT_SEED_BASE + count)})
+        write_dataset(
+            root,
+            {"heldout": range(HELDOUT_SEED_BASE, HELDOUT_SEED_BASE + count)},
+            progress=progress("rendering the held-out set"),
+        )
     return coco
 
 
@@ -267,24 +271,34 @@ def _quantize(args: argparse.Namespace) -> int:
     excluded = [] if args.no_exclude else args.exclude
     try:
         info = load_model_info(model)
-        frames = collect_calibration_frames(
-            args.source, info.input_hw, args.frames, every=args.every, allow_fewer=args.allow_fewer
-        )
+        with activity(f"reading {args.frames} calibration frames"):
+            frames = collect_calibration_frames(
+                args.source,
+                info.input_hw,
+                args.frames,
+                every=args.every,
+                allow_fewer=args.allow_fewer,
+            )
         if args.save_frames:
             save_calibration_frames(frames, args.save_frames)
-        if args.target == "cpu":
-            result = quantize_onnx_for_cpu(
-                model, args.output, frames, method=args.method or "max", nodes_to_exclude=excluded
-            )
-        else:
-            result = quantize_onnx(
-                model,
-                args.output,
-                frames,
-                method=args.method or "entropy",
-                nodes_to_exclude=excluded,
-                high_precision=args.high_precision,
-            )
+        with activity(f"calibrating and quantizing for the {args.target}"):
+            if args.target == "cpu":
+                result = quantize_onnx_for_cpu(
+                    model,
+                    args.output,
+                    frames,
+                    method=args.method or "max",
+                    nodes_to_exclude=excluded,
+                )
+            else:
+                result = quantize_onnx(
+                    model,
+                    args.output,
+                    frames,
+                    method=args.method or "entropy",
+                    nodes_to_exclude=excluded,
+                    high_precision=args.high_precision,
+                )
     except (FileNotFoundError, ModelError, QuantizeError) as exc:
         raise UsageError(str(exc)) from None
     print(json.dumps(result.to_dict()))
@@ -334,9 +348,10 @@ def _engine_build(args: argparse.Namespace) -> int:
         flavour = "tensorrt-rtx"
     try:
         options = BuildOptions.from_settings(engine, settings.detection)
-        cached = build_cached(
-            model, options, engine.cache_dir, device=args.device, lib=flavour, targets=targets
-        )
+        with activity(f"building the engine (or reading it from {engine.cache_dir})"):
+            cached = build_cached(
+                model, options, engine.cache_dir, device=args.device, lib=flavour, targets=targets
+            )
     except PluginLibraryError as exc:
         raise UsageError(str(exc)) from None
     except BuildError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict
 from fractions import Fraction
@@ -63,8 +63,10 @@ def write_dataset(
     config: SceneConfig | None = None,
     jpeg_quality: int = 95,
     workers: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Path]:
     """Render `splits` (name -> seeds) under `root`; returns each split's COCO JSON path.
+    `progress(done, total)` is told after each image, over all splits.
 
     Also writes `root/data.yaml` for Ultralytics. Deterministic: the same seeds give the same
     files byte for byte (JPEG encoding included), whatever the number of workers.
@@ -73,15 +75,28 @@ def write_dataset(
     root.mkdir(parents=True, exist_ok=True)
     coco_paths: dict[str, Path] = {}
     workers = workers or min(8, os.cpu_count() or 1)
+    total = sum(len(seeds) for seeds in splits.values())
+    done = 0
+
+    def counted(items: Iterable[dict[str, object]]) -> list[dict[str, object]]:
+        nonlocal done
+        out: list[dict[str, object]] = []
+        for item in items:
+            out.append(item)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        return out
+
     for split, seeds in splits.items():
         (root / "images" / split).mkdir(parents=True, exist_ok=True)
         (root / "labels" / split).mkdir(parents=True, exist_ok=True)
         jobs = [(root, split, int(s), config, jpeg_quality) for s in seeds]
         if workers > 1 and len(jobs) > 1:
             with ProcessPoolExecutor(workers) as pool:
-                records = list(pool.map(_write_one, jobs, chunksize=8))
+                records = counted(pool.map(_write_one, jobs, chunksize=8))
         else:
-            records = [_write_one(j) for j in jobs]
+            records = counted(_write_one(j) for j in jobs)
         coco_paths[split] = root / f"{split}_coco.json"
         coco_paths[split].write_text(json.dumps(_coco(records)))
     names = "\n".join(f"  {i}: {n}" for i, n in enumerate(CLASS_NAMES))
