@@ -359,3 +359,18 @@ async def test_encoded_results_share_the_numbering_and_keep_only_their_text() ->
     hub.remove_source("w")
     assert hub.latest_seq("w") is None and hub.latest_encoded("w") is None
     sub.close()
+
+
+def test_observers_see_every_result_without_subscribers_and_cannot_stop_publishing() -> None:
+    hub = ResultsHub()
+    seen: list[tuple[int, str]] = []
+
+    def failing(_: object) -> None:
+        raise RuntimeError("an observer's bug")
+
+    hub.add_observer(failing)
+    hub.add_observer(lambda r: seen.append((r.seq, type(r).__name__)))
+    hub.publish(result("a", 0))
+    seq = hub.publish_encoded("b", 0, ',"source_id":"b"}}')
+    assert seen == [(1, "DetectionResult"), (seq, "EncodedResult")]
+    assert hub.subscriber_count == 0 and hub.last_seq == 2

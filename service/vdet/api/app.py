@@ -26,6 +26,7 @@ from vdet.api import (
     responses,
     routes_detect,
     routes_events,
+    routes_history,
     routes_live,
     routes_ops,
     routes_snapshots,
@@ -43,6 +44,7 @@ from vdet.api.schemas import ErrorOut
 from vdet.api.ws_seats import Seats
 from vdet.config.settings import Settings
 from vdet.inference.factory import DetectorFactory, open_configured_detector
+from vdet.results.history import EventHistory
 from vdet.results.wire import ResultEventEncoder
 from vdet.root import build
 from vdet.streams.service import (
@@ -97,6 +99,9 @@ def create_app(
         # processes' results meanwhile and from then on.
         await run_in_threadpool(service.start, asyncio.get_running_loop())
         notifier = service.notifier
+        history = EventHistory(settings.hub.event_history, service.class_names)
+        service.hub.add_observer(history.add)
+        app.state.event_history = history
         try:
             if notifier is not None:
                 notifier.start()
@@ -149,10 +154,12 @@ def create_app(
         routes_streams.router,
         routes_live.router,
         routes_zones.router,
+        routes_zones.counts_router,
         routes_detect.router,
         routes_workers.router,
         routes_webhooks.router,
         routes_snapshots.router,
+        routes_history.router,
     )
     for router in routers:
         app.include_router(router, dependencies=protected, responses=errors)

@@ -17,9 +17,9 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import ValidationError
 
-from vdet.api.deps import ControlDep, StreamsDep
+from vdet.api.deps import ControlDep, ServiceDep, StreamsDep
 from vdet.api.schemas import ErrorOut
-from vdet.api.schemas_tracking import ZonesIn, ZonesOut
+from vdet.api.schemas_tracking import CountsOut, ZonesIn, ZonesOut
 from vdet.config.tracking import ZoneBody, ZoneSpec
 from vdet.streams.service import StreamChanges
 
@@ -102,6 +102,21 @@ def replace_zones(
 def delete_zones(stream_id: str, streams: StreamsDep, control: ControlDep) -> Response:
     _edit(streams, control, stream_id, lambda _: [])
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+counts_router = APIRouter(prefix="/v1/streams/{stream_id}", tags=["streams"])
+
+
+@counts_router.get(
+    "/counts",
+    response_model=CountsOut,
+    summary="A stream's zone occupancy and line crossings, by class",
+    responses=_NOT_FOUND,
+)
+def zone_counts(stream_id: str, streams: StreamsDep, service: ServiceDep) -> CountsOut:
+    streams.get(stream_id)  # 404 for an unknown stream
+    counts = service.metrics.zone_counts(stream_id)
+    return CountsOut(objects=counts.objects, crossings=counts.crossings)
 
 
 @router.get("/{zone_id}", response_model=ZoneSpec, summary="One zone or line", responses=_NOT_FOUND)

@@ -21,3 +21,16 @@ class ZonesIn(Strict):
     """All of a stream's zones at once (PUT /v1/streams/{id}/zones)."""
 
     zones: ZoneList
+
+
+class CountsOut(BaseModel):
+    """A stream's zone and line counts (as `vdet_zone_objects` and `vdet_line_crossings_total`
+    say them)."""
+
+    objects: dict[str, dict[str, int]] = Field(
+        description="Per polygon zone: the tracks inside it now, by class name."
+    )
+    crossings: dict[str, dict[str, dict[str, int]]] = Field(
+        description="Per counting line: crossings since the stream started, by direction "
+        "('in', 'out') and class name."
+    )

@@ -35,3 +35,11 @@ class HubSettings(Strict):
         "is disconnected. Below uvicorn's 20 s keepalive ping timeout, which would cut it "
         "without a word.",
     )
+    event_history: int = Field(
+        default=10_000,
+        ge=0,
+        le=1_000_000,
+        description="Zone and line events of all streams kept in memory for "
+        "GET /v1/events/history and the web page's event list (about 300 bytes each); the "
+        "oldest go first. 0: no history.",
+    )

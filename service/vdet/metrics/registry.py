@@ -60,6 +60,14 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 FOLD_AT = 2048
 
 
+@dataclass
+class ZoneCounts:
+    """Per zone, the tracks inside it now by class; per line, crossings by direction and class."""
+
+    objects: dict[str, dict[str, int]] = field(default_factory=dict)
+    crossings: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+
 class ResultObservation(NamedTuple):
     """What the metrics take from one published result: its stage seconds (in `STAGES` order,
     then end to end) and what its stream's tracker added. A stream worker process sends this
@@ -635,6 +643,24 @@ class Metrics:
                 "selection": selection,
             }
         )
+
+    def zone_counts(self, source_id: str) -> ZoneCounts:
+        """A stream's zone occupancy now and its line crossings so far, by class: what
+        `vdet_zone_objects` and `vdet_line_crossings_total` hold for it."""
+        counts = ZoneCounts()
+        for metric in self.zone_objects.collect():
+            for sample in metric.samples:
+                labels = sample.labels
+                if labels.get("source") == source_id:
+                    zone = counts.objects.setdefault(labels["zone"], {})
+                    zone[labels["class"]] = int(sample.value)
+        for metric in self.line_crossings.collect():
+            for sample in metric.samples:
+                labels = sample.labels
+                if labels.get("source") == source_id and sample.name.endswith("_total"):
+                    line = counts.crossings.setdefault(labels["zone"], {"in": {}, "out": {}})
+                    line.setdefault(labels["direction"], {})[labels["class"]] = int(sample.value)
+        return counts
 
     # --- API process -------------------------------------------------------------------------
 

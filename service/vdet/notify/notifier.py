@@ -26,7 +26,8 @@ from vdet.config.notify import EventFilterSettings, NotifySettings, WebhookSetti
 from vdet.metrics.registry import Metrics
 from vdet.notify.mqtt import MqttPublisher
 from vdet.notify.webhooks import Webhook
-from vdet.results.hub import HubResult, ResultsHub, SubscriptionEnd, SubscriptionEndedError
+from vdet.results.follow import follow_results
+from vdet.results.hub import HubResult, ResultsHub
 from vdet.results.wire import result_with_events
 from vdet.streams.event_snapshots import snapshot_path
 
@@ -129,28 +130,14 @@ class Notifier:
             await client.aclose()
 
     async def _read(self) -> None:
-        after = 0
-        while True:
-            sub = self._hub.subscribe(None, after)
-            try:
-                replay = sub.replay
-                if replay.gap and replay.oldest_seq is not None:
-                    missed = replay.oldest_seq - after - 1
-                    self._metrics.notify_results_missed.inc(max(0, missed))
-                    log.warning("notify: %d result(s) left the replay buffer unseen", missed)
-                for result in replay.results:
-                    self._dispatch(result)
-                    after = result.seq
-                while True:
-                    result = await sub.get()
-                    self._dispatch(result)
-                    after = result.seq
-            except SubscriptionEndedError as end:
-                if end.reason is not SubscriptionEnd.LAGGING:
-                    return  # the hub closed: the service is stopping
-                log.warning("notify: the results reader fell behind; resuming after %d", after)
-            finally:
-                sub.close()
+        def missed(count: int) -> None:
+            self._metrics.notify_results_missed.inc(count)
+            log.warning("notify: %d result(s) left the replay buffer unseen", count)
+
+        def lagging(after: int) -> None:
+            log.warning("notify: the results reader fell behind; resuming after %d", after)
+
+        await follow_results(self._hub, self._dispatch, missed, lagging)
 
     def _dispatch(self, result: HubResult) -> None:
         body = result_with_events(result, self._names)

@@ -259,12 +259,26 @@ class ResultsHub:
         self._latest: dict[str, DetectionResult | _EncodedLatest] = {}
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._on_publish: Callable[[DetectionResult], object] | None = None
+        self._observers: tuple[Callable[[HubResult], object], ...] = ()
 
     def on_publish(self, callback: Callable[[DetectionResult], object] | None) -> None:
         """Call `callback(numbered result)` on the publishing thread, after each publish, while
         anyone subscribes: work every subscriber would otherwise repeat on its event loop
         (encoding) is done once, off the loop."""
         self._on_publish = callback
+
+    def add_observer(self, callback: Callable[[HubResult], object]) -> None:
+        """Call `callback(numbered result)` on the publishing thread for every result, whether
+        anyone subscribes or not: for cheap bookkeeping that must see everything (the event
+        history). It must not block; an exception is logged and the result published anyway."""
+        self._observers = (*self._observers, callback)
+
+    def _observe(self, result: HubResult) -> None:
+        for callback in self._observers:
+            try:
+                callback(result)
+            except Exception:
+                log.exception("a results observer failed on result %d", result.seq)
 
     def publish(self, result: DetectionResult) -> DetectionResult:
         """Number `result`, keep it and hand it to subscribers; returns the numbered copy."""
@@ -296,6 +310,8 @@ class ResultsHub:
                 ahead(numbered)
             except Exception:  # only an optimisation: the result is published regardless
                 log.exception("on_publish failed for result %d", numbered.seq)
+        if self._observers:
+            self._observe(numbered)
         return numbered
 
     def flush(self) -> None:
@@ -319,6 +335,8 @@ class ResultsHub:
             self._latest[source_id] = _EncodedLatest(seq, frame_index, encoded_tail)
             for outbox in self._outboxes.values():
                 outbox.put_locked(kept)
+        if self._observers:
+            self._observe(EncodedResult(seq, source_id, frame_index, encoded_tail))
         return seq
 
     @property
