@@ -1,8 +1,10 @@
 """Screenshots of the web page for the docs: a real `vdet serve` in headless Chromium.
 
-The server runs the demo stream, a second copy of the sample clip and a camera that does not
-answer (to show a stream in backoff with its error). Writes docs/images/web-page.jpg (the
-whole page) and docs/images/web-live.jpg (the live view).
+The server runs the demo stream (with a zone and a counting line, so that counts and the event
+history fill in), a second copy of the sample clip and a camera that does not answer (to show
+a stream in backoff with its error). Writes docs/images/web-page.jpg (the whole page at
+1600 px), docs/images/web-page-420.jpg (at 420 px, a phone) and docs/images/web-live.jpg
+(the live view).
 
     .venv/bin/python scripts/web_screenshots.py
 """
@@ -44,7 +46,19 @@ def main() -> int:
         "port": port,
         "log_level": "warning",
         "sources": [
-            {"id": "demo", "url": sample, "loop": True},
+            {
+                "id": "demo",
+                "url": sample,
+                "loop": True,
+                "zones": [
+                    {
+                        "id": "yard",
+                        "kind": "polygon",
+                        "points": [[0.05, 0.05], [0.6, 0.05], [0.6, 0.95], [0.05, 0.95]],
+                    },
+                    {"id": "middle", "kind": "line", "points": [[0.75, 0.0], [0.75, 1.0]]},
+                ],
+            },
             {"id": "lobby", "url": sample, "loop": True, "conf_threshold": 0.5},
             {"id": "gate", "url": f"rtsp://127.0.0.1:{dead}/stream1"},
         ],
@@ -70,21 +84,24 @@ def main() -> int:
                     executable_path="/usr/bin/chromium",
                     args=CHROMIUM_ARGS,
                     headless=True,
-                    viewport={"width": 1280, "height": 900},
+                    viewport={"width": 1600, "height": 1000},
                 )
                 page = context.new_page()
                 page.goto(base + "/")
                 page.wait_for_function(
                     "() => Number(document.querySelector('#live').dataset.boxes) > 0"
                 )
-                time.sleep(6)  # measured rates and the dead camera's error fill in
-                page.screenshot(path=str(out / "web-page.jpg"), full_page=True, quality=85)
+                time.sleep(15)  # rates, counts, events and the dead camera's error fill in
+                page.screenshot(path=str(out / "web-page.jpg"), full_page=True, quality=80)
                 page.locator("#live-section").screenshot(path=str(out / "web-live.jpg"), quality=85)
+                page.set_viewport_size({"width": 420, "height": 900})
+                time.sleep(2)
+                page.screenshot(path=str(out / "web-page-420.jpg"), full_page=True, quality=80)
                 context.close()
         finally:
             server.terminate()
             server.wait(timeout=30)
-    print(f"wrote {out / 'web-page.jpg'} and {out / 'web-live.jpg'}")
+    print(f"wrote web-page.jpg, web-page-420.jpg and web-live.jpg in {out}")
     return 0
 
 

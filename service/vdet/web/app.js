@@ -16,6 +16,14 @@ const MAX_PENDING = 45; // frames received and not shown yet (3 s at 15 fps)
 const KEY_STORE = "vdet.apiKey";
 const POLL_SHOTS_MS = 3000; // the event snapshots of the stream in the live view
 const SHOWN_SHOTS = 6; // the newest, newest first
+const REMOVE_ARMED_MS = 4000; // a second click on Remove within this confirms
+// Camera tiles: one snapshot.jpg every TILE_STEP_MS across all tiles (a JPEG encode each on
+// the server), and each tile at most every TILE_MIN_MS; the stream in focus has the live view.
+const TILE_STEP_MS = 250;
+const TILE_MIN_MS = 2000;
+const POLL_COUNTS_MS = 2000; // zone and line counts of the stream in the live view
+const POLL_HISTORY_MS = 5000; // the event history's newest page, while it is shown
+const HISTORY_PAGE = 25;
 
 const $ = (sel, root = document) => root.querySelector(sel);
 
@@ -80,8 +88,9 @@ function setupKeyDialog() {
 
 let streams = [];
 let autoOpened = false;
-const processedBefore = new Map(); // id -> [frames_processed, time]
-const detectFps = new Map();
+let offlineSince = null; // Date the server stopped answering, or null
+const countersBefore = new Map(); // id -> {processed, dropped, skipped, at}
+const rates = new Map(); // id -> {detect, dropped, skipped}: per second over the last poll
 const gpuOf = new Map();
 
 function fmt(value, digits = 1) {
@@ -95,24 +104,55 @@ async function refreshStreams() {
     streams = data.streams;
     const now = performance.now();
     for (const s of streams) {
-      const before = processedBefore.get(s.id);
-      const processed = s.status.frames_processed;
-      if (before && now > before[1]) {
-        detectFps.set(s.id, ((processed - before[0]) * 1000) / (now - before[1]));
+      const st = s.status;
+      const counters = {
+        processed: st.frames_processed,
+        dropped: st.frames_dropped,
+        skipped: st.frames_skipped ?? 0,
+        at: now,
+      };
+      const before = countersBefore.get(s.id);
+      if (before && now > before.at) {
+        const per = (key) => Math.max(0, ((counters[key] - before[key]) * 1000) / (now - before.at));
+        rates.set(s.id, { detect: per("processed"), dropped: per("dropped"), skipped: per("skipped") });
       }
-      processedBefore.set(s.id, [processed, now]);
+      countersBefore.set(s.id, counters);
     }
     $("#streams-error").textContent = "";
     $("#conn").textContent = "";
+    setOffline(false);
     renderStreams();
-    if (!autoOpened && !live && streams.length) {
-      autoOpened = true; // the first stream's live view, once; then the operator picks
-      openLive(streams[0].id);
+    renderGrid();
+    fillStreamChoices();
+    if (!autoOpened && !live) {
+      // The first stream that is streaming, once; then the operator picks.
+      const first = streams.find((s) => s.status.state === "streaming");
+      if (first) {
+        autoOpened = true;
+        openLive(first.id);
+      }
     }
   } catch (err) {
-    $("#conn").textContent = "disconnected";
-    $("#streams-error").textContent = err instanceof ApiError ? err.message : "server unreachable";
+    if (err instanceof ApiError) {
+      setOffline(false);
+      $("#streams-error").textContent = err.message;
+    } else {
+      setOffline(true);
+    }
   }
+}
+
+// The server stopped answering: say so, since when, and stop showing states as current.
+function setOffline(offline) {
+  if (offline === (offlineSince !== null)) return;
+  offlineSince = offline ? new Date() : null;
+  document.body.classList.toggle("offline", offline);
+  $("#offline").hidden = !offline;
+  $("#offline-since").textContent = offline ? offlineSince.toLocaleTimeString() : "";
+  $("#conn").textContent = offline ? "offline" : "";
+  renderStreams();
+  renderGrid();
+  if (live) $("#live-status").textContent = offline ? "offline: the last frame received" : "";
 }
 
 async function refreshGpus() {
@@ -134,23 +174,31 @@ async function refreshGpus() {
   }
 }
 
-function cell(row, text, className) {
+function cell(row, text, className, label) {
   const td = row.insertCell();
   td.textContent = text;
   if (className) td.className = className;
+  if (label) td.dataset.label = label; // the narrow layout shows it before the value
   return td;
+}
+
+function rateAndTotal(rate, total) {
+  return rate === undefined ? String(total) : `${fmt(rate)}/s (${total})`;
 }
 
 function renderStreams() {
   const body = $("#streams tbody");
   body.replaceChildren();
   $("#streams-empty").hidden = streams.length > 0;
+  const now = performance.now();
   for (const s of streams) {
     const st = s.status;
+    const r = rates.get(s.id) || {};
     const row = body.insertRow();
     row.dataset.streamId = s.id;
     if (live && live.id === s.id) row.classList.add("selected");
     const idCell = row.insertCell();
+    idCell.dataset.label = "id";
     const view = document.createElement("button");
     view.type = "button";
     view.textContent = s.id;
@@ -158,21 +206,26 @@ function renderStreams() {
     view.addEventListener("click", () => openLive(s.id));
     idCell.append(view);
     const state = document.createElement("span");
-    state.className = `state state-${st.state}`;
-    state.textContent = st.state;
-    row.insertCell().append(state);
-    cell(row, fmt(st.fps), "num");
-    cell(row, fmt(detectFps.get(s.id)), "num");
-    cell(row, String(st.frames_dropped), "num");
-    cell(row, String(st.frames_skipped ?? 0), "num");
-    cell(row, String(st.reconnects), "num");
-    cell(row, gpuOf.get(s.id) ?? (s.spec.gpu ?? "–"));
-    cell(row, st.pipeline_error || st.last_error || "", "err");
+    // Offline, the last state known is not the state now: shown as such.
+    state.className = offlineSince ? "state state-unknown" : `state state-${st.state}`;
+    state.textContent = offlineSince ? `unknown (was ${st.state})` : st.state;
+    const stateCell = row.insertCell();
+    stateCell.append(state);
+    stateCell.dataset.label = "state";
+    cell(row, fmt(st.fps), "num", "source fps");
+    cell(row, fmt(r.detect), "num", "detect fps");
+    cell(row, rateAndTotal(r.dropped, st.frames_dropped), "num", "dropped");
+    cell(row, rateAndTotal(r.skipped, st.frames_skipped ?? 0), "num", "skipped");
+    cell(row, String(st.reconnects), "num", "reconnects");
+    cell(row, gpuOf.get(s.id) ?? (s.spec.gpu ?? "–"), "", "GPU");
+    cell(row, st.pipeline_error || st.last_error || "", "err", "last error");
     const remove = document.createElement("button");
     remove.type = "button";
     remove.className = "danger";
-    remove.textContent = "Remove";
-    remove.addEventListener("click", () => removeStream(s.id, remove));
+    const armed = (armedRemovals.get(s.id) ?? 0) > now;
+    remove.textContent = armed ? "Click again to remove" : "Remove";
+    remove.classList.toggle("armed", armed);
+    remove.addEventListener("click", () => removeStream(s.id));
     row.insertCell().append(remove);
   }
   if (live) {
@@ -182,13 +235,21 @@ function renderStreams() {
   }
 }
 
-const armedRemovals = new Set(); // a second click within 4 s confirms
+// id -> until when (performance.now()) a second click removes it. The table is redrawn every
+// second: the button's text comes from here, so the confirmation stays visible while armed.
+const armedRemovals = new Map();
 
-async function removeStream(id, button) {
-  if (!armedRemovals.has(id)) {
-    armedRemovals.add(id);
-    button.textContent = "Click again to remove";
-    setTimeout(() => armedRemovals.delete(id), 4000);
+async function removeStream(id) {
+  const now = performance.now();
+  if ((armedRemovals.get(id) ?? 0) <= now) {
+    armedRemovals.set(id, now + REMOVE_ARMED_MS);
+    renderStreams();
+    setTimeout(() => {
+      if ((armedRemovals.get(id) ?? 0) <= performance.now()) {
+        armedRemovals.delete(id);
+        renderStreams();
+      }
+    }, REMOVE_ARMED_MS + 50);
     return;
   }
   armedRemovals.delete(id);
@@ -333,10 +394,12 @@ function closeLive() {
   if (live.frame) live.frame.bitmap.close();
   for (const frame of live.pending) frame.bitmap.close();
   clearTimeout(live.shotsTimer);
+  clearTimeout(live.countsTimer);
   showShots(live, []);
   live = null;
   $("#live-section").hidden = true;
   renderStreams();
+  renderGrid();
 }
 
 function openLive(id) {
@@ -363,6 +426,8 @@ function openLive(id) {
     labels: [],
     shots: new Map(), // url -> {figure, objectUrl}: event snapshots shown
     shotsTimer: 0,
+    counts: null, // GET /v1/streams/{id}/counts
+    countsTimer: 0,
     closed: false,
   };
   $("#live-section").hidden = false;
@@ -375,8 +440,11 @@ function openLive(id) {
   const view = live;
   connectEvents(view);
   readVideo(view);
-  loadZones(view);
+  loadZones(view).then(() => renderZones(view));
   loadShots(view);
+  loadCounts(view);
+  resetEditor();
+  renderGrid();
   view.raf = requestAnimationFrame(() => playout(view));
 }
 
@@ -659,6 +727,7 @@ function draw(view) {
   const sx = canvas.width / frame.sourceWidth;
   const sy = canvas.height / frame.sourceHeight;
   drawZones(ctx, view.zones, frame, sx, sy);
+  drawEditor(ctx, canvas);
   const result = resultFor(view, frame);
   const detections = result ? result.detections : [];
   const lineWidth = Math.max(2, Math.round(canvas.width / 400));
@@ -726,13 +795,359 @@ function drawZones(ctx, zones, frame, sx, sy) {
   ctx.restore();
 }
 
+// --- the camera grid ---------------------------------------------------------------------
+
+// One tile per stream: its latest frame (snapshot.jpg, with its boxes, fetched with the key in
+// a header), refreshed at a low rate: one snapshot every TILE_STEP_MS over all tiles, each at
+// most every TILE_MIN_MS. The stream in focus is the live view below; its tile says so.
+const tiles = new Map(); // id -> {figure, img, caption, objectUrl, fetchedAt}
+let tileTurn = 0;
+
+function renderGrid() {
+  const grid = $("#grid");
+  $("#grid-section").hidden = streams.length === 0;
+  const ids = new Set(streams.map((s) => s.id));
+  for (const [id, tile] of tiles) {
+    if (ids.has(id)) continue;
+    tile.figure.remove();
+    if (tile.objectUrl) URL.revokeObjectURL(tile.objectUrl);
+    tiles.delete(id);
+  }
+  for (const s of streams) {
+    let tile = tiles.get(s.id);
+    if (!tile) {
+      const figure = document.createElement("figure");
+      figure.className = "tile";
+      figure.dataset.streamId = s.id;
+      figure.tabIndex = 0;
+      const img = document.createElement("img");
+      img.alt = ""; // the caption names it; no broken-image text before the first frame
+      const caption = document.createElement("figcaption");
+      figure.append(img, caption);
+      const focus = () => {
+        openLive(s.id);
+        $("#live-section").scrollIntoView({ behavior: "smooth", block: "start" });
+      };
+      figure.addEventListener("click", focus);
+      figure.addEventListener("keydown", (e) => (e.key === "Enter" ? focus() : null));
+      tile = { figure, img, caption, objectUrl: null, fetchedAt: 0 };
+      tiles.set(s.id, tile);
+    }
+    grid.append(tile.figure); // in the list's order
+    const state = offlineSince ? "unknown" : s.status.state;
+    const r = rates.get(s.id) || {};
+    const focused = live && live.id === s.id;
+    tile.figure.classList.toggle("focused", Boolean(focused));
+    tile.figure.dataset.state = state;
+    tile.caption.textContent = `${s.id} · ${state}${r.detect ? ` · ${fmt(r.detect)} fps` : ""}${
+      focused ? " · live below" : ""
+    }`;
+  }
+  $("#grid-note").textContent = streams.length
+    ? `(a frame every ${(Math.max(TILE_MIN_MS, streams.length * TILE_STEP_MS) / 1000).toFixed(1)} s; click for live video)`
+    : "";
+}
+
+async function refreshTile() {
+  const ids = [...tiles.keys()];
+  if (ids.length && !offlineSince && !$("#key-dialog").open) {
+    for (let tried = 0; tried < ids.length; tried++) {
+      const id = ids[tileTurn++ % ids.length];
+      const tile = tiles.get(id);
+      const stream = streams.find((s) => s.id === id);
+      const now = performance.now();
+      if (!tile || !stream || now - tile.fetchedAt < TILE_MIN_MS) continue;
+      if (stream.status.state !== "streaming" && tile.objectUrl) continue; // keep the last
+      tile.fetchedAt = now;
+      try {
+        const response = await fetch(`/v1/streams/${encodeURIComponent(id)}/snapshot.jpg`, {
+          headers: authHeaders(),
+          cache: "no-store",
+        });
+        if (response.ok) {
+          const objectUrl = URL.createObjectURL(await response.blob());
+          if (tile.objectUrl) URL.revokeObjectURL(tile.objectUrl);
+          tile.objectUrl = objectUrl;
+          tile.img.src = objectUrl;
+        }
+      } catch {
+        /* the next poll of the list tells whether the server is there */
+      }
+      break;
+    }
+  }
+  setTimeout(refreshTile, TILE_STEP_MS);
+}
+
+// --- zones, lines and masks: the editor on the live view ---------------------------------
+
+const editor = { drawing: false, kind: "polygon", id: "", points: [] }; // points: 0..1
+
+function resetEditor() {
+  editor.drawing = false;
+  editor.points = [];
+  $("#zone-draw").disabled = false;
+  $("#zone-save").disabled = true;
+  $("#zone-cancel").disabled = true;
+  $("#live").classList.remove("drawing");
+  if (live && live.frame) draw(live);
+}
+
+function setupEditor() {
+  $("#zone-draw").addEventListener("click", () => {
+    $("#zone-error").textContent = "";
+    $("#zone-done").textContent = "";
+    const id = $("#zone-id").value.trim();
+    if (!id) {
+      $("#zone-error").textContent = "give the zone an id first";
+      return;
+    }
+    editor.drawing = true;
+    editor.kind = $("#zone-kind").value;
+    editor.id = id;
+    editor.points = [];
+    $("#zone-draw").disabled = true;
+    $("#zone-cancel").disabled = false;
+    $("#live").classList.add("drawing");
+  });
+  $("#zone-cancel").addEventListener("click", resetEditor);
+  $("#zone-save").addEventListener("click", saveZone);
+  $("#live").addEventListener("click", (event) => {
+    if (!editor.drawing || !live) return;
+    const box = event.currentTarget.getBoundingClientRect();
+    const x = Math.min(1, Math.max(0, (event.clientX - box.left) / box.width));
+    const y = Math.min(1, Math.max(0, (event.clientY - box.top) / box.height));
+    editor.points.push([Number(x.toFixed(4)), Number(y.toFixed(4))]);
+    const enough = editor.kind === "line" ? 2 : 3;
+    $("#zone-save").disabled = editor.points.length < enough;
+    if (editor.kind === "line" && editor.points.length === 2) {
+      editor.drawing = false; // a line is two points: done
+      $("#live").classList.remove("drawing");
+    }
+    if (live.frame) draw(live);
+  });
+}
+
+async function saveZone() {
+  if (!live) return;
+  $("#zone-error").textContent = "";
+  const body = { kind: editor.kind, points: editor.points, normalized: true };
+  const classes = classesOrNull($("#zone-classes").value);
+  if (classes !== null) body.classes = classes;
+  const path = `/v1/streams/${encodeURIComponent(live.id)}/zones/${encodeURIComponent(editor.id)}`;
+  try {
+    await api(path, { method: "PUT", body });
+    $("#zone-done").textContent = `saved ${editor.id}`;
+    resetEditor();
+    await loadZones(live);
+    renderZones(live);
+  } catch (err) {
+    $("#zone-error").textContent = apiErrorText(err);
+  }
+}
+
+async function deleteZone(view, zoneId) {
+  try {
+    await api(`/v1/streams/${encodeURIComponent(view.id)}/zones/${encodeURIComponent(zoneId)}`, {
+      method: "DELETE",
+    });
+    await loadZones(view);
+    renderZones(view);
+  } catch (err) {
+    $("#zone-error").textContent = apiErrorText(err);
+  }
+}
+
+function apiErrorText(err) {
+  if (!(err instanceof ApiError)) return "server unreachable";
+  if (Array.isArray(err.detail)) {
+    return err.detail.map((d) => `${(d.loc || []).slice(1).join(".") || "zone"}: ${d.msg}`).join("; ");
+  }
+  return err.message;
+}
+
+function countsText(zone, counts) {
+  const byClass = (map) =>
+    Object.entries(map || {})
+      .map(([name, n]) => `${name} ${n}`)
+      .join(", ") || "0";
+  if (zone.kind === "line") {
+    const line = (counts.crossings || {})[zone.id] || {};
+    return `in: ${byClass(line.in)} · out: ${byClass(line.out)}`;
+  }
+  if (zone.kind === "mask") return "–";
+  return byClass((counts.objects || {})[zone.id]);
+}
+
+function renderZones(view) {
+  const body = $("#zones tbody");
+  body.replaceChildren();
+  for (const zone of view.zones) {
+    const row = body.insertRow();
+    row.dataset.zoneId = zone.id;
+    cell(row, zone.id, "", "zone");
+    cell(row, zone.kind, "", "kind");
+    cell(row, countsText(zone, view.counts || {}), "num", "counts");
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "danger";
+    remove.textContent = "Delete";
+    remove.addEventListener("click", () => deleteZone(view, zone.id));
+    row.insertCell().append(remove);
+  }
+  $("#zones").hidden = view.zones.length === 0;
+}
+
+async function loadCounts(view) {
+  if (view.closed) return;
+  try {
+    view.counts = await api(`/v1/streams/${encodeURIComponent(view.id)}/counts`, {
+      signal: view.abort.signal,
+    });
+    renderZones(view);
+  } catch {
+    /* gone or restarting: the next poll tells */
+  }
+  if (!view.closed) view.countsTimer = setTimeout(() => loadCounts(view), POLL_COUNTS_MS);
+}
+
+function drawEditor(ctx, canvas) {
+  if (!editor.points.length) return;
+  ctx.save();
+  ctx.lineWidth = 3;
+  ctx.strokeStyle = "#ffd400";
+  ctx.fillStyle = "rgb(255 212 0 / 20%)";
+  ctx.beginPath();
+  editor.points.forEach(([x, y], i) =>
+    i ? ctx.lineTo(x * canvas.width, y * canvas.height) : ctx.moveTo(x * canvas.width, y * canvas.height),
+  );
+  if (editor.kind !== "line" && editor.points.length > 2) {
+    ctx.closePath();
+    ctx.fill();
+  }
+  ctx.stroke();
+  for (const [x, y] of editor.points) {
+    ctx.beginPath();
+    ctx.arc(x * canvas.width, y * canvas.height, 5, 0, 2 * Math.PI);
+    ctx.fillStyle = "#ffd400";
+    ctx.fill();
+  }
+  ctx.restore();
+}
+
+// --- the event history -------------------------------------------------------------------
+
+const historyState = { before: null, cursors: [], timer: 0, shots: [] };
+
+function fillStreamChoices() {
+  const select = $("#history-form").elements.namedItem("stream");
+  const chosen = select.value;
+  const ids = streams.map((s) => s.id);
+  const have = [...select.options].slice(1).map((o) => o.value);
+  if (ids.join("\n") === have.join("\n")) return;
+  select.replaceChildren(new Option("all", ""), ...ids.map((id) => new Option(id, id)));
+  select.value = ids.includes(chosen) ? chosen : "";
+}
+
+function historyQuery() {
+  const f = $("#history-form").elements;
+  const params = new URLSearchParams({ limit: String(HISTORY_PAGE) });
+  for (const name of ["stream", "zone", "type", "class_name"]) {
+    const value = f.namedItem(name).value.trim();
+    if (value) params.set(name, value);
+  }
+  const since = f.namedItem("since").value;
+  if (since) params.set("since", String(new Date(since).getTime() / 1000));
+  if (historyState.before !== null) params.set("before_id", String(historyState.before));
+  return params;
+}
+
+async function loadHistory() {
+  clearTimeout(historyState.timer);
+  try {
+    const page = await api(`/v1/events/history?${historyQuery()}`);
+    $("#history-error").textContent = "";
+    renderHistory(page);
+  } catch (err) {
+    $("#history-error").textContent = apiErrorText(err);
+  }
+  // The newest page follows new events; an older page stays as it is.
+  if (historyState.before === null) historyState.timer = setTimeout(loadHistory, POLL_HISTORY_MS);
+}
+
+function renderHistory(page) {
+  for (const url of historyState.shots) URL.revokeObjectURL(url);
+  historyState.shots = [];
+  const body = $("#history tbody");
+  body.replaceChildren();
+  for (const e of page.events) {
+    const row = body.insertRow();
+    row.dataset.eventId = String(e.id);
+    cell(row, new Date(e.time * 1000).toLocaleString(), "num", "time");
+    cell(row, e.source_id, "", "stream");
+    const what = e.type === "line_cross" ? `line_cross ${e.direction}` : e.type;
+    cell(row, e.dwell_s === null ? what : `${what} (${e.dwell_s.toFixed(1)} s inside)`, "", "event");
+    cell(row, e.zone, "", "zone");
+    cell(row, e.class_name, "", "class");
+    cell(row, `#${e.track_id}`, "num", "track");
+    const shot = row.insertCell();
+    shot.dataset.label = "snapshot";
+    const show = document.createElement("button");
+    show.type = "button";
+    show.textContent = "show";
+    show.addEventListener("click", async () => {
+      const response = await fetch(e.snapshot, { headers: authHeaders() }).catch(() => null);
+      if (!response || !response.ok) {
+        shot.textContent = "no longer kept";
+        return;
+      }
+      const url = URL.createObjectURL(await response.blob());
+      historyState.shots.push(url);
+      const img = document.createElement("img");
+      img.src = url;
+      img.alt = `frame ${e.frame_index} of ${e.source_id}`;
+      img.className = "thumb";
+      shot.replaceChildren(img);
+    });
+    shot.append(show);
+  }
+  $("#history-empty").hidden = page.events.length > 0;
+  $("#history-older").disabled = page.next_before_id === null;
+  $("#history-older").dataset.next = page.next_before_id ?? "";
+  $("#history-newest").disabled = historyState.before === null;
+  const pageNo = historyState.cursors.length + 1;
+  $("#history-note").textContent = `page ${pageNo}; ${page.kept} event(s) kept`;
+}
+
+function setupHistory() {
+  $("#history-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    historyState.before = null;
+    historyState.cursors = [];
+    loadHistory();
+  });
+  $("#history-older").addEventListener("click", () => {
+    historyState.cursors.push(historyState.before);
+    historyState.before = Number($("#history-older").dataset.next);
+    loadHistory();
+  });
+  $("#history-newest").addEventListener("click", () => {
+    historyState.before = null;
+    historyState.cursors = [];
+    loadHistory();
+  });
+}
+
 // --- start ------------------------------------------------------------------------------------
 
 function start() {
   setupKeyDialog();
   setupAddForm();
   setupParamsForm();
-  refreshGpus().then(refreshStreams);
+  setupEditor();
+  setupHistory();
+  refreshGpus().then(refreshStreams).then(loadHistory);
+  refreshTile();
   setInterval(refreshStreams, POLL_STREAMS_MS);
   setInterval(refreshGpus, POLL_GPU_MS);
 }

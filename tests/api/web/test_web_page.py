@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import colorsys
 import json
+import re
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,7 +142,15 @@ def test_add_change_and_remove_a_stream_through_the_forms(server: Server, page: 
     # The frames detect_fps leaves out show in the stream's row, apart from the dropped.
     headers = [h.inner_text() for h in page.locator("#streams thead th").all()]
     skipped_cell = row(page, "added").locator("td").nth(headers.index("skipped"))
-    wait_until(lambda: int(skipped_cell.inner_text()) > 0, 15, what="skipped frames shown")
+    # "<per second>/s (<total>)": the rate over the last poll, then the total since the start.
+    wait_until(
+        lambda: (
+            re.fullmatch(r"\d+\.\d/s \((\d+)\)", skipped_cell.inner_text())
+            and int(skipped_cell.inner_text().split("(")[1][:-1]) > 0
+        ),
+        15,
+        what="skipped frames shown",
+    )
 
     # Thresholds: open its live view, send a bad value (422 by the field), then a good one.
     row(page, "added").locator("td").first.locator("button").click()

@@ -1,0 +1,272 @@
+"""What an operator runs a site from, in a real Chromium against a real `vdet serve` (the demo
+model on the bundled clip): the camera grid, rates beside totals, the Remove confirmation that
+stays visible, the narrow layout, the zone/line/mask editor saving through the zones API and
+the events it then produces, the counts, the event history with filters and paging, and the
+offline state when the server stops. (The screenshots in docs/images come from
+scripts/web_screenshots.py.)"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.browser import Page
+from support.procs import http_json
+from support.waiting import wait_until
+from support.webpage import Console, Server, row, serve, wait_streaming
+
+from vdet.core.assets import asset_path
+
+pytestmark = pytest.mark.slow
+
+DEAD = "rtsp://127.0.0.1:9/nothing"  # refused at once: the stream fails and retries
+
+
+@pytest.fixture(scope="module")
+def server(workdir: Path) -> Iterator[Server]:
+    yield from serve(workdir, "operator")
+
+
+def post_stream(server: Server, body: dict[str, Any]) -> None:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{server.base_url}/v1/streams",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 201
+
+
+def delete_stream(server: Server, stream_id: str) -> None:
+    import urllib.request
+
+    request = urllib.request.Request(f"{server.base_url}/v1/streams/{stream_id}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 204
+
+
+def click_at(page: Page, x: float, y: float) -> None:
+    """Click the live canvas at (x, y), fractions of its width and height."""
+    page.locator("#live").scroll_into_view_if_needed()
+    box = page.locator("#live").bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + x * box["width"], box["y"] + y * box["height"])
+
+
+def test_the_live_view_opens_on_a_stream_that_streams_not_the_first_dead_one(
+    server: Server, page: Page
+) -> None:
+    post_stream(server, {"id": "aaa-dead", "url": DEAD})
+    try:
+        page.goto(server.base_url + "/")
+        wait_streaming(page, "demo")
+        page.locator("#live-section").wait_for(timeout=30_000)
+        assert page.locator("#live-id").inner_text() == "demo"
+        # The grid: a tile per stream; the live stream's tile says so; its neighbour has a frame.
+        tiles = page.locator("#grid .tile")
+        wait_until(lambda: tiles.count() == 2, 10, what="two tiles")
+        demo_tile = page.locator('#grid .tile[data-stream-id="demo"]')
+        assert "live below" in demo_tile.inner_text()
+        dead = page.locator('#grid .tile[data-stream-id="aaa-dead"]')
+        assert dead.get_attribute("data-state") in ("connecting", "backoff", "failed")
+        assert page.locator("#conn").inner_text() == ""  # connected: nothing to say
+    finally:
+        delete_stream(server, "aaa-dead")
+
+
+def test_rates_beside_totals_and_a_remove_confirmation_that_stays(
+    server: Server, page: Page
+) -> None:
+    post_stream(
+        server,
+        {"id": "spare", "url": str(asset_path("sample.mp4")), "loop": True, "detect_fps": 5},
+    )
+    page.goto(server.base_url + "/")
+    wait_streaming(page, "spare")
+    headers = [h.inner_text() for h in page.locator("#streams thead th").all()]
+    skipped = row(page, "spare").locator("td").nth(headers.index("skipped"))
+    wait_until(
+        lambda: re.fullmatch(r"(\d+\.\d)/s \((\d+)\)", skipped.inner_text()), 15, what="a rate"
+    )
+    rate = float(skipped.inner_text().split("/")[0])
+    assert 10 <= rate <= 40, skipped.inner_text()  # about 30 fps read, 5 detected
+    # A tile of its own, with a frame; clicking it opens its live view.
+    tile = page.locator('#grid .tile[data-stream-id="spare"]')
+    wait_until(
+        lambda: tile.locator("img").evaluate("img => img.naturalWidth") > 0, 15, what="a tile"
+    )
+    tile.click()
+    wait_until(lambda: page.locator("#live-id").inner_text() == "spare", 10)
+
+    remove = row(page, "spare").locator("button.danger")
+    remove.click()
+    page.wait_for_timeout(2500)  # two table refreshes
+    assert remove.inner_text() == "Click again to remove"
+    assert "armed" in (remove.get_attribute("class") or "")
+    wait_until(lambda: remove.inner_text() == "Remove", 5, what="the confirmation to expire")
+    remove.click()
+    page.wait_for_timeout(1200)
+    remove.click()
+    row(page, "spare").wait_for(state="detached", timeout=10_000)
+
+
+def test_the_narrow_layout_fits_420_px(server: Server, page: Page) -> None:
+    post_stream(server, {"id": "broken-camera", "url": DEAD})
+    try:
+        page.set_viewport_size({"width": 420, "height": 900})
+        page.goto(server.base_url + "/")
+        wait_streaming(page, "demo")
+        error = row(page, "broken-camera").locator("td.err")
+        wait_until(lambda: error.inner_text().strip(), 20, what="the camera's error")
+        overflow = page.evaluate(
+            "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0
+        box = error.bounding_box()
+        assert box is not None and box["width"] >= 200  # not one character per line
+        page.locator("#live-section").wait_for(timeout=30_000)
+        page.wait_for_function(
+            "() => Number(document.querySelector('#live').dataset.boxes) > 0", timeout=30_000
+        )
+    finally:
+        delete_stream(server, "broken-camera")
+
+
+def test_the_editor_saves_a_zone_a_line_and_a_mask_that_then_work(
+    server: Server, page: Page
+) -> None:
+    console = Console(page)
+    page.set_viewport_size({"width": 1600, "height": 1000})
+    page.goto(server.base_url + "/")
+    wait_streaming(page, "demo")
+    page.wait_for_function(
+        "() => Number(document.querySelector('#live').dataset.boxes) > 0", timeout=30_000
+    )
+    editor = page.locator("#editor")
+
+    def draw(kind: str, zone_id: str, points: list[tuple[float, float]]) -> None:
+        editor.locator("#zone-kind").select_option(kind)
+        editor.locator("#zone-id").fill(zone_id)
+        editor.locator("#zone-draw").click()
+        for x, y in points:
+            click_at(page, x, y)
+        editor.locator("#zone-save").click()
+
+    # A bad id: the API's error is shown and nothing is saved.
+    draw("polygon", "no spaces please", [(0.1, 0.1), (0.5, 0.1), (0.5, 0.5)])
+    wait_until(lambda: editor.locator("#zone-error").inner_text(), 10, what="the error")
+    assert http_json(f"{server.base_url}/v1/streams/demo/zones")["zones"] == []
+    editor.locator("#zone-cancel").click()
+
+    draw("polygon", "yard", [(0.01, 0.01), (0.99, 0.01), (0.99, 0.99), (0.01, 0.99)])
+    wait_until(lambda: editor.locator("#zone-done").inner_text() == "saved yard", 10)
+    draw("line", "middle", [(0.5, 0.01), (0.5, 0.99)])
+    wait_until(lambda: editor.locator("#zone-done").inner_text() == "saved middle", 10)
+    zones = {z["id"]: z for z in http_json(f"{server.base_url}/v1/streams/demo/zones")["zones"]}
+    assert zones["yard"]["kind"] == "polygon" and zones["yard"]["normalized"] is True
+    assert len(zones["yard"]["points"]) == 4 and zones["middle"]["kind"] == "line"
+    assert abs(zones["middle"]["points"][0][0] - 0.5) < 0.01
+
+    # The zone's counts by class in its row; the line's crossings; both as events in the history.
+    yard_row = page.locator('#zones tbody tr[data-zone-id="yard"]')
+    wait_until(lambda: re.search(r"[a-z_]+ \d", yard_row.inner_text()), 15, what="yard counts")
+    history = page.locator("#history tbody")
+    wait_until(lambda: "zone_enter" in history.inner_text(), 15, what="zone_enter in the history")
+    middle_row = page.locator('#zones tbody tr[data-zone-id="middle"]')
+    wait_until(
+        lambda: re.search(r"(in|out): [a-z_]+ \d", middle_row.inner_text()), 40, what="a crossing"
+    )
+    page.locator("#history-form select[name=type]").select_option("line_cross")
+    page.locator("#history-form button[type=submit]").click()
+    wait_until(lambda: "line_cross" in history.inner_text(), 15, what="line_cross in the history")
+    types = {r.locator("td").nth(2).inner_text().split()[0] for r in history.locator("tr").all()}
+    assert types == {"line_cross"}
+
+    # A mask over the whole frame: the detections inside are dropped.
+    draw("mask", "all", [(0.003, 0.003), (0.997, 0.003), (0.997, 0.997), (0.003, 0.997)])
+    wait_until(lambda: editor.locator("#zone-done").inner_text() == "saved all", 10)
+    page.wait_for_function(
+        "() => Number(document.querySelector('#live').dataset.boxes) === 0", timeout=30_000
+    )
+    for zone_id in ("all", "middle", "yard"):
+        page.locator(f'#zones tbody tr[data-zone-id="{zone_id}"] button').click()
+        page.locator(f'#zones tbody tr[data-zone-id="{zone_id}"]').wait_for(state="detached")
+    assert [e for e in console.errors if "422" not in e] == []
+
+
+def test_history_pages_and_filters(server: Server, page: Page) -> None:
+    zone = {"id": "yard", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    post_stream(
+        server,
+        {"id": "busy", "url": str(asset_path("sample.mp4")), "loop": True, "zones": [zone]},
+    )
+    try:
+        wait_until(
+            lambda: (
+                http_json(f"{server.base_url}/v1/events/history?stream=busy&limit=500")[
+                    "next_before_id"
+                ]
+                is not None
+                or len(
+                    http_json(f"{server.base_url}/v1/events/history?stream=busy&limit=500")[
+                        "events"
+                    ]
+                )
+                > 60
+            ),
+            60,
+            what="more than two pages of events",
+        )
+        page.goto(server.base_url + "/")
+        form = page.locator("#history-form")
+        wait_until(lambda: "busy" in form.locator("select[name=stream]").inner_text(), 10)
+        form.locator("select[name=stream]").select_option("busy")
+        form.locator("button[type=submit]").click()
+        rows = page.locator("#history tbody tr")
+        wait_until(lambda: rows.count() == 25, 10, what="a full first page")
+        first_page = [r.get_attribute("data-event-id") for r in rows.all()]
+        assert all(r.locator("td").nth(1).inner_text() == "busy" for r in rows.all())
+        page.locator("#history-older").click()
+        wait_until(
+            lambda: rows.first.get_attribute("data-event-id") not in first_page, 10, what="page 2"
+        )
+        second = [int(r.get_attribute("data-event-id") or 0) for r in rows.all()]
+        assert max(second) < min(int(i or 0) for i in first_page)
+        assert "page 2" in page.locator("#history-note").inner_text()
+        # A snapshot of an event, fetched on demand (or said to be gone).
+        rows.first.locator("button").click()
+        wait_until(
+            lambda: (
+                rows.first.locator("img.thumb").count() == 1
+                or "no longer kept" in rows.first.inner_text()
+            ),
+            10,
+        )
+        page.locator("#history-newest").click()
+        wait_until(lambda: "page 1" in page.locator("#history-note").inner_text(), 10)
+    finally:
+        delete_stream(server, "busy")
+
+
+def test_a_stopped_server_shows_offline_not_streaming(workdir: Path, page: Page) -> None:
+    servers = serve(workdir, "stopping")
+    server = next(servers)
+    try:
+        page.goto(server.base_url + "/")
+        wait_streaming(page, "demo")
+        page.locator("#live-section").wait_for(timeout=30_000)
+    finally:
+        servers.close()  # the server process stops
+    page.locator("#offline").wait_for(timeout=10_000)
+    assert "unreachable since" in page.locator("#offline").inner_text()
+    assert page.locator(".state-streaming").count() == 0
+    assert "was streaming" in row(page, "demo").inner_text()
+    assert page.locator("body.offline").count() == 1
+    assert page.locator("#conn").inner_text() == "offline"
