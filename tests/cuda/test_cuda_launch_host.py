@@ -169,7 +169,7 @@ def test_check_names_real_cuda_errors() -> None:
 
 def test_missing_cuda_python_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
-    with pytest.raises(CudaUnavailableError, match=r"pip install 'vdet\[gpu\]'"):
+    with pytest.raises(CudaUnavailableError, match=r"scripts/setup.sh --extras gpu"):
         launch.CudaBackend()
 
 
