@@ -75,3 +75,16 @@ def test_a_bad_source_or_streams_file_stops_start_up_in_one_line(
     assert reason in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert "hunter22" not in done.stderr
+
+
+def test_a_start_up_that_fails_in_the_app_is_a_few_lines_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """A model file that is no model fails while the app starts (inside uvicorn's lifespan),
+    after the checks before it: said in a few lines, the traceback only at debug level."""
+    (tmp_path / "model.onnx").write_text("not a model\n")
+    done = _serve(tmp_path, {"model_path": str(tmp_path / "model.onnx")})
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert "Traceback" not in done.stderr and len(errors) <= 3, done.stderr
+    assert any("model.onnx" in line for line in errors), done.stderr

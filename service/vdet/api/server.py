@@ -60,7 +60,30 @@ def server_config(
     access = logging.getLogger("uvicorn.access")  # configured by uvicorn.Config just now
     if not any(isinstance(f, QuietPolls) for f in access.filters):
         access.addFilter(QuietPolls())
+    errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ShortErrors) for f in errors.filters):
+        errors.addFilter(ShortErrors())
     return config
+
+
+class ShortErrors(logging.Filter):
+    """A start-up that fails in the app (a streams file another service holds, a model that
+    does not load) in one line: the exception's own, not uvicorn's traceback of it. With
+    --log-level debug the traceback is kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or logging.getLogger(record.name).isEnabledFor(
+            logging.DEBUG
+        ):
+            return True
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg, record.args = f"{type(exc).__name__}: {exc}", ()
+            record.exc_info = record.exc_text = None
+        elif isinstance(record.msg, str) and record.msg.startswith("Traceback (most recent"):
+            lines = [line for line in record.msg.strip().splitlines() if line.strip()]
+            record.msg, record.args = lines[-1] + " (the traceback: --log-level debug)", ()
+        return True
 
 
 class QuietPolls(logging.Filter):
