@@ -48,7 +48,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"vdet", "core"}),  # value types, the numeric contract, geometry, assets
     frozenset({"config"}),  # settings: what every other package is told
     frozenset({"cuda", "metrics", "results"}),  # kernels; the metric registry; results out
-    frozenset({"ingest", "tracking", "modelkit", "tensorrt", "inference", "gpu"}),  # stages
+    frozenset({"ingest", "tracking", "modelkit", "tensorrt", "inference", "gpu", "clips"}),  # stages
     frozenset({"streams"}),  # a stream's threads, the stream service and its values
     frozenset({"workers", "notify"}),  # worker processes behind the service; events out
     frozenset({"root"}),  # the composition root
@@ -61,6 +61,7 @@ LAYERS: tuple[frozenset[str], ...] = (
 SIDEWAYS: dict[str, frozenset[str]] = {
     "ingest": frozenset(),
     "tracking": frozenset(),
+    "clips": frozenset(),
     "gpu": frozenset({"ingest", "inference"}),
     "inference": frozenset({"tensorrt"}),
     "tensorrt": frozenset({"modelkit"}),

@@ -18,6 +18,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from vdet.clips.store import ClipStore
 from vdet.config.settings import Settings
 from vdet.core.redact import use_secret_params
 from vdet.cuda.launch import use_cache_dir
@@ -82,6 +83,7 @@ def open_local_streams(
             gpu=gpu,
             parallel_frames=detector.parallel_frames,
             event_snapshots=settings.event_snapshots,
+            clips=settings.clips,
         )
     except BaseException:
         if gpu is not None:
@@ -211,6 +213,7 @@ class Service:
                 self.metrics,
                 backend.class_names,
                 snapshot_of=self.event_jpeg if settings.event_snapshots.per_stream else None,
+                clips=ClipStore.of(settings.clips),
             )
         except BaseException:
             self.stop()

@@ -252,8 +252,8 @@ def test_dashboard_queries_run_in_prometheus(prometheus: Prometheus) -> None:
         if not prometheus.query(promql):  # also fails on a PromQL syntax error
             empty.append(promql)
     # On the CPU nothing reports GPU memory; a line's counter appears with its first crossing;
-    # the webhook and MQTT panels stay empty without `notify` (deploy/vdet.yaml sets none);
-    # every other panel has data.
+    # the webhook and MQTT panels stay empty without `notify` (deploy/vdet.yaml sets none),
+    # and the clips counter without `clips.folder`; every other panel has data.
     crossings = (
         "sum by (source, zone, class, direction) "
         '(increase(vdet_line_crossings_total{source=~".*"}[5m]))'
@@ -261,7 +261,12 @@ def test_dashboard_queries_run_in_prometheus(prometheus: Prometheus) -> None:
     webhooks = {q for q in empty if "vdet_webhook_" in q or "vdet_mqtt_" in q}
     assert len(webhooks) == 5, empty
     assert "sum by (gpu) (vdet_gpu_memory_used_bytes)" in empty, empty
-    assert set(empty) - webhooks <= {"sum by (gpu) (vdet_gpu_memory_used_bytes)", crossings}, empty
+    clips = "sum by (outcome) (rate(vdet_clips_total[15s]))"
+    assert set(empty) - webhooks <= {
+        "sum by (gpu) (vdet_gpu_memory_used_bytes)",
+        crossings,
+        clips,
+    }, empty
 
 
 def _check_stack(

@@ -24,6 +24,7 @@ from vdet.api import (
     loop_health,
     methods,
     responses,
+    routes_clips,
     routes_detect,
     routes_events,
     routes_history,
@@ -160,6 +161,7 @@ def create_app(
         routes_webhooks.router,
         routes_snapshots.router,
         routes_history.router,
+        routes_clips.router,
     )
     for router in routers:
         app.include_router(router, dependencies=protected, responses=errors)

@@ -25,6 +25,7 @@ from pydantic_settings import (
 )
 
 from vdet.config.base import ConfigError, MiB
+from vdet.config.clips import ClipSettings
 from vdet.config.engine import EngineSettings
 from vdet.config.event_snapshots import EventSnapshotSettings
 from vdet.config.gpu import GpuSettings
@@ -129,6 +130,11 @@ class Settings(BaseSettings):
     event_snapshots: EventSnapshotSettings = Field(
         default_factory=EventSnapshotSettings,
         description="JPEGs of the frames with zone and line events, per stream.",
+    )
+    clips: ClipSettings = Field(
+        default_factory=ClipSettings,
+        description="Event clips: the camera's own video around zone and line events, kept "
+        "in a folder (off until `folder` is set).",
     )
     engine: EngineSettings = Field(
         default_factory=EngineSettings,

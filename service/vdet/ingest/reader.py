@@ -256,6 +256,9 @@ class SourceReader:
         self._guard: RtspGuard | None = None
         self._stream: av.VideoStream | None = None
         self._thread: int | None = None
+        # Called with every video packet (size > 0) and its arrival time, on the demuxing
+        # thread, before it is decoded: the stream's clip recorder copies it (vdet.clips).
+        self.packet_tap: Callable[[av.Packet[Any], float], None] | None = None
         self._interrupted = threading.Event()
 
     def __enter__(self) -> SourceReader:
@@ -469,6 +472,8 @@ class SourceReader:
                                 return
                             arrival = time.time()  # it arrives when it is released
                         timeline.record_packet(packet, arrival)
+                        if self.packet_tap is not None:
+                            self.packet_tap(packet, arrival)
                     yield packet, arrival
             finally:
                 packets.close()  # restores PyAV's "no timeout" state before anything else

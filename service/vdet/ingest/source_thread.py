@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import av
 
@@ -199,6 +199,7 @@ class SourceThread:
         rng: random.Random | None = None,
         history_size: int = 32,
         reader_factory: ReaderFactory = SourceReader,
+        packet_tap: Callable[[Any, float], None] | None = None,
     ) -> None:
         self.source_id = source_id
         self.url = url
@@ -209,6 +210,7 @@ class SourceThread:
         self._on_state_change = on_state_change
         self._rng = rng or random.Random()
         self._reader_factory = reader_factory
+        self._packet_tap = packet_tap  # the clip recorder's (vdet.clips), set on each reader
 
         self._lock = threading.Lock()
         self._status = SourceStatus()
@@ -342,6 +344,7 @@ class SourceThread:
             realtime=self.options.realtime,
             policy=self.options.policy,
         )
+        reader.packet_tap = self._packet_tap
         now = self._clock.monotonic()
         with self._lock:
             self._reader = reader

@@ -333,6 +333,21 @@ class Metrics:
             "1 when the worker processes share their GPU through NVIDIA MPS, else 0.",
             registry=r,
         )
+        self.clips = Counter(
+            "vdet_clips_total",
+            "Event clips by outcome: written, or why not (disk_full, permission, busy: the "
+            "writer was behind, error).",
+            ["source", "outcome"],
+            registry=r,
+        )
+        self.clip_bytes = Counter(
+            "vdet_clip_bytes_total", "Bytes of event clips written.", ["source"], registry=r
+        )
+        self.clips_disk_bytes = Gauge(
+            "vdet_clips_disk_bytes",
+            "Bytes the kept event clips take in the clips folder, all streams (as last read).",
+            registry=r,
+        )
         self.zone_objects = Gauge(
             "vdet_zone_objects",
             "Tracks inside a polygon zone now, by class (a track stays counted while briefly "
@@ -666,6 +681,12 @@ class Metrics:
 
     def observe_loop_lag(self, seconds: float) -> None:
         self.event_loop_lag.observe(seconds)
+
+    def observe_clip(self, source_id: str, outcome: str, size: int) -> None:
+        """An event clip written (`size` bytes) or not (the reason as outcome)."""
+        self.clips.labels(source_id, outcome).inc()
+        if size:
+            self.clip_bytes.labels(source_id).inc(size)
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         self.gc_pause.labels(str(generation)).observe(seconds)

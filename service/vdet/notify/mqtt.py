@@ -88,6 +88,11 @@ class MqttPublisher:
         payload = json.dumps(body, separators=(",", ":"))
         self._send(f"{self.spec.topic_prefix}/streams/{source_id}/events", payload, retain=False)
 
+    def publish_clip(self, source_id: str, body: dict[str, Any]) -> None:
+        """Queue a finished event clip's message (never blocks)."""
+        payload = json.dumps(body, separators=(",", ":"))
+        self._send(f"{self.spec.topic_prefix}/streams/{source_id}/clips", payload, retain=False)
+
     def publish_snapshot(self, source_id: str, jpeg: bytes) -> None:
         """Queue a stream's latest event snapshot, retained (never blocks); with
         `home_assistant`, its camera is announced first, once per stream."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import ssl
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from vdet.clips.store import ClipInfo, ClipStore, clip_path
 from vdet.config.notify import EventFilterSettings, NotifySettings, WebhookSettings
 from vdet.metrics.registry import Metrics
 from vdet.notify.mqtt import MqttPublisher
@@ -48,6 +50,7 @@ class Notifier:
         class_names: Sequence[str],
         *,
         snapshot_of: SnapshotOf | None = None,
+        clips: ClipStore | None = None,
     ) -> None:
         sinks: list[tuple[str, EventFilterSettings]] = [
             (f"notify.webhooks {spec.id!r}", spec) for spec in settings.webhooks
@@ -87,6 +90,7 @@ class Notifier:
         self.mqtt = None if settings.mqtt is None else MqttPublisher(settings.mqtt, metrics)
         self._reader: asyncio.Task[None] | None = None
         self._senders: list[asyncio.Task[None]] = []
+        self._clips = clips  # with event clips: each finished one is announced
 
     def start(self) -> None:
         """Start reading results and sending (on the running event loop)."""
@@ -99,6 +103,8 @@ class Notifier:
             asyncio.create_task(hook.run(), name=f"webhook-{hook.spec.id}")
             for hook in self.webhooks
         ]
+        if self._clips is not None:
+            self._senders.append(asyncio.create_task(self._watch_clips(), name="notify-clips"))
         if self.mqtt is not None and self.mqtt.spec.snapshots:
             self._senders.append(asyncio.create_task(self._send_snapshots(), name="mqtt-snapshots"))
 
@@ -158,6 +164,43 @@ class Notifier:
                 self._snapshots_due.append((source, frame_index))
                 self._snapshot_due.set()
 
+    async def _watch_clips(self) -> None:
+        """Announce each event clip once it is complete: the clips folder is polled (every
+        process of the node writes there) and a clip that appeared since the last look goes
+        to the webhooks and MQTT whose filters its events pass, with its URL under
+        `notify.public_url`. Clips there before the start are not announced again."""
+        assert self._clips is not None
+        store = self._clips
+        seen = await asyncio.to_thread(_clip_ids, store)
+        while True:
+            await asyncio.sleep(CLIP_POLL_S)
+            now = await asyncio.to_thread(_clip_ids, store)
+            for source_id, clip_id in sorted(now - seen):
+                found = await asyncio.to_thread(store.get, source_id, clip_id)
+                if found is not None:
+                    self._announce_clip(found[0])
+            seen = now
+
+    def _announce_clip(self, info: ClipInfo) -> None:
+        events = [dataclasses.asdict(e) for e in info.events]
+        url = f"{self._settings.public_url or ''}{clip_path(info.source_id, info.clip_id)}"
+        body: dict[str, Any] = {
+            "source_id": info.source_id,
+            "clip": {
+                "clip_id": info.clip_id,
+                "url": url,
+                "start_time": info.start_time,
+                "end_time": info.end_time,
+                "duration_s": info.duration_s,
+                "bytes": info.bytes,
+            },
+        }
+        for hook in self.webhooks:
+            if kept := hook.filter.events(info.source_id, events):
+                hook.offer({**body, "events": kept}, info.end_time)
+        if self.mqtt is not None and (kept := self.mqtt.filter.events(info.source_id, events)):
+            self.mqtt.publish_clip(info.source_id, {**body, "events": kept})
+
     async def _send_snapshots(self) -> None:
         """Fetch each due event snapshot (off the event loop: it may wait for its encoding, or
         ask a worker process) and publish it, one at a time."""
@@ -186,3 +229,11 @@ def _trust(spec: WebhookSettings) -> ssl.SSLContext | bool:
 
 
 __all__ = ["Notifier", "SnapshotOf"]
+
+
+# How often the clips folder is looked at for finished clips to announce.
+CLIP_POLL_S = 1.0
+
+
+def _clip_ids(store: ClipStore) -> set[tuple[str, str]]:
+    return {(c.source_id, c.clip_id) for source in store.streams() for c in store.clips(source)}

@@ -28,6 +28,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+from vdet.clips.recorder import ClipRecorder, ClipWriter
+from vdet.clips.store import ClipStore
+from vdet.config.clips import ClipSettings
 from vdet.config.event_snapshots import EventSnapshotSettings
 from vdet.config.ingest import IngestSettings
 from vdet.config.streams import DetectionDefaults, StreamSpec
@@ -192,6 +195,7 @@ class _Stream:
         self.processed_rate = RateMeter()
         self.snapshot: Snapshot | None = None
         self.pipeline_error: str | None = None
+        self.recorder: ClipRecorder | None = None  # with clips on: its pre-roll and clip
         # Set, under the manager's lock, once remove() has begun: the stream is gone for
         # readers but keeps its id (and its slot) until it has stopped, so a concurrent add
         # of the same id cannot have its hub entries or metric series wiped by this removal.
@@ -239,6 +243,7 @@ class StreamManager:
         clock: Callable[[], float] = time.time,
         parallel_frames: int = 1,
         event_snapshots: EventSnapshotSettings | None = None,
+        clips: ClipSettings | None = None,
         unpaced_queue_frames: int = 1,
     ) -> None:
         if parallel_frames < 1:
@@ -277,6 +282,13 @@ class StreamManager:
         self._event_snapshots = (
             EventSnapshots(snapshots, self._names, self.host_image)
             if snapshots.per_stream > 0
+            else None
+        )
+        store = ClipStore.of(clips) if clips is not None else None
+        self._clips = clips if store is not None else None
+        self._clip_writer = (
+            ClipWriter(clips, store, self._metrics.observe_clip)
+            if clips is not None and store is not None
             else None
         )
         self._publisher = threading.Thread(
@@ -342,6 +354,13 @@ class StreamManager:
             stream.gpu_device = gpu_device
         label = gpu_device.label if gpu_device is not None else "cpu"
         self._metrics.add_source(source_id, SourceState.CONNECTING, gpu=label)
+        recorder = (
+            ClipRecorder(source_id, self._clips, self._clip_writer, self._names)
+            if self._clips is not None and self._clip_writer is not None
+            else None
+        )
+        with stream.lock:
+            stream.recorder = recorder
         source = SourceThread(
             source_id,
             stream.url,
@@ -351,6 +370,7 @@ class StreamManager:
             ),
             on_state_change=self._on_state_change,
             reader_factory=gpu_device.open_reader if gpu_device is not None else SourceReader,
+            packet_tap=recorder.on_packet if recorder is not None and recorder.enabled else None,
         )
         thread = threading.Thread(
             target=self._run_pipeline, args=(stream,), name=f"vdet-pipeline-{source_id}"
@@ -396,6 +416,8 @@ class StreamManager:
         self._metrics.remove_source(stream.spec.id)
         if self._event_snapshots is not None:
             self._event_snapshots.forget(stream.spec.id)
+        if stream.recorder is not None:
+            stream.recorder.close()  # a clip in progress is written with what it has
         if self._gpu is not None:
             self._gpu.release(stream.spec.id)
 
@@ -415,6 +437,8 @@ class StreamManager:
             self._publisher.join(5.0)
             if self._event_snapshots is not None:
                 self._event_snapshots.close()
+            if self._clip_writer is not None:
+                self._clip_writer.close()
 
     # --- queries and changes ---------------------------------------------------------------
 
@@ -768,3 +792,5 @@ class StreamManager:
         self._metrics.observe_result(result)
         if self._event_snapshots is not None:
             self._event_snapshots.offer(result, frame)
+        if result.events and stream.recorder is not None:
+            stream.recorder.on_events(result.events, result.arrival_time)

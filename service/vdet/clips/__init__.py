@@ -1,0 +1,1 @@
+"""Event clips: the camera's own video around zone and line events (recorder, ring, store)."""
