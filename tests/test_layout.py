@@ -48,7 +48,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"vdet", "core"}),  # value types, the numeric contract, geometry, assets
     frozenset({"config"}),  # settings: what every other package is told
     frozenset({"cuda", "metrics", "results"}),  # kernels; the metric registry; results out
-    frozenset({"ingest", "tracking", "modelkit", "tensorrt", "inference", "gpu", "clips"}),  # stages
+    # stages
+    frozenset({"ingest", "tracking", "modelkit", "tensorrt", "inference", "gpu", "clips"}),
     frozenset({"streams"}),  # a stream's threads, the stream service and its values
     frozenset({"workers", "notify"}),  # worker processes behind the service; events out
     frozenset({"root"}),  # the composition root
