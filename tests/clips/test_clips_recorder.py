@@ -4,6 +4,7 @@ overlapping events, and the folder keeps its limits."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import threading
@@ -198,3 +199,26 @@ def test_a_full_disk_refuses_the_clip_cleanly(clip_file: Path, small_disk: Path)
     assert [e.zone for e in kept.events] == ["small"]
     leftovers = [p.name for p in (small_disk / "cam").iterdir()]
     assert sorted(leftovers) == sorted([kept.file, f"{kept.clip_id}.json"])
+
+
+def test_events_that_keep_coming_make_consecutive_clips_of_at_most_max_clip_s(
+    clip_file: Path, store: ClipStore
+) -> None:
+    outcomes = Outcomes()
+    recorder, writer = recorder_for(
+        store, outcomes, pre_roll_s=1.0, post_roll_s=1.0, max_clip_s=4.0
+    )
+    feed(recorder, clip_file, {i: [event()] for i in range(25, 300, 5)})  # every 0.2 s
+    writer.close()
+    clips = store.clips("cam")
+    assert len(clips) >= 2
+    for clip in clips:
+        assert clip.end_time - clip.start_time <= 4.0 + 1 / FPS
+        assert frames_of(store.get("cam", clip.clip_id)[1])[1]  # type: ignore[index]
+    for before, after in itertools.pairwise(clips):
+        assert after.start_time > before.start_time  # one after another, each from a keyframe
+
+
+def test_max_clip_s_leaves_room_for_the_rolls() -> None:
+    with pytest.raises(ValueError, match="max_clip_s"):
+        ClipSettings(pre_roll_s=5.0, post_roll_s=2.0, max_clip_s=5.0)

@@ -234,7 +234,7 @@ class ClipRecorder:
             clip = self._clip
             if clip is None:
                 return
-            if arrival > clip.end or arrival - clip.started > self.settings.max_clip_s:
+            if arrival > clip.end:
                 self._finish_locked()
             else:
                 clip.packets.append(kept)
@@ -262,8 +262,10 @@ class ClipRecorder:
         with self._lock:
             end = arrival + self.settings.post_roll_s
             clip = self._clip
-            if clip is not None and arrival - clip.started <= self.settings.max_clip_s:
-                clip.end = max(clip.end, end)
+            if clip is not None and arrival <= clip.end:
+                # Within the clip: it runs on to post_roll_s after this one, up to max_clip_s
+                # from its first packet (the rest of that post-roll is the next clip's).
+                clip.end = max(clip.end, min(end, clip.started + self.settings.max_clip_s))
                 clip.events.extend(kept)
                 return
             if clip is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from vdet.config.base import MiB
 from vdet.config.notify import EventFilterSettings
@@ -34,11 +34,12 @@ class ClipSettings(EventFilterSettings):
         default=5.0, ge=0.0, le=60.0, description="Seconds of video after the last event."
     )
     max_clip_s: float = Field(
-        default=120.0,
+        default=60.0,
         ge=1.0,
         le=3600.0,
-        description="Longest clip: events that keep coming extend one clip up to this long, "
-        "then the next event starts another.",
+        description="Longest clip, from its first frame: events that keep coming extend one "
+        "clip up to this long, then the next event starts another. More than pre_roll_s + "
+        "post_roll_s.",
     )
     ring_max_bytes: int = Field(
         default=16 * MiB,
@@ -66,3 +67,12 @@ class ClipSettings(EventFilterSettings):
         description="Finished clips waiting to be written; one finished while it is full is "
         'dropped and counted (`vdet_clip_failures_total{reason="busy"}`).',
     )
+
+    @model_validator(mode="after")
+    def _room_for_an_event(self) -> ClipSettings:
+        if self.max_clip_s <= self.pre_roll_s + self.post_roll_s:
+            raise ValueError(
+                f"max_clip_s ({self.max_clip_s}) must be more than pre_roll_s + post_roll_s "
+                f"({self.pre_roll_s} + {self.post_roll_s}): a clip holds both around its event"
+            )
+        return self
