@@ -204,6 +204,8 @@ class ClipRecorder:
         self._names = tuple(class_names)
         self._ring = PacketRing(settings.pre_roll_s, settings.ring_max_bytes)
         self._template: _Template | None = None
+        self._unusable: Any = None  # a connection's stream that could not be templated
+        self._last_end: float | None = None  # arrival of the last clip's last packet
         self._clip: _OpenClip | None = None
         self._lock = threading.Lock()
         self._types = None if settings.events is None else frozenset(settings.events)
@@ -228,8 +230,16 @@ class ClipRecorder:
             arrival=arrival,
         )
         with self._lock:
+            if packet.stream is self._unusable:
+                return
             if self._template is None or self._template.source is not packet.stream:
-                self._new_connection(packet.stream)
+                try:
+                    self._new_connection(packet.stream)
+                except Exception as exc:  # a stream PyAV cannot copy: no clips, never no video
+                    log.error("clips of %s: cannot record this stream: %s", self.source_id, exc)
+                    self._unusable = packet.stream
+                    self._template = None
+                    return
             self._ring.add(kept)
             clip = self._clip
             if clip is None:
@@ -272,7 +282,7 @@ class ClipRecorder:
                 self._finish_locked()
             if self._template is None:
                 return  # no packet yet: nothing to cut
-            packets = self._ring.since(arrival - self.settings.pre_roll_s)
+            packets = self._ring.since(arrival - self.settings.pre_roll_s, after=self._last_end)
             if not packets:
                 return
             self._clip = _OpenClip(
@@ -293,10 +303,12 @@ class ClipRecorder:
         """A new connection (or the first): its packets cannot follow the last one's."""
         self._finish_locked()
         self._ring.clear()
+        self._last_end = None
         self._template = _Template(stream)
 
     def _finish_locked(self) -> None:
         clip, self._clip = self._clip, None
         if clip is None or not clip.packets:
             return
+        self._last_end = clip.packets[-1].arrival
         self._writer.submit(FinishedClip(self.source_id, clip.template, clip.packets, clip.events))

@@ -60,15 +60,21 @@ class PacketRing:
         self._groups.clear()
         self._bytes = 0
 
-    def since(self, moment: float) -> list[RingPacket]:
+    def since(self, moment: float, after: float | None = None) -> list[RingPacket]:
         """The packets from the last keyframe that arrived at or before `moment` (else the
-        oldest kept, a keyframe) to the newest."""
+        oldest kept, a keyframe) to the newest. With `after` (where the previous clip ended),
+        not from before it: from the first keyframe after it when that one is not later than
+        `moment`'s, so that consecutive clips do not repeat each other's video."""
         groups = list(self._groups)
         start = 0
         for index, group in enumerate(groups):
             if group[0].arrival > moment:
                 break
             start = index
+        if after is not None and groups and groups[start][0].arrival <= after:
+            later = [i for i, g in enumerate(groups) if g[0].arrival > after]
+            if later:
+                start = later[0]
         return [packet for group in groups[start:] for packet in group]
 
     def _trim(self, keep_from: float) -> None:
