@@ -1083,6 +1083,7 @@ function renderHistory(page) {
   for (const e of page.events) {
     const row = body.insertRow();
     row.dataset.eventId = String(e.id);
+    row.dataset.time = String(e.time);
     cell(row, new Date(e.time * 1000).toLocaleString(), "num", "time");
     cell(row, e.source_id, "", "stream");
     const what = e.type === "line_cross" ? `line_cross ${e.direction}` : e.type;
@@ -1110,6 +1111,13 @@ function renderHistory(page) {
       shot.replaceChildren(img);
     });
     shot.append(show);
+    const clipCell = row.insertCell();
+    clipCell.dataset.label = "clip";
+    const play = document.createElement("button");
+    play.type = "button";
+    play.textContent = "play";
+    play.addEventListener("click", () => playClipOf(e, clipCell));
+    clipCell.append(play);
   }
   $("#history-empty").hidden = page.events.length > 0;
   $("#history-older").disabled = page.next_before_id === null;
@@ -1117,6 +1125,52 @@ function renderHistory(page) {
   $("#history-newest").disabled = historyState.before === null;
   const pageNo = historyState.cursors.length + 1;
   $("#history-note").textContent = `page ${pageNo}; ${page.kept} event(s) kept`;
+}
+
+// The clip that holds an event (vdet records one around each, with `clips.folder` set),
+// played in a dialog. Without a key the video element fetches it itself, with range
+// requests (seeking); with a key it is fetched whole with the key in a header.
+async function playClipOf(e, cellEl) {
+  let listing;
+  try {
+    listing = await api(`/v1/streams/${encodeURIComponent(e.source_id)}/clips`);
+  } catch (err) {
+    cellEl.textContent = err instanceof ApiError && err.status === 404 ? "no clips" : "unavailable";
+    return;
+  }
+  const clip = listing.clips.find((c) => c.start_time <= e.time && e.time <= c.end_time);
+  if (!clip) {
+    cellEl.textContent = "no clip yet";
+    return;
+  }
+  const video = $("#clip-video");
+  if (video.dataset.objectUrl) URL.revokeObjectURL(video.dataset.objectUrl);
+  delete video.dataset.objectUrl;
+  if (apiKey) {
+    const response = await fetch(clip.url, { headers: authHeaders() });
+    if (!response.ok) {
+      cellEl.textContent = "no longer kept";
+      return;
+    }
+    video.dataset.objectUrl = URL.createObjectURL(await response.blob());
+    video.src = video.dataset.objectUrl;
+  } else {
+    video.src = clip.url;
+  }
+  video.dataset.clipId = clip.clip_id;
+  $("#clip-title").textContent = `${e.source_id}: ${e.type} ${e.zone} (${e.class_name} #${e.track_id})`;
+  const when = new Date(clip.start_time * 1000).toLocaleString();
+  $("#clip-note").textContent = `${when}, ${clip.duration_s.toFixed(1)} s, ${clip.events.length} event(s)`;
+  $("#clip-dialog").showModal();
+  video.play().catch(() => {});
+}
+
+function setupClipDialog() {
+  $("#clip-close").addEventListener("click", () => {
+    const video = $("#clip-video");
+    video.pause();
+    $("#clip-dialog").close();
+  });
 }
 
 function setupHistory() {
@@ -1146,6 +1200,7 @@ function start() {
   setupParamsForm();
   setupEditor();
   setupHistory();
+  setupClipDialog();
   refreshGpus().then(refreshStreams).then(loadHistory);
   refreshTile();
   setInterval(refreshStreams, POLL_STREAMS_MS);

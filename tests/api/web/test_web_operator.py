@@ -270,3 +270,55 @@ def test_a_stopped_server_shows_offline_not_streaming(workdir: Path, page: Page)
     assert "was streaming" in row(page, "demo").inner_text()
     assert page.locator("body.offline").count() == 1
     assert page.locator("#conn").inner_text() == "offline"
+
+
+def test_an_event_s_clip_plays_and_seeks_in_the_page(workdir: Path, page: Page) -> None:
+    zone = {"id": "yard", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    source = {"id": "demo", "url": str(asset_path("sample.mp4")), "loop": True, "zones": [zone]}
+    servers = serve(
+        workdir,
+        "clips",
+        sources=[source],
+        clips={
+            "folder": str(workdir / "clips"),
+            "pre_roll_s": 2.0,
+            "post_roll_s": 2.0,
+            "max_clip_s": 6.0,
+        },
+    )
+    server = next(servers)
+    try:
+        clips = wait_until(
+            lambda: http_json(f"{server.base_url}/v1/streams/demo/clips")["clips"],
+            60,
+            what="a clip",
+        )
+        page.goto(server.base_url + "/")
+        history = page.locator("#history tbody tr")
+        wait_until(lambda: history.count() > 0, 15, what="events in the history")
+        clip = clips[0]
+        covered = next(
+            r
+            for r in history.all()
+            if clip["start_time"] <= float(r.get_attribute("data-time") or 0) <= clip["end_time"]
+        )
+        covered.locator("td[data-label=clip] button").click()
+        page.locator("#clip-dialog[open]").wait_for(timeout=10_000)
+        video = page.locator("#clip-video")
+        page.wait_for_function(
+            "() => { const v = document.querySelector('#clip-video');"
+            " return v.readyState >= 2 && v.duration > 1; }",
+            timeout=20_000,
+        )
+        duration = video.evaluate("v => v.duration")
+        assert abs(duration - clip["duration_s"]) <= 0.1
+        # Seeking to the middle: served in ranges (the element asks with Range headers).
+        video.evaluate("v => { v.pause(); v.currentTime = v.duration / 2; }")
+        page.wait_for_function(
+            "() => { const v = document.querySelector('#clip-video');"
+            " return !v.seeking && Math.abs(v.currentTime - v.duration / 2) < 0.5; }",
+            timeout=10_000,
+        )
+        assert video.evaluate("v => v.error") is None
+    finally:
+        servers.close()
