@@ -19,7 +19,7 @@
 # Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
 # samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
 # faster-coco-eval, the API's (fastapi, fastapi-offline, starlette, uvicorn, httptools, websockets,
-# python-multipart, annotated-doc, opentelemetry-api, click) and what vdet.config needs
+# python-multipart, annotated-doc, opentelemetry-api, click, tqdm) and what vdet.config needs
 # (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
 # python-dotenv); ultralytics only for the peer runs of `streams` and `pipeline`.
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
