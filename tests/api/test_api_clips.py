@@ -62,6 +62,7 @@ def test_an_rtsp_camera_s_event_clip_is_written_listed_served_in_ranges_and_dele
 
         metrics = client.get("/metrics").text
         assert 'vdet_clips_total{outcome="written",source="gate"}' in metrics
+        assert listing(client)["failed"] == {}
         assert client.delete(first["url"]).status_code == 204
         assert client.get(first["url"]).status_code == 404
         assert client.delete(first["url"]).status_code == 404

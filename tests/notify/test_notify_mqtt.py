@@ -289,3 +289,27 @@ def test_a_ca_file_that_cannot_be_read_stops_the_start(tmp_path: Path) -> None:
 def test_an_mqtt_class_the_model_lacks_stops_the_start(broker: Broker) -> None:
     with pytest.raises(ValueError, match=r"notify.mqtt: unknown classes \['unicorn'\]"):
         Notifier(settings(broker, classes=["unicorn"]), ResultsHub(), Metrics(), NAMES)
+
+
+def test_with_clips_the_app_publishes_each_finished_clip(
+    make_settings: MakeSettings,
+    clip: Path,
+    broker: Broker,
+    subscriber: Subscriber,
+    tmp_path: Path,
+) -> None:
+    """A clip's message once its post-roll has passed, on <prefix>/streams/<id>/clips."""
+    zone = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+    app_settings = make_settings(
+        notify={"mqtt": {"host": "127.0.0.1", "port": broker.port}},
+        clips={"folder": str(tmp_path / "clips"), "pre_roll_s": 0.5, "post_roll_s": 0.5},
+        sources=[stream_body(clip, "gate", zones=[zone])],
+    )
+    with TestClient(create_app(app_settings)) as client:
+        wait_until(lambda: subscriber.on("vdet/streams/gate/clips"), 20, what="a clip message")
+        listed = client.get("/v1/streams/gate/clips").json()["clips"]
+    body = subscriber.events("vdet/streams/gate/clips")[0]
+    assert body["source_id"] == "gate"
+    assert body["clip"]["clip_id"] in {c["clip_id"] for c in listed}
+    assert body["clip"]["url"] == f"/v1/streams/gate/clips/{body['clip']['clip_id']}"
+    assert {e["type"] for e in body["events"]} == {"zone_enter"}

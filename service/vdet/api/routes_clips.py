@@ -52,6 +52,11 @@ class ClipsOut(BaseModel):
     clips: list[ClipOut] = Field(description="Oldest first.")
     kept_clips: int = Field(description="Clips kept now, all streams.")
     kept_bytes: int = Field(description="Their size; at most clips.max_total_bytes.")
+    failed: dict[str, int] = Field(
+        description="This stream's clips not written since the start, by reason: disk_full, "
+        "permission, busy (the writer was behind), error (the log says more). Counted by the "
+        "process that runs the stream: streams in worker processes show none here yet."
+    )
 
 
 def _store(service: Any) -> ClipStore:
@@ -88,7 +93,19 @@ def list_clips(stream_id: StreamId, service: ServiceDep, streams: StreamsDep) ->
         ],
         kept_clips=kept,
         kept_bytes=size,
+        failed=_failures(service, stream_id),
     )
+
+
+def _failures(service: Any, stream_id: str) -> dict[str, int]:
+    failed: dict[str, int] = {}
+    for metric in service.metrics.clips.collect():
+        for sample in metric.samples:
+            labels, outcome = sample.labels, sample.labels.get("outcome", "written")
+            ours = sample.name.endswith("_total") and labels.get("source") == stream_id
+            if ours and outcome != "written":
+                failed[outcome] = int(sample.value)
+    return failed
 
 
 @router.get(

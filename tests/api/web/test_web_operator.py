@@ -241,7 +241,7 @@ def test_history_pages_and_filters(server: Server, page: Page) -> None:
         assert max(second) < min(int(i or 0) for i in first_page)
         assert "page 2" in page.locator("#history-note").inner_text()
         # A snapshot of an event, fetched on demand (or said to be gone).
-        rows.first.locator("button").click()
+        rows.first.locator("td[data-label=snapshot] button").click()
         wait_until(
             lambda: (
                 rows.first.locator("img.thumb").count() == 1
@@ -297,11 +297,24 @@ def test_an_event_s_clip_plays_and_seeks_in_the_page(workdir: Path, page: Page) 
         history = page.locator("#history tbody tr")
         wait_until(lambda: history.count() > 0, 15, what="events in the history")
         clip = clips[0]
-        covered = next(
-            r
-            for r in history.all()
-            if clip["start_time"] <= float(r.get_attribute("data-time") or 0) <= clip["end_time"]
-        )
+
+        # The first page follows new events; older pages stay put: page back (as an operator
+        # looking for an earlier event would) to a row the clip holds, then play it.
+        def holds(row: Any) -> bool:
+            return (
+                clip["start_time"] <= float(row.get_attribute("data-time") or 0) <= clip["end_time"]
+            )
+
+        covered = None
+        for _ in range(40):
+            older = page.locator("#history-older")
+            if older.is_enabled():
+                older.click()
+                page.wait_for_timeout(300)
+            covered = next((r for r in history.all() if holds(r)), None)
+            if covered is not None or not older.is_enabled():
+                break
+        assert covered is not None, "no event of the clip in the history"
         covered.locator("td[data-label=clip] button").click()
         page.locator("#clip-dialog[open]").wait_for(timeout=10_000)
         video = page.locator("#clip-video")
