@@ -55,6 +55,16 @@ class ClipInfo:
         return ClipInfo(**{**data, "events": events})
 
 
+@dataclass(frozen=True)
+class _Kept:
+    """A kept clip as the folder's names say it, without its sidecar read."""
+
+    source_id: str
+    clip_id: str
+    video: str
+    bytes: int
+
+
 def clip_path(source_id: str, clip_id: str) -> str:
     """Where a clip is served, relative to the service (its suffix: the file's container)."""
     return f"/v1/streams/{source_id}/clips/{clip_id}"
@@ -134,25 +144,31 @@ class ClipStore:
         return True
 
     def usage(self) -> tuple[int, int]:
-        """(clips, bytes) kept now, all streams."""
-        infos = [i for s in self.streams() for i in self._infos(self.stream_folder(s))]
-        return len(infos), sum(i.bytes for i in infos)
+        """(clips, bytes) kept now, all streams: from names and sizes, no sidecar is read."""
+        kept = list(self._kept())
+        return len(kept), sum(k.bytes for k in kept)
+
+    def ids(self) -> set[tuple[str, str]]:
+        """(stream, clip id) of every clip kept now, from names alone (polled every second)."""
+        return {(k.source_id, k.clip_id) for k in self._kept()}
 
     def enforce(self, now: float | None = None) -> int:
-        """Delete clips older than `max_age_s`, then the oldest until the rest fit in
-        `max_total_bytes`; returns how many were deleted."""
+        """Delete clips that started more than `max_age_s` ago, then the oldest until the rest
+        fit in `max_total_bytes`; returns how many were deleted. Runs after every clip
+        written, so it reads names and sizes only (a clip id is its start time in ms)."""
         now = time.time() if now is None else now
-        infos = sorted(
-            (i for s in self.streams() for i in self._infos(self.stream_folder(s))),
-            key=lambda c: c.start_time,
-        )
-        total = sum(i.bytes for i in infos)
+        kept = sorted(self._kept(), key=lambda k: k.clip_id)
+        total = sum(k.bytes for k in kept)
         deleted = 0
-        for info in infos:
-            if info.end_time >= now - self.max_age_s and total <= self.max_total_bytes:
+        for clip in kept:
+            old = int(clip.clip_id[:13]) / 1000 < now - self.max_age_s
+            if not old and total <= self.max_total_bytes:
                 break
-            self._remove(self.stream_folder(info.source_id), info)
-            total -= info.bytes
+            folder = self.stream_folder(clip.source_id)
+            for name in (f"{clip.clip_id}.json", clip.video):  # unlisted first, then gone
+                with contextlib.suppress(FileNotFoundError):
+                    (folder / name).unlink()
+            total -= clip.bytes
             deleted += 1
         return deleted
 
@@ -160,6 +176,30 @@ class ClipStore:
         for name in (f"{info.clip_id}.json", info.file):  # unlisted first, then gone
             with contextlib.suppress(FileNotFoundError):
                 (folder / name).unlink()
+
+    def _kept(self) -> Iterator[_Kept]:
+        """Every listed clip (its sidecar is there) with its video's name and size."""
+        for source_id in self.streams():
+            try:
+                entries = list(os.scandir(self.stream_folder(source_id)))
+            except OSError:
+                continue
+            videos: dict[str, tuple[str, int]] = {}
+            sidecars: set[str] = set()
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
+                    continue
+                stem, _, suffix = name.rpartition(".")
+                if suffix == "json":
+                    sidecars.add(stem)
+                elif f".{suffix}" in MEDIA_TYPE:
+                    with contextlib.suppress(OSError):
+                        videos[stem] = (name, entry.stat().st_size)
+            for clip_id in sidecars:
+                if clip_id in videos and _CLIP_ID_RE.match(clip_id):
+                    video, size = videos[clip_id]
+                    yield _Kept(source_id, clip_id, video, size)
 
     def _infos(self, folder: Path) -> Iterator[ClipInfo]:
         try:

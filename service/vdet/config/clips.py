@@ -58,7 +58,7 @@ class ClipSettings(EventFilterSettings):
         default=7 * 86400.0,
         ge=60.0,
         le=10 * 365 * 86400.0,
-        description="Clips older than this are deleted.",
+        description="Clips that started longer ago than this are deleted.",
     )
     queue: int = Field(
         default=8,

@@ -171,10 +171,10 @@ class Notifier:
         `notify.public_url`. Clips there before the start are not announced again."""
         assert self._clips is not None
         store = self._clips
-        seen = await asyncio.to_thread(_clip_ids, store)
+        seen = await asyncio.to_thread(store.ids)
         while True:
             await asyncio.sleep(CLIP_POLL_S)
-            now = await asyncio.to_thread(_clip_ids, store)
+            now = await asyncio.to_thread(store.ids)
             for source_id, clip_id in sorted(now - seen):
                 found = await asyncio.to_thread(store.get, source_id, clip_id)
                 if found is not None:
@@ -234,6 +234,3 @@ __all__ = ["Notifier", "SnapshotOf"]
 # How often the clips folder is looked at for finished clips to announce.
 CLIP_POLL_S = 1.0
 
-
-def _clip_ids(store: ClipStore) -> set[tuple[str, str]]:
-    return {(c.source_id, c.clip_id) for source in store.streams() for c in store.clips(source)}
