@@ -5,16 +5,14 @@ API process lists and serves them and announces each to a webhook."""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import av
 import pytest
 from support.apptest import CLIP_WH, write_tiny_model
 from support.procs import http_get
 from support.serve import Service, start_service
-from support.videos import write_h264_clip
+from support.videos import decode_video_bytes, write_h264_clip
 from support.waiting import wait_until
 from support.webhooks import Receiver
 
@@ -63,11 +61,7 @@ def test_a_worker_s_clip_is_listed_served_and_announced_by_the_api(
     first = listed[0]
     status, video = http_get(service.base + first["url"], timeout=10)
     assert status == 200 and len(video) == first["bytes"]
-    with tempfile.NamedTemporaryFile(suffix=".mp4") as f:
-        f.write(video)
-        f.flush()
-        with av.open(f.name) as container:
-            frames = list(container.decode(video=0))
+    frames = decode_video_bytes(video)
     assert frames[0].key_frame and len(frames) == first["frames"]
     announced = wait_until(
         lambda: [b for b in receiver.bodies() if "clip" in b], 15, what="the clip's message"

@@ -128,3 +128,14 @@ def write_slowed_copy(source: Path, target: Path, *, frames: int, fps: int) -> P
         for packet in stream.encode():
             container.mux(packet)
     return target
+
+
+def decode_video_bytes(data: bytes, suffix: str = ".mp4") -> list[av.VideoFrame]:
+    """Every frame of a video held in memory (a clip downloaded from the API, say)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=suffix) as f:
+        f.write(data)
+        f.flush()
+        with av.open(f.name) as container:
+            return list(container.decode(video=0))

@@ -233,4 +233,3 @@ __all__ = ["Notifier", "SnapshotOf"]
 
 # How often the clips folder is looked at for finished clips to announce.
 CLIP_POLL_S = 1.0
-
