@@ -118,3 +118,13 @@ def test_show_says_where_each_value_came_from_and_hides_secrets(tmp_path: Path) 
     assert set(lines) >= {
         p for p in every if not any(p.startswith(s + ".") for s in unset_sections)
     }
+
+
+def test_reference_update_of_a_file_it_cannot_use_says_so(tmp_path: Path) -> None:
+    missing = vdet("config", "reference", "--update", str(tmp_path / "nope.md"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+    plain = tmp_path / "plain.md"
+    plain.write_text("# no markers\n")
+    unmarked = vdet("config", "reference", "--update", str(plain))
+    assert unmarked.returncode == 2 and "no reference section" in unmarked.stderr
+    assert plain.read_text() == "# no markers\n"

@@ -105,7 +105,10 @@ def run_reference(args: argparse.Namespace) -> int:
     if args.update is None:
         print(text)
         return 0
-    document = args.update.read_text()
+    try:
+        document = args.update.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {args.update}: {exc}") from None
     if REFERENCE_BEGIN not in document or REFERENCE_END not in document:
         raise UsageError(f"{args.update} has no reference section ({REFERENCE_BEGIN!r} ... )")
     head, rest = document.split(REFERENCE_BEGIN, 1)
