@@ -98,6 +98,7 @@ echo "install: $((SECONDS - started)) s"
 case $phase in
 tests)
   install_venv  # the serve tests start `vdet serve`
+  export NVDEC_CAPS_OUT=$OUT/nvdec_caps.json  # the decoder caps, as the driver answers them
   gpu_tests 480
   if [ -d .trt-include ]; then
     timeout 90 bash bench/gpu/run_plugin_device.sh >"$OUT/plugin_run.log" 2>&1

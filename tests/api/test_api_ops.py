@@ -61,6 +61,7 @@ def test_ready_once_started_and_503_before(make_settings: MakeSettings, clip: Pa
             "backend": "onnxruntime",
             "data_path": "cpu",
             "backend_selection": "configured: backend onnxruntime",
+            "streams_decoded_on_cpu": {},
         }
         assert [s["id"] for s in client.get("/v1/streams").json()["streams"]] == ["configured"]
     # After shutdown the streams are gone and the service reports not ready.

@@ -413,7 +413,8 @@ def test_nvdec_source_reader_decodes_other_codecs_on_the_cpu(tmp_path: Path) -> 
         items = list(reader.frames())
     assert reader.on_cpu and len(items) == 5 and all(isinstance(i, VideoFrame) for i in items)
     strict = NvdecSourceReader(str(path), strict=True, nvc=FakeNvc(), device="cpu")
-    with strict, pytest.raises(Exception, match="NVDEC cannot decode mpeg4"):
+    refusal = r"but mpeg4 4:2:0 8-bit \d+x\d+: the NVDEC path takes H.264 and HEVC"
+    with strict, pytest.raises(Exception, match=refusal):
         strict.open()
 
 

@@ -81,6 +81,7 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_backend_info": "gauge",
         "vdet_gpu_memory_used_bytes": "gauge",
         "vdet_source_gpu": "gauge",
+        "vdet_source_decode_path": "gauge",
         "vdet_gpu_streams": "gauge",
         "vdet_gpu_frames_processed": "counter",
         "vdet_worker_up": "gauge",

@@ -11,7 +11,9 @@ their pixels are the reference ones. `fail_on` makes the n-th Decode call raise.
 from __future__ import annotations
 
 import ctypes
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import av
@@ -23,6 +25,19 @@ import torch
 class cudaVideoCodec:  # noqa: N801 - PyNvVideoCodec's spelling
     H264 = "H264"
     HEVC = "HEVC"
+
+
+class cudaVideoChromaFormat:  # noqa: N801 - PyNvVideoCodec's spelling
+    Monochrome = "400"
+    YUV420 = "420"
+    YUV422 = "422"
+    YUV444 = "444"
+
+
+# GetDecoderCaps answers, by "codec/chroma/bit depth" (tests/support/media/nvdec_caps.json).
+HOPPER_CAPS: dict[str, dict[str, int]] = json.loads(
+    (Path(__file__).parent / "media" / "nvdec_caps.json").read_text()
+)["caps"]
 
 
 class DisplayDecodeLatencyType:
@@ -149,18 +164,30 @@ class FakeNvc:
     """The module object: attributes as PyNvVideoCodec's."""
 
     cudaVideoCodec = cudaVideoCodec  # noqa: N815
+    cudaVideoChromaFormat = cudaVideoChromaFormat  # noqa: N815
     DisplayDecodeLatencyType = DisplayDecodeLatencyType
     VideoPacketFlag = VideoPacketFlag
     PacketData = PacketData
 
-    def __init__(self, fail_on: int | None = None) -> None:
+    def __init__(
+        self, fail_on: int | None = None, caps: dict[str, dict[str, int]] | None = None
+    ) -> None:
         self.fail_on = fail_on
+        self.caps = HOPPER_CAPS if caps is None else caps
+        self.caps_asked: list[str] = []
         self.decode_calls = 0
         self.sessions: list[_Session] = []
 
     def CreateDecoder(self, **options: Any) -> _Session:  # noqa: N802
         self.sessions.append(_Session(self, options))
         return self.sessions[-1]
+
+    def GetDecoderCaps(  # noqa: N802
+        self, gpuid: int, codec: str, chromaformat: str, bitdepth: int
+    ) -> dict[str, int]:
+        key = f"{codec}/{chromaformat}/{bitdepth}"
+        self.caps_asked.append(key)
+        return dict(self.caps.get(key, {"supported": 0}))
 
     def CreateDemuxer(self, filename: str) -> _Demuxer:  # noqa: N802
         return _Demuxer(filename)

@@ -47,6 +47,13 @@ async def readyz(service: ServiceDep) -> ReadyOut | JSONResponse:
         data_path=backend.data_path if backend is not None else None,
         backend_selection=backend.selection if backend is not None else None,
     )
+    streams = service.streams
+    if service.ready and streams is not None:
+        # Asks the worker processes (blocking, little Python): on a thread.
+        for view in await run_in_threadpool(streams.list):
+            if view.status.decode_path == "cpu" and view.status.decode_reason is not None:
+                label = view.status.decode_reason_label
+                body.streams_decoded_on_cpu[label] = body.streams_decoded_on_cpu.get(label, 0) + 1
     if service.ready:
         return body
     return JSONResponse(body.model_dump(), status_code=status.HTTP_503_SERVICE_UNAVAILABLE)

@@ -63,6 +63,8 @@ def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
             frames_dropped=s.frames_dropped,
             decode_errors=s.decode_errors,
             frames_damaged=s.frames_damaged,
+            decode_path="nvdec" if s.decode_path == "nvdec" else "cpu" if s.decode_path else None,
+            decode_reason=_redacted(s.decode_reason),
             frames_skipped=s.frames_skipped,
         ),
     )

@@ -92,6 +92,16 @@ class StreamStatusOut(BaseModel):
         description="Frames of damaged reference chains (after a decode error, until the "
         "next keyframe): not detected on, unless the server passes them.",
     )
+    decode_path: Literal["nvdec", "cpu"] | None = Field(
+        default=None,
+        description="The decoder of the current sequence: nvdec (GPU) or cpu; null before the "
+        "source opened.",
+    )
+    decode_reason: str | None = Field(
+        default=None,
+        description="Why a GPU node decodes this stream on the CPU (its codec, chroma format, bit "
+        "depth or size, NVDEC unavailable, or gpu.decoder set to cpu); null otherwise.",
+    )
     frames_skipped: int = Field(
         default=0, description="Decoded frames the stream's detect_fps left out of detection."
     )
@@ -146,6 +156,12 @@ class ReadyOut(BaseModel):
         default=None,
         description="Why this backend serves: configured, or what `backend: auto` chose and what "
         "it passed over (e.g. TensorRT for RTX on a GPU it does not run on).",
+    )
+    streams_decoded_on_cpu: dict[str, int] = Field(
+        default_factory=dict,
+        description="How many streams a GPU node decodes on the CPU, by why (configured, "
+        "unavailable, codec, format, size, pipeline); each stream's status says it in words "
+        "(decode_reason). Empty on a CPU node and when NVDEC takes every stream.",
     )
 
 

@@ -258,5 +258,10 @@ class SourceStatus:
     height: int | None = None
     fps: float | None = None  # decoded frames per second, measured over the last seconds
     fps_nominal: float | None = None  # the rate the container or stream declares
+    # Which decoder takes the current sequence ("nvdec" or "cpu"; None before the source
+    # opened) and, when a GPU node decodes it on the CPU, why (vdet.ingest.decode_choice).
+    decode_path: str | None = None
+    decode_reason: str | None = None
+    decode_reason_label: str = "none"
     history: list[str] = field(default_factory=list)
     recent_errors: list[str] = field(default_factory=list)  # "unix-time message", oldest first

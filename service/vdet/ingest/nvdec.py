@@ -48,6 +48,7 @@ from vdet.core.extras import needs_extra
 from vdet.core.types import ColourMatrix, ColourRange
 from vdet.cuda.capture_guard import CUDA_WORK
 from vdet.cuda.cuda_stream import on_stream
+from vdet.ingest.decode_choice import DecoderCaps
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,48 @@ def nvdec_available(gpu: int = 0, codec: str = "h264") -> bool:
     except Exception as exc:  # a missing driver library surfaces as several exception types
         log.info("NVDEC unavailable on GPU %d for %s: %s", gpu, codec, exc)
         return False
+
+
+# PyNvVideoCodec's cudaVideoChromaFormat members by vdet.ingest.decode_choice's chroma names.
+_CHROMA_MEMBERS = {"400": "Monochrome", "420": "YUV420", "422": "YUV422", "444": "YUV444"}
+
+
+def decoder_caps(
+    gpu: int, codec: str, chroma: str, bit_depth: int, *, nvc: ModuleType | None = None
+) -> DecoderCaps | None:
+    """What NVDEC on `gpu` reports for `codec` at a chroma format ("420", ...) and bit depth
+    (`cuvidGetDecoderCaps`), or None when it cannot be asked. Cached per GPU and format (each
+    question creates a CUDA context) unless `nvc` stands in for PyNvVideoCodec (tests)."""
+    if nvc is not None:
+        return _ask_caps(nvc, gpu, codec, chroma, bit_depth)
+    return _cached_caps(gpu, codec, chroma, bit_depth)
+
+
+@functools.cache
+def _cached_caps(gpu: int, codec: str, chroma: str, bit_depth: int) -> DecoderCaps | None:
+    try:
+        nvc = load_pynvvideocodec()
+    except ImportError:
+        return None
+    return _ask_caps(nvc, gpu, codec, chroma, bit_depth)
+
+
+def _ask_caps(
+    nvc: ModuleType, gpu: int, codec: str, chroma: str, bit_depth: int
+) -> DecoderCaps | None:
+    if codec not in NVDEC_CODECS or chroma not in _CHROMA_MEMBERS:
+        return DecoderCaps(supported=False)
+    try:
+        caps = nvc.GetDecoderCaps(
+            gpuid=gpu,
+            codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[codec]),
+            chromaformat=getattr(nvc.cudaVideoChromaFormat, _CHROMA_MEMBERS[chroma]),
+            bitdepth=bit_depth,
+        )
+    except Exception as exc:  # a missing driver library surfaces as several exception types
+        log.info("NVDEC caps of GPU %d for %s %s %d-bit: %s", gpu, codec, chroma, bit_depth, exc)
+        return None
+    return DecoderCaps.from_pynvvideocodec(dict(caps))
 
 
 # ---------------------------------------------------------------------------------- colour
@@ -556,6 +599,7 @@ __all__ = [
     "colour_from_demuxer",
     "colour_from_metadata",
     "decode_file",
+    "decoder_caps",
     "detect_b_frames",
     "is_length_prefixed",
     "nal_units",

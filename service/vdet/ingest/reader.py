@@ -40,6 +40,7 @@ import numpy as np
 
 from vdet.core.redact import redact
 from vdet.core.types import ImageArray, VideoFrame
+from vdet.ingest.decode_choice import DecodeChoice
 from vdet.ingest.redirects import RedirectError, RtspGuard, check_redirect, http_location
 from vdet.ingest.urls import SourcePolicy, ffmpeg_whitelists, is_network_url
 
@@ -247,6 +248,9 @@ class SourceReader:
         self.decode_errors = 0
         self.pass_damaged_frames = pass_damaged_frames
         self.damaged_frames = 0
+        # The decoder of the current sequence and why (the NVDEC reader chooses per sequence;
+        # vdet.ingest.nvdec_reader.select_reader says why a GPU node's stream is here).
+        self.choice = DecodeChoice("cpu")
         self.loops_completed = 0
         # A paced file that fell more than _MAX_PACING_LAG_S behind restarts its schedule
         # from now: how often, and the media seconds it never caught up on.
@@ -374,65 +378,24 @@ class SourceReader:
         network errors. Ends normally at end of stream.
         """
         timeline = self._new_timeline()
-        index = first_index
-        consecutive_errors = 0
-        damage: str | None = None  # why the current reference chain is damaged
+        decoding = CpuDecoding(self, timeline, first_index)
         packets = self._video_packets(timeline)
         try:
             for packet, arrival in packets:
-                started = time.perf_counter()
-                if packet.is_corrupt:
-                    damage = "the demuxer flagged a corrupt packet"
-                try:
-                    # A size-0 packet (end of a pass) decodes as a flush of the frames held back.
-                    decoded = packet.decode()
-                except av.FFmpegError as exc:
-                    self.decode_errors += 1
-                    consecutive_errors += 1
-                    damage = "a packet failed to decode"
-                    yield DecodeError(f"{type(exc).__name__}: {exc}", consecutive_errors)
-                    continue
-                if not decoded:
-                    continue
-                decode_share = (time.perf_counter() - started) / len(decoded)
-                for frame in decoded:
-                    if not isinstance(frame, av.VideoFrame):
-                        continue
-                    if frame.is_corrupt:
-                        damage = "the decoder flagged the frame corrupt"
-                    elif frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
-                        damage = None
-                    if damage is not None:
-                        self.damaged_frames += 1
-                        action = "passed on" if self.pass_damaged_frames else "dropped"
-                        yield DamagedFrame(
-                            f"frame {index} {action}: {damage}; its reference chain is damaged "
-                            "until the next keyframe",
-                            consecutive_errors,
-                            passed=self.pass_damaged_frames,
-                        )
-                        if not self.pass_damaged_frames:
-                            timeline.place_frame(frame.pts, arrival)
-                            index += 1
-                            continue
-                    convert_started = time.perf_counter()
-                    image: ImageArray = np.ascontiguousarray(
-                        frame.to_ndarray(format="bgr24"), dtype=np.uint8
-                    )
-                    convert_s = time.perf_counter() - convert_started
-                    pts_s, frame_arrival = timeline.place_frame(frame.pts, arrival)
-                    consecutive_errors = 0
-                    yield VideoFrame(
-                        source_id=self.source_id,
-                        index=index,
-                        image_bgr=image,
-                        pts_seconds=pts_s,
-                        arrival_time=frame_arrival,
-                        decode_seconds=decode_share + convert_s,
-                    )
-                    index += 1
+                yield from decoding.feed(packet, arrival)
         finally:
             packets.close()  # ends the demuxer, which restores PyAV's "no timeout" state
+
+    def damaged_frame(self, index: int, damage: str, consecutive: int) -> DamagedFrame:
+        """Count and report frame `index` of a damaged reference chain (either decoder)."""
+        self.damaged_frames += 1
+        action = "passed on" if self.pass_damaged_frames else "dropped"
+        return DamagedFrame(
+            f"frame {index} {action}: {damage}; its reference chain is damaged until the "
+            "next keyframe",
+            consecutive,
+            passed=self.pass_damaged_frames,
+        )
 
     def _new_timeline(self) -> _Timeline:
         _, stream = self._require_open()
@@ -515,6 +478,92 @@ class SourceReader:
         if self._container is None or self._stream is None:
             raise RuntimeError("reader is not open")
         return self._container, self._stream
+
+
+class CpuDecoding:
+    """FFmpeg's decoding of a reader's video packets into BGR `VideoFrame`s: the CPU path.
+
+    Feed it the reader's packets in order (`feed`); it yields frames and decode errors, and
+    reports each frame of a damaged reference chain (`DamagedFrame`: after a decode error, a
+    packet the demuxer flagged corrupt or a frame the decoder flagged corrupt, until the
+    next keyframe the decoder does not flag), which it drops unless the reader passes
+    damaged frames. A dropped frame's index is used up all the same, so indexes keep counting
+    the source's frames. `index` is the next frame's index; the NVDEC reader shares it when a
+    stream changes decoders.
+    """
+
+    def __init__(self, reader: SourceReader, timeline: _Timeline, first_index: int) -> None:
+        self.reader = reader
+        self.timeline = timeline
+        self.index = first_index
+        self.consecutive_errors = 0
+        self.damage: str | None = None  # why the current reference chain is damaged
+
+    def feed(self, packet: av.Packet[Any], arrival: float) -> Iterator[VideoFrame | DecodeError]:
+        """Decode one packet (size 0: drain the frames held back) and yield what it gave."""
+        reader = self.reader
+        started = time.perf_counter()
+        if packet.is_corrupt:
+            self.damage = "the demuxer flagged a corrupt packet"
+        try:
+            decoded = packet.decode()
+        except av.FFmpegError as exc:
+            reader.decode_errors += 1
+            self.consecutive_errors += 1
+            self.damage = "a packet failed to decode"
+            yield DecodeError(f"{type(exc).__name__}: {exc}", self.consecutive_errors)
+            return
+        yield from self._frames(decoded, started, arrival)
+
+    def drain(
+        self, context: av.VideoCodecContext, arrival: float
+    ) -> Iterator[VideoFrame | DecodeError]:
+        """Yield the frames the decoder holds back and reset it: the stream moves to another
+        decoder (its next packet, a keyframe, starts afresh if it comes back)."""
+        started = time.perf_counter()
+        try:
+            decoded = context.decode(None)
+        except av.FFmpegError:
+            decoded = []
+        context.flush_buffers()
+        yield from self._frames(decoded, started, arrival)
+
+    def _frames(
+        self, decoded: list[Any], started: float, arrival: float
+    ) -> Iterator[VideoFrame | DecodeError]:
+        if not decoded:
+            return
+        reader = self.reader
+        decode_share = (time.perf_counter() - started) / len(decoded)
+        for frame in decoded:
+            if not isinstance(frame, av.VideoFrame):
+                continue
+            if frame.is_corrupt:
+                self.damage = "the decoder flagged the frame corrupt"
+            elif frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
+                self.damage = None
+            if self.damage is not None:
+                yield reader.damaged_frame(self.index, self.damage, self.consecutive_errors)
+                if not reader.pass_damaged_frames:
+                    self.timeline.place_frame(frame.pts, arrival)
+                    self.index += 1
+                    continue
+            convert_started = time.perf_counter()
+            image: ImageArray = np.ascontiguousarray(
+                frame.to_ndarray(format="bgr24"), dtype=np.uint8
+            )
+            convert_s = time.perf_counter() - convert_started
+            pts_s, frame_arrival = self.timeline.place_frame(frame.pts, arrival)
+            self.consecutive_errors = 0
+            yield VideoFrame(
+                source_id=reader.source_id,
+                index=self.index,
+                image_bgr=image,
+                pts_seconds=pts_s,
+                arrival_time=frame_arrival,
+                decode_seconds=decode_share + convert_s,
+            )
+            self.index += 1
 
 
 class _Pacer:

@@ -365,6 +365,7 @@ class SourceThread:
                 self._status.width = info.width or self._status.width
                 self._status.height = info.height or self._status.height
                 self._status.fps_nominal = info.fps
+            self._note_decoder(reader)
             log.info(
                 "source %s: opened %s %dx%d fps=%s",
                 self.source_id,
@@ -415,9 +416,13 @@ class SourceThread:
         # A file not paced like a camera is analysed, not watched: every frame is detected,
         # decoding waiting for detection to take the last one (vdet.ingest.mailbox).
         keep_waiting = None if reader.live or self.options.realtime else self._wait_for_detection
+        choice = reader.choice
         for item in reader.frames(first_index=self._next_index):
             if self._stop.is_set() or self._aborted():
                 return True
+            if reader.choice is not choice:  # a new sequence moved to another decoder
+                choice = reader.choice
+                self._note_decoder(reader)
             if isinstance(item, DamagedFrame):
                 self._on_damaged_frame(item)
                 damaged_before = True
@@ -457,6 +462,24 @@ class SourceThread:
             damaged_before = False
             self.mailbox.put(item, keep_waiting=keep_waiting)
         return False
+
+    def _note_decoder(self, reader: SourceReader) -> None:
+        """Show the reader's decoder, and why the CPU, in the status (and its history when it
+        changes)."""
+        choice = reader.choice
+        with self._lock:
+            status = self._status
+            before = status.decode_path
+            changed = (before, status.decode_reason) != (choice.path, choice.reason)
+            status.decode_path = choice.path
+            status.decode_reason = choice.reason
+            status.decode_reason_label = choice.label
+            # Said when a GPU node decodes on the CPU, and when it moves back to NVDEC.
+            note = choice.reason or ("back on NVDEC" if before == "cpu" else None)
+            if changed and note is not None:
+                self._history.append(f"{self._clock.time():.3f} decoder: {note}")
+        if changed and note is not None:
+            log.info("source %s: decoder: %s", self.source_id, note)
 
     def _wait_for_detection(self) -> bool:
         """Whether a lossless `put` should keep waiting for its frame to be taken: until the

@@ -126,6 +126,7 @@ class _SourceTotals:
     # Event snapshots kept, skipped, failed (the stream manager's counts).
     snapshots: tuple[int, int, int] = (0, 0, 0)
     gpu: str = "cpu"
+    decode_path: tuple[str, str] | None = None  # (path, reason) labels set now
     series: _FrameSeries | None = None
     zone_series: set[tuple[str, str]] = field(default_factory=set)  # (zone, class) gauges set
 
@@ -304,6 +305,14 @@ class Metrics:
             "vdet_source_gpu",
             "1 for the GPU device a source runs on ('cpu' without one); join on `source`.",
             ["source", "gpu"],
+            registry=r,
+        )
+        self.source_decode_path = Gauge(
+            "vdet_source_decode_path",
+            "1 for the decoder of a source's current sequence (path: nvdec or cpu) and, on a GPU "
+            "node decoding it on the CPU, why (reason: configured, unavailable, codec, format, "
+            "size, pipeline; none otherwise).",
+            ["source", "path", "reason"],
             registry=r,
         )
         self.gpu_streams = Gauge(
@@ -555,6 +564,13 @@ class Metrics:
             for counter, amount in increments:
                 if amount > 0:
                     counter.labels(source_id).inc(amount)
+            if status.decode_path is not None:
+                path = (status.decode_path, status.decode_reason_label)
+                if path != totals.decode_path:
+                    if totals.decode_path is not None:
+                        self.source_decode_path.remove(source_id, *totals.decode_path)
+                    self.source_decode_path.labels(source_id, *path).set(1.0)
+                    totals.decode_path = path
             if status.last_frame_time is not None:
                 age = (time.time() if now is None else now) - status.last_frame_time
                 self.source_last_frame_age.labels(source_id).set(max(0.0, age))
@@ -607,6 +623,7 @@ class Metrics:
                 self.source_state,
                 self.source_last_frame_age,
                 self.source_gpu,
+                self.source_decode_path,
                 self.event_snapshots,
                 self.zone_objects,
                 self.line_crossings,

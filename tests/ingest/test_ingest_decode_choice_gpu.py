@@ -1,0 +1,111 @@
+"""On the GPU: the decoder chosen by the real NVDEC caps, damaged chains dropped on NVDEC, and
+streams moving between NVDEC and the CPU at a new sequence header.
+
+The CPU tests of the same logic (tests/ingest/test_ingest_decode_choice.py) use the recorded
+caps (tests/support/media/nvdec_caps.json); here the driver answers, and NVDEC decodes.
+Needs a CUDA GPU, PyNvVideoCodec and PyAV (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+from support.fake_nvc import HOPPER_CAPS
+from support.truth import SAMPLE
+from support.videos import write_format_sequence_ts, write_lossy_ts
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pytest.importorskip("PyNvVideoCodec")
+
+from vdet.core.types import VideoFrame  # noqa: E402
+from vdet.ingest.decode_choice import VideoFormat, choose  # noqa: E402
+from vdet.ingest.nvdec import GpuVideoFrame, decoder_caps  # noqa: E402
+from vdet.ingest.nvdec_reader import NvdecSourceReader  # noqa: E402
+from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
+
+
+def _caps(codec: str, chroma: str, bits: int) -> dict[str, object]:
+    caps = decoder_caps(0, codec, chroma, bits)
+    return {} if caps is None else dataclasses.asdict(caps)
+
+
+def test_the_driver_answers_as_the_recorded_caps_for_the_formats_relied_on() -> None:
+    answers = {
+        f"{ {'h264': 'H264', 'hevc': 'HEVC'}[codec] }/{chroma}/{bits}": _caps(codec, chroma, bits)
+        for codec in ("h264", "hevc")
+        for chroma in ("400", "420", "422", "444")
+        for bits in (8, 10, 12)
+    }
+    # The GPU session script keeps them (NVDEC_CAPS_OUT) to refresh the recorded caps.
+    if out := os.environ.get("NVDEC_CAPS_OUT"):
+        Path(out).write_text(json.dumps(answers, indent=1, sort_keys=True) + "\n")
+    for key in ("H264/420/8", "HEVC/420/8", "HEVC/420/10", "H264/420/10", "H264/422/8"):
+        assert answers[key].get("supported") == bool(HOPPER_CAPS[key]["supported"]), key
+    assert int(str(answers["H264/420/8"]["max_width"])) >= 4096
+
+
+def _read(reader: SourceReader) -> tuple[dict[float, bytes], int, list[str]]:
+    kept: dict[float, bytes] = {}
+    damaged = 0
+    kinds: list[str] = []
+    with reader:
+        reader.open()
+        for item in reader.frames():
+            assert not isinstance(item, DecodeError) or isinstance(item, DamagedFrame), item
+            if isinstance(item, DamagedFrame):
+                damaged += 1
+            elif isinstance(item, GpuVideoFrame):
+                item.wait(torch.cuda.current_stream())
+                assert item.pts_seconds is not None
+                digest = hashlib.sha1(item.nv12.cpu().numpy().tobytes()).digest()
+                kept[round(item.pts_seconds, 3)] = digest
+                kinds.append("gpu")
+            elif isinstance(item, VideoFrame):
+                kinds.append("cpu")
+    return kept, damaged, kinds
+
+
+def test_nvdec_hands_on_no_frame_of_a_damaged_chain(tmp_path: Path) -> None:
+    assert write_lossy_ts(SAMPLE, tmp_path / "clean.ts", every=10**9) == 0
+    assert write_lossy_ts(SAMPLE, tmp_path / "lossy.ts") > 20
+    clean, _, _ = _read(NvdecSourceReader(str(tmp_path / "clean.ts"), strict=True))
+    kept, damaged, _ = _read(NvdecSourceReader(str(tmp_path / "lossy.ts"), strict=True))
+    cpu = SourceReader(str(tmp_path / "lossy.ts"))
+    _, cpu_damaged, _ = _read(cpu)
+    assert len(clean) == 300 and len(kept) + damaged == 300
+    # Every frame NVDEC hands on is bit for bit its decode of the whole clip.
+    assert all(clean[pts] == digest for pts, digest in kept.items())
+    assert 0.9 * cpu_damaged <= damaged <= cpu_damaged
+
+
+def test_a_stream_moves_to_the_cpu_and_back_at_new_sequences(tmp_path: Path) -> None:
+    parts = [("libx264", "yuv420p"), ("libx264", "yuv420p10le"), ("libx264", "yuv420p")]
+    path = write_format_sequence_ts(tmp_path / "switch.ts", parts)
+    reader = NvdecSourceReader(str(path))
+    _, damaged, kinds = _read(reader)
+    assert damaged == 0
+    assert kinds == ["gpu"] * 20 + ["cpu"] * 20 + ["gpu"] * 20
+    assert reader.decoder_switches == 2
+
+
+def test_10_bit_hevc_decodes_on_the_cpu_with_the_pipeline_named(tmp_path: Path) -> None:
+    path = write_format_sequence_ts(tmp_path / "main10.ts", [("libx265", "yuv420p10le")])
+    reader = NvdecSourceReader(str(path))
+    _, _, kinds = _read(reader)
+    assert kinds == ["cpu"] * 20
+    # NVDEC itself decodes Main10 on this GPU: what refuses is our pipeline's surfaces.
+    assert reader.choice.label == "pipeline"
+    fmt = VideoFormat("hevc", "420", 10, 320, 240)
+    assert choose(fmt, lambda *a: decoder_caps(0, *a)).label == "pipeline"
