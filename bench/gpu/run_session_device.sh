@@ -16,6 +16,8 @@
 #             square vs rect vs the decode-only ceiling
 #   serve     the worker-process GPU tests, then vdet bench serve (worker processes; one
 #             worker killed mid-window at 64 streams)
+#   media     bench/gpu/media_matrix.py: the media robustness matrix through vdet serve,
+#             gpu.decoder auto (NVDEC) beside gpu.decoder cpu
 # Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
 # samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
 # faster-coco-eval, the API's (fastapi, fastapi-offline, starlette, uvicorn, httptools, websockets,
@@ -25,10 +27,10 @@
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
-#   run: bash bench/gpu/run_session_device.sh tests|pipeline|streams|stability|rect|serve
+#   run: bash bench/gpu/run_session_device.sh tests|pipeline|streams|stability|rect|serve|media
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-phase=${1:?tests, pipeline, streams, stability, rect or serve}
+phase=${1:?tests, pipeline, streams, stability, rect, serve or media}
 DEST=${OUT:-}
 OUT=/tmp/vdet-out
 mkdir -p "$OUT"
@@ -96,6 +98,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 echo "install: $((SECONDS - started)) s"
 
 case $phase in
+media)
+  install_venv  # the matrix runs the installed `vdet serve`
+  timeout 560 python3 bench/gpu/media_matrix.py --out "$OUT/media.json" --frames 150 \
+    --timeout 200 >"$OUT/media.log" 2>&1
+  echo "media rc=$? ($((SECONDS - started)) s)"
+  tail -n 17 "$OUT/media.log"
+  ;;
 tests)
   install_venv  # the serve tests start `vdet serve`
   export NVDEC_CAPS_OUT=$OUT/nvdec_caps.json  # the decoder caps, as the driver answers them

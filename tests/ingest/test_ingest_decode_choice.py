@@ -17,7 +17,6 @@ from prometheus_client import generate_latest
 from support.fake_nvc import HOPPER_CAPS, FakeNvc
 from support.ingest import take_in_background
 from support.truth import SAMPLE
-from support.videos import write_format_sequence_ts, write_lossy_ts
 from support.waiting import wait_until
 
 from vdet.core.types import SourceState, VideoFrame
@@ -34,6 +33,7 @@ from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
 from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
 from vdet.ingest.source_thread import IngestOptions, SourceThread
 from vdet.metrics.registry import Metrics
+from vdet.modelkit.dataset.media_cases import write_format_sequence_ts, write_lossy_ts
 
 
 def recorded(codec: str, chroma: str, bits: int) -> DecoderCaps | None:

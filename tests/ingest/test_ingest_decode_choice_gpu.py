@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from support.fake_nvc import HOPPER_CAPS
 from support.truth import SAMPLE
-from support.videos import write_format_sequence_ts, write_lossy_ts
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -32,6 +31,7 @@ from vdet.ingest.decode_choice import VideoFormat, choose  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame, decoder_caps  # noqa: E402
 from vdet.ingest.nvdec_reader import NvdecSourceReader  # noqa: E402
 from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader  # noqa: E402
+from vdet.modelkit.dataset.media_cases import write_format_sequence_ts, write_lossy_ts  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 

@@ -6,7 +6,6 @@ tell frames apart; the clip is short enough to write in well under a second.
 
 from __future__ import annotations
 
-from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -140,70 +139,3 @@ def decode_video_bytes(data: bytes, suffix: str = ".mp4") -> list[av.VideoFrame]
         f.flush()
         with av.open(f.name) as container:
             return list(container.decode(video=0))
-
-
-def write_lossy_ts(source: Path, target: Path, *, every: int = 211, after: int = 2000) -> int:
-    """Remux `source` to MPEG-TS, then drop every `every`-th transport packet of the video
-    after the first `after` (never one that starts a PES packet), as a lossy link would.
-
-    The MPEG-TS demuxer sees the continuity-counter gaps and flags the packets they cut as
-    corrupt; the decoder gets frames with data missing. Returns the transport packets dropped.
-    """
-    remuxed = target.with_suffix(".clean.ts")
-    with av.open(str(source)) as inp, av.open(str(remuxed), "w", format="mpegts") as out:
-        in_stream = inp.streams.video[0]
-        out_stream = out.add_stream_from_template(in_stream)
-        for packet in inp.demux(in_stream):
-            if packet.size:
-                packet.stream = out_stream
-                out.mux(packet)
-    data = remuxed.read_bytes()
-    remuxed.unlink()
-    kept, dropped = [], 0
-    for i in range(len(data) // 188):
-        ts = data[i * 188 : (i + 1) * 188]
-        pid, starts = ((ts[1] & 0x1F) << 8) | ts[2], ts[1] & 0x40
-        if pid == 256 and not starts and i > after and i % every == 0:
-            dropped += 1
-            continue
-        kept.append(ts)
-    target.write_bytes(b"".join(kept))
-    return dropped
-
-
-def write_format_sequence_ts(
-    target: Path,
-    parts: list[tuple[str, str]],
-    *,
-    frames: int = 20,
-    size: tuple[int, int] = (320, 240),
-) -> Path:
-    """One video stream in MPEG-TS made of sequences of other formats, each `frames` long
-    and starting with a keyframe: `parts` as (encoder, pixel format), e.g. 8-bit then 10-bit
-    H.264 (libx264 yuv420p, then yuv420p10le). Each sequence has its own SPS in band."""
-    width, height = size
-    with av.open(str(target), "w", format="mpegts") as out:
-        stream = out.add_stream(parts[0][0], rate=30)
-        stream.width, stream.height, stream.pix_fmt = width, height, parts[0][1]
-        pts = 0
-        for encoder, pix_fmt in parts:
-            context = av.CodecContext.create(encoder, "w")
-            context.width, context.height, context.pix_fmt = width, height, pix_fmt
-            context.time_base, context.framerate = Fraction(1, 30), Fraction(30)
-            context.options = {"bf": "0", "g": str(frames)}
-            context.open()
-            for i in range(frames):
-                image = np.zeros((height, width, 3), np.uint8)
-                image[:, :, 1] = 60
-                x = (6 * (pts + i)) % (width - 40)
-                image[height // 3 : height // 3 + 40, x : x + 40] = (230, 40, 40)
-                frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format=pix_fmt)
-                frame.pts, frame.time_base = pts + i, Fraction(1, 30)
-                for packet in context.encode(frame):
-                    packet.stream = stream
-                    out.mux(packet)
-            for packet in context.encode(None):
-                packet.stream = stream
-                out.mux(packet)
-            pts += frames
-    return target
