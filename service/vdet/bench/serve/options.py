@@ -67,6 +67,13 @@ class ServeBenchOptions:
     stop_timeout_s: float = 15.0
     kill_worker_after_s: float | None = None
     kill_worker_streams: tuple[int, ...] = ()  # the steps that kill one; all when asked
+    # --find-ceiling: `streams` are steps of `ceiling_step` up to `ceiling_max`, and the run
+    # stops at the first that is not real time, drops frames or has a p99 over `p99_limit_ms`.
+    find_ceiling: bool = False
+    ceiling_step: int = 16
+    ceiling_max: int = MAX_STREAMS
+    p99_limit_ms: float = 50.0
+    decode_ceiling_s: float = 0.0  # the decode-only ceiling measured first, this long; 0: not
 
 
 def parse_variant(text: str) -> Variant:
@@ -199,6 +206,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve: the stream counts whose step kills a worker (default: every step)",
     )
     group.add_argument(
+        "--find-ceiling",
+        action="store_true",
+        help="serve: size the node: steps of --step paced streams (16, 32, ...) up to "
+        "--max-streams, stopping at the first that is not real time, drops a frame or has a "
+        "p99 latency over --p99-ms; the result's `ceiling` names the largest that held, beside "
+        "the decode-only ceiling measured first in the same call (--decode-seconds)",
+    )
+    group.add_argument("--step", type=int, default=16, help="serve: --find-ceiling's step")
+    group.add_argument(
+        "--max-streams",
+        type=int,
+        default=MAX_STREAMS,
+        help="serve: --find-ceiling stops here at the latest",
+    )
+    group.add_argument(
+        "--p99-ms",
+        type=float,
+        default=50.0,
+        help="serve: --find-ceiling's latency bound (frame arrival -> client, p99, worst client)",
+    )
+    group.add_argument(
+        "--decode-seconds",
+        type=float,
+        default=10.0,
+        help="serve: --find-ceiling measures the decode-only ceiling this long first (0: not)",
+    )
+    group.add_argument(
         "--start-timeout", type=float, default=180.0, help="serve: seconds to wait for /readyz"
     )
     group.add_argument(
@@ -227,6 +261,19 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         )
     streams = parse_streams(args.streams)
     duration = _positive("--duration", args.duration)
+    find_ceiling = bool(getattr(args, "find_ceiling", False))
+    step, most = getattr(args, "step", 16), getattr(args, "max_streams", MAX_STREAMS)
+    if find_ceiling:
+        if args.unpaced:
+            raise ServeBenchUsageError(
+                "--find-ceiling steps paced streams (real time is its test); drop --unpaced"
+            )
+        if not 1 <= step <= MAX_STREAMS or not step <= most <= MAX_STREAMS:
+            raise ServeBenchUsageError(
+                f"--step must be 1..{MAX_STREAMS} and --max-streams step..{MAX_STREAMS}, got "
+                f"{step} and {most}"
+            )
+        streams = tuple(range(step, most + 1, step))
     kill_after, kill_streams = _kill_options(args, streams, duration)
     return ServeBenchOptions(
         streams=streams,
@@ -247,6 +294,15 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         stop_timeout_s=_positive("--stop-timeout", args.stop_timeout),
         kill_worker_after_s=kill_after,
         kill_worker_streams=kill_streams,
+        find_ceiling=find_ceiling,
+        ceiling_step=step,
+        ceiling_max=most,
+        p99_limit_ms=_positive("--p99-ms", getattr(args, "p99_ms", 50.0)),
+        decode_ceiling_s=(
+            _positive("--decode-seconds", getattr(args, "decode_seconds", 10.0), zero_ok=True)
+            if find_ceiling
+            else 0.0
+        ),
     )
 
 

@@ -255,6 +255,35 @@ class ServerExitOut(_Model):
     orphans: list[int] = Field(description="Processes of its tree alive after it exited.")
 
 
+class Ceiling(_Model):
+    """`--find-ceiling`: the largest step that held, and what stopped the next."""
+
+    streams: int | None = Field(
+        description="The largest stream count that was real time, dropped nothing and kept "
+        "p99 within the bound; null: not even the first step."
+    )
+    stopped_at: int | None = Field(description="The step that failed; null: none did.")
+    stopped_by: str | None = Field(description="Why that step failed.")
+    step: int
+    p99_limit_ms: float
+
+
+class DecodeCeiling(_Model):
+    """Decoding alone, no detection: the clip looped unpaced in parallel sessions for a while,
+    the way `vdet serve`'s readers decode it (NVDEC where it takes the clip), in the same call
+    as the serve steps."""
+
+    decode_path: str = Field(description="nvdec or cpu, as the readers chose.")
+    sessions: int
+    processes: int
+    seconds: float
+    frames_per_s: float
+    streams_equivalent: float | None = Field(
+        description="frames_per_s over the clip's frame rate: how many cameras like it decode."
+    )
+    error: str | None = None
+
+
 class VariantResult(_Model):
     name: str
     settings: dict[str, str] = Field(description="As given: dotted settings keys.")
@@ -268,6 +297,7 @@ class VariantResult(_Model):
     baseline_memory_mib: float | None = Field(description="Tree PSS (else RSS), no streams.")
     baseline_gpu_used_mib: float | None
     steps: list[StepResult]
+    ceiling: Ceiling | None = None
     exit: ServerExitOut | None
     error: str | None = None
 
@@ -333,6 +363,8 @@ class RunOptions(_Model):
     clip: ClipInfo
     kill_worker_after_s: float | None = None
     kill_worker_streams: list[int] = Field(default_factory=list)
+    find_ceiling: bool = False
+    p99_limit_ms: float | None = None
 
 
 class ServeBenchResult(_Model):
@@ -346,5 +378,6 @@ class ServeBenchResult(_Model):
     options: RunOptions
     variants: list[VariantResult]
     pipeline_baseline: PipelineBaseline | None = None
+    decode_ceiling: DecodeCeiling | None = None
     ultralytics_baselines: list[UltralyticsBaseline] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)

@@ -39,6 +39,7 @@ from vdet.bench.serve.results import (
     ApiStalls,
     BenchClientUse,
     CallLatencies,
+    Ceiling,
     ClientFigures,
     ClipInfo,
     GcPauses,
@@ -150,7 +151,7 @@ def server_config(opts: ServeBenchOptions, port: int) -> dict[str, Any]:
         "port": port,
         "backend": opts.backend,
         # N measured streams plus the control loop's extra one.
-        "max_streams": max(opts.streams) + 1,
+        "max_streams": min(1024, max(opts.streams) + 1),
         "log_level": "warning",
     }
     if opts.model is not None:
@@ -524,6 +525,48 @@ def _kill_line(killed: WorkerKill) -> str:
     )
 
 
+def ceiling_failure(step: StepResult, p99_limit_ms: float) -> str | None:
+    """Why a step does not hold (--find-ceiling), or None when it does: every stream
+    publishing, real time, no frame dropped, p99 within the bound."""
+    if step.error:
+        return step.error.splitlines()[0]
+    if not step.all_publishing:
+        return "not every stream published"
+    if not step.real_time:
+        return f"{step.results_per_s} results/s, below real time ({step.expected_results_per_s})"
+    dropped = max(step.dropped or 0, round(step.server_dropped or 0))
+    if dropped:
+        return f"{dropped} frames dropped"
+    if step.latency_ms is None:
+        return "no latency measured"
+    if step.latency_ms.p99 > p99_limit_ms:
+        return f"p99 {step.latency_ms.p99:g} ms over {p99_limit_ms:g} ms"
+    return None
+
+
+def ceiling_of(steps: list[StepResult], opts: ServeBenchOptions) -> Ceiling:
+    """The largest step that held before the first that did not."""
+    held: int | None = None
+    for step in steps:
+        why = ceiling_failure(step, opts.p99_limit_ms)
+        if why is not None:
+            return Ceiling(
+                streams=held,
+                stopped_at=step.streams,
+                stopped_by=why,
+                step=opts.ceiling_step,
+                p99_limit_ms=opts.p99_limit_ms,
+            )
+        held = step.streams
+    return Ceiling(
+        streams=held,
+        stopped_at=None,
+        stopped_by=None,
+        step=opts.ceiling_step,
+        p99_limit_ms=opts.p99_limit_ms,
+    )
+
+
 async def _variant_steps(
     server: ServeProcess,
     opts: ServeBenchOptions,
@@ -549,6 +592,9 @@ async def _variant_steps(
                 steps.append(step)
                 progress(_step_line(server.variant.name, step))
                 if server.popen is not None and server.popen.poll() is not None:
+                    break
+                if opts.find_ceiling and (why := ceiling_failure(step, opts.p99_limit_ms)):
+                    progress(f"{server.variant.name}: {n} streams do not hold: {why}")
                     break
     finally:
         await asyncio.to_thread(_stop_clients, clients)
@@ -609,6 +655,7 @@ def run_variant(
         baseline_memory_mib=round(baseline.memory_mib, 1) if baseline else None,
         baseline_gpu_used_mib=baseline.gpu_used_mib if baseline else None,
         steps=steps,
+        ceiling=ceiling_of(steps, opts) if opts.find_ceiling else None,
         exit=exit_out,
         error=error,
     )
@@ -638,6 +685,19 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
             vdet_executable(), Path(clip.path), opts.backend, opts.model, opts.pipeline_frames
         )
         progress(f"pipeline alone: {baseline.throughput_fps} fps {baseline.error or ''}")
+    decode_ceiling = None
+    if opts.decode_ceiling_s > 0:
+        from vdet.bench.serve.decode_ceiling import measure_decode_ceiling
+
+        progress(f"decode-only ceiling: the clip looped for {opts.decode_ceiling_s:g} s")
+        decode_ceiling = measure_decode_ceiling(
+            Path(clip.path), seconds=opts.decode_ceiling_s, fps=clip.fps
+        )
+        progress(
+            f"decode-only ceiling: {decode_ceiling.frames_per_s} frames/s "
+            f"({decode_ceiling.decode_path}, {decode_ceiling.sessions} sessions) = "
+            f"{decode_ceiling.streams_equivalent} streams {decode_ceiling.error or ''}"
+        )
     ultralytics = []
     if opts.ultralytics:
         ultralytics.append(_ultralytics_baseline(opts, clip, "before", progress))
@@ -669,9 +729,12 @@ def run_serve_bench(opts: ServeBenchOptions, progress: Progress = _stderr) -> Se
             clip=clip.model_copy(update={"path": str(opts.clip or SAMPLE_CLIP_NAME)}),
             kill_worker_after_s=opts.kill_worker_after_s,
             kill_worker_streams=list(opts.kill_worker_streams),
+            find_ceiling=opts.find_ceiling,
+            p99_limit_ms=opts.p99_limit_ms if opts.find_ceiling else None,
         ),
         variants=variants,
         pipeline_baseline=baseline,
+        decode_ceiling=decode_ceiling,
         ultralytics_baselines=ultralytics,
         notes=notes,
     )
