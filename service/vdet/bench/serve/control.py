@@ -97,6 +97,19 @@ async def workers_of(http: httpx.AsyncClient) -> dict[str, str | None]:
     return {s["id"]: s.get("worker") for s in response.json()["streams"]}
 
 
+async def worker_pids(http: httpx.AsyncClient) -> dict[int, str]:
+    """Each worker process's pid -> its name (w0, spare0, ...), from GET /v1/workers; empty
+    when the call fails or streams run in the API process."""
+    try:
+        response = await http.get("/v1/workers")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return {}
+    return {
+        w["pid"]: f"{w['role']} {w['name']}" for w in response.json()["workers"] if w.get("pid")
+    }
+
+
 async def wait_publishing(http: httpx.AsyncClient, ids: Sequence[str], timeout_s: float) -> bool:
     """Whether every stream in `ids` processed a frame within `timeout_s`."""
     deadline = time.monotonic() + timeout_s

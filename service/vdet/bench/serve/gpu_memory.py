@@ -26,7 +26,7 @@ class GpuMemory:
     processes_mib: float  # sum over the compute processes among the given PIDs
 
 
-def _query(args: list[str]) -> str | None:
+def query(args: list[str]) -> str | None:
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
@@ -76,11 +76,11 @@ def parse_processes(text: str, pids: Iterable[int]) -> float:
 
 def read_gpu_memory(pids: Iterable[int] = ()) -> GpuMemory | None:
     """Used memory now; None without a working nvidia-smi."""
-    devices_text = _query(["--query-gpu=index,name,driver_version,memory.used"])
+    devices_text = query(["--query-gpu=index,name,driver_version,memory.used"])
     if devices_text is None:
         return None
     devices, used = parse_devices(devices_text)
     if not devices:
         return None
-    apps = _query(["--query-compute-apps=pid,used_memory"]) or ""
+    apps = query(["--query-compute-apps=pid,used_memory"]) or ""
     return GpuMemory(devices, used, parse_processes(apps, pids))

@@ -74,6 +74,7 @@ class ServeBenchOptions:
     ceiling_max: int = MAX_STREAMS
     p99_limit_ms: float = 50.0
     decode_ceiling_s: float = 0.0  # the decode-only ceiling measured first, this long; 0: not
+    memory_every_s: float = 0.0  # each process's memory sampled this often in a window; 0: not
 
 
 def parse_variant(text: str) -> Variant:
@@ -233,6 +234,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve: --find-ceiling measures the decode-only ceiling this long first (0: not)",
     )
     group.add_argument(
+        "--memory-every",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="serve: sample each process's RSS and GPU memory this often in every window "
+        "(server, each worker, each client, the benchmark) and report their slopes; for a "
+        "soak, one long step (--duration 1800); 0: not",
+    )
+    group.add_argument(
         "--start-timeout", type=float, default=180.0, help="serve: seconds to wait for /readyz"
     )
     group.add_argument(
@@ -298,6 +308,9 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
         ceiling_step=step,
         ceiling_max=most,
         p99_limit_ms=_positive("--p99-ms", getattr(args, "p99_ms", 50.0)),
+        memory_every_s=_positive(
+            "--memory-every", getattr(args, "memory_every", 0.0), zero_ok=True
+        ),
         decode_ceiling_s=(
             _positive("--decode-seconds", getattr(args, "decode_seconds", 10.0), zero_ok=True)
             if find_ceiling

@@ -212,6 +212,20 @@ class WorkerKill(_Model):
     error: str | None = None
 
 
+class ProcessTrend(_Model):
+    """One process's memory over a step's window (--memory-every)."""
+
+    role: str = Field(description="api, worker wN / spare spareN, child PID, client N, bench.")
+    pid: int
+    samples: int
+    rss_start_mib: float
+    rss_end_mib: float
+    rss_slope_mib_per_min: float | None = Field(description="Least-squares slope of the RSS.")
+    gpu_start_mib: float | None
+    gpu_end_mib: float | None
+    gpu_slope_mib_per_min: float | None
+
+
 class StepResult(_Model):
     """N streams on one server, measured for one window."""
 
@@ -241,6 +255,11 @@ class StepResult(_Model):
     remove_seconds: float
     kill: WorkerKill | None = Field(
         default=None, description="A worker killed in this window (--kill-worker-after)."
+    )
+    memory_trend: list[ProcessTrend] | None = Field(
+        default=None,
+        description="Each process's RSS and GPU memory over the window and their slopes "
+        "(--memory-every); null when not asked.",
     )
     api_stalls: ApiStalls | None = Field(
         default=None, description="None when the server exports no such histograms."

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import httpx
 
 from vdet.bench.environment import cpu_model
-from vdet.bench.serve import control, gpu_memory, kill, proctree, scrape
+from vdet.bench.serve import control, gpu_memory, kill, memory_trend, proctree, scrape
 from vdet.bench.serve.events_client import client_main
 from vdet.bench.serve.options import ServeBenchOptions, Variant
 from vdet.bench.serve.results import (
@@ -316,6 +316,17 @@ async def _run_step(
     tree0, cpu0, t0 = server.note_tree(memory=False), time.process_time(), time.monotonic()
     api0 = proctree.process_cpu_seconds(server.pid)
     scraped0 = await _metrics(http, prefix)
+    trend = None
+    if opts.memory_every_s > 0:
+        trend = asyncio.create_task(
+            memory_trend.sample_window(
+                server.pid,
+                [c.process.pid for c in clients if c.process.pid is not None],
+                await control.worker_pids(http),
+                until=window_end,
+                every_s=opts.memory_every_s,
+            )
+        )
     killing = None
     if opts.kill_worker_after_s is not None and n in opts.kill_worker_streams and error is None:
 
@@ -347,6 +358,7 @@ async def _run_step(
     api1 = proctree.process_cpu_seconds(server.pid)
     scraped1 = await _metrics(http, prefix)
     killed = await killing if killing is not None else None
+    trends = await trend if trend is not None else None
     gpu = await asyncio.to_thread(gpu_memory.read_gpu_memory, tree1.pids)
     await asyncio.sleep(_WINDOW_GRACE_S)
 
@@ -456,6 +468,7 @@ async def _run_step(
         ),
         remove_seconds=round(remove_seconds, 3),
         kill=kill_result,
+        memory_trend=trends,
         api_stalls=stalls,
         error=error,
     )
