@@ -408,10 +408,8 @@ class _NvdecDecoding:
                 self._awaited.pop(frame.pts, self.damage) if frame.pts is not None else self.damage
             )
             if damage is not None:
-                yield reader.damaged_frame(cpu.index, damage, cpu.consecutive_errors)
+                yield cpu.damaged(damage, frame.pts, arrival)
                 if not reader.pass_damaged_frames:
-                    self.timeline.place_frame(frame.pts, arrival)
-                    cpu.index += 1
                     continue
             pts_s, frame_arrival = self.timeline.place_frame(frame.pts, arrival)
             cpu.consecutive_errors = 0

@@ -515,6 +515,15 @@ class CpuDecoding:
             return
         yield from self._frames(decoded, started, arrival)
 
+    def damaged(self, damage: str, pts: int | None, arrival: float) -> DamagedFrame:
+        """Report the next frame as one of a damaged chain (either decoder's); unless damaged
+        frames are passed, it is dropped: its index and time are used up here."""
+        report = self.reader.damaged_frame(self.index, damage, self.consecutive_errors)
+        if not self.reader.pass_damaged_frames:
+            self.timeline.place_frame(pts, arrival)
+            self.index += 1
+        return report
+
     def drain(
         self, context: av.VideoCodecContext, arrival: float
     ) -> Iterator[VideoFrame | DecodeError]:
@@ -543,10 +552,8 @@ class CpuDecoding:
             elif frame.key_frame or frame.pict_type == av.video.frame.PictureType.I:
                 self.damage = None
             if self.damage is not None:
-                yield reader.damaged_frame(self.index, self.damage, self.consecutive_errors)
+                yield self.damaged(self.damage, frame.pts, arrival)
                 if not reader.pass_damaged_frames:
-                    self.timeline.place_frame(frame.pts, arrival)
-                    self.index += 1
                     continue
             convert_started = time.perf_counter()
             image: ImageArray = np.ascontiguousarray(
