@@ -4,20 +4,25 @@
 Tolerances: preprocess padding and unscaled frames exact, resized areas within 1/255 + 1e-6
 (float bilinear weights against OpenCV's fixed point); float16 output adds its rounding
 (2^-11 relative). Decode + NMS: same count, scores and classes exactly, boxes within 1e-4.
+P016 (16-bit 4:2:0 surfaces) at 10 bits: within one level of a float64 formula, within 3 of
+FFmpeg's conversion with nearest chroma.
 """
 
 from __future__ import annotations
 
+import av
 import numpy as np
 import pytest
 import torch
 
+from vdet.core.assets import sample_clip
 from vdet.core.types import ColourMatrix, ColourRange
 from vdet.gpu.frame_ops import (
     Nv12Geometry,
     ReferenceDecodeNms,
     nv12_letterbox_reference,
     nv12_to_rgb_u8,
+    p016_to_rgb_u8,
 )
 from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
 from vdet.inference.preprocess import letterbox
@@ -291,3 +296,104 @@ def test_reference_decode_nms_checks_shapes() -> None:
         )
     with pytest.raises(ValueError, match="iterations"):
         ReferenceDecodeNms(0)
+
+
+# ---- 16-bit surfaces (P016: NVDEC's output for 10- and 12-bit video) -------------------------
+
+
+def _p016(y: np.ndarray, u: np.ndarray, v: np.ndarray, bits: int = 10) -> torch.Tensor:
+    """A P016 surface from planar `bits`-bit Y (h, w), U and V (h/2, w/2)."""
+    h, w = y.shape
+    uv = np.stack((u, v), axis=-1).reshape(h // 2, w)
+    samples = np.concatenate((y, uv)).astype(np.uint32) << (16 - bits)
+    return torch.from_numpy(samples.astype(np.uint16))
+
+
+def _p016_of(frame: av.VideoFrame) -> torch.Tensor:
+    yuv = frame.to_ndarray()  # (h * 3 / 2, w): Y, then the U plane, then the V plane
+    h, w = frame.height, frame.width
+    u = yuv[h : h + h // 4].reshape(h // 2, w // 2)
+    v = yuv[h + h // 4 :].reshape(h // 2, w // 2)
+    return _p016(yuv[:h], u, v)
+
+
+@pytest.mark.parametrize(
+    ("y", "c", "colour_range", "grey"),
+    [
+        (940, 512, ColourRange.LIMITED, 255),
+        (64, 512, ColourRange.LIMITED, 0),
+        (1023, 512, ColourRange.FULL, 255),
+        (0, 512, ColourRange.FULL, 0),
+        (504, 512, ColourRange.LIMITED, 128),  # (504 / 4 - 16) * 255/219 = 128.08
+    ],
+)
+def test_p016_known_levels(y: int, c: int, colour_range: ColourRange, grey: int) -> None:
+    p016 = _p016(np.full((4, 4), y), np.full((2, 2), c), np.full((2, 2), c))
+    geometry = Nv12Geometry.of((4, 4), (8, 8), ColourMatrix.BT709, colour_range)
+    assert p016_to_rgb_u8(p016, geometry)[:, 0, 0].tolist() == [grey] * 3
+
+
+def _independent_bgr10(yuv: np.ndarray, matrix: ColourMatrix, rng: ColourRange) -> np.ndarray:
+    """10-bit planar Y, U, V -> BGR in float64 from Kr/Kb and BT.2100's quantisation."""
+    kr, kb = {ColourMatrix.BT601: (0.299, 0.114), ColourMatrix.BT709: (0.2126, 0.0722)}[matrix]
+    h, w = yuv.shape[0] * 2 // 3, yuv.shape[1]
+    y = yuv[:h].astype(np.float64)
+    u = yuv[h : h + h // 4].reshape(h // 2, w // 2).repeat(2, 0).repeat(2, 1) - 512.0
+    v = yuv[h + h // 4 :].reshape(h // 2, w // 2).repeat(2, 0).repeat(2, 1) - 512.0
+    if rng is ColourRange.LIMITED:
+        y, u, v = (y - 64) * 255 / 876, u * 255 / 896, v * 255 / 896
+    else:
+        y, u, v = y * 255 / 1023, u * 255 / 1023, v * 255 / 1023
+    kg = 1 - kr - kb
+    r = y + 2 * (1 - kr) * v
+    b = y + 2 * (1 - kb) * u
+    g = (y - kr * r - kb * b) / kg
+    return np.clip(np.rint(np.stack((b, g, r), axis=-1)), 0, 255).astype(np.uint8)
+
+
+_SWS = {ColourMatrix.BT709: "ITU709", ColourMatrix.BT601: "ITU601"}
+_SWS_RANGE = {ColourRange.LIMITED: "MPEG", ColourRange.FULL: "JPEG"}
+
+
+@pytest.fixture(scope="module")
+def picture() -> av.VideoFrame:
+    with av.open(str(sample_clip())) as container:
+        frame = next(container.decode(video=0))
+    return frame.reformat(width=640, height=360)
+
+
+@pytest.mark.parametrize("matrix", list(ColourMatrix))
+@pytest.mark.parametrize("colour_range", list(ColourRange))
+def test_p016_conversion_matches_float64_and_ffmpeg(
+    picture: av.VideoFrame, matrix: ColourMatrix, colour_range: ColourRange
+) -> None:
+    """The sample's first frame at 10 bits: within one level of the float64 formula
+    everywhere; within 3 of FFmpeg's own conversion with nearest chroma (swscale's default
+    for >8-bit input interpolates chroma, which the 8-bit path does not)."""
+    cs, cr = _SWS[matrix], _SWS_RANGE[colour_range]
+    ten = picture.reformat(format="yuv420p10le", dst_colorspace=cs, dst_color_range=cr)
+    geometry = Nv12Geometry.of((640, 360), (640, 640), matrix, colour_range)
+    rgb = p016_to_rgb_u8(_p016_of(ten), geometry).numpy().transpose(1, 2, 0)[:, :, ::-1]
+    exact = np.abs(rgb.astype(int) - _independent_bgr10(ten.to_ndarray(), matrix, colour_range))
+    assert exact.max() <= 1 and (exact > 0).mean() < 0.01
+    sws = ten.reformat(
+        format="bgr24", src_colorspace=cs, src_color_range=cr, interpolation="POINT"
+    ).to_ndarray()
+    diff = np.abs(rgb.astype(int) - sws.astype(int))
+    assert diff.max() <= 3 and diff.mean() < 1.5
+
+
+def test_p016_equals_nv12_shifted_up_in_limited_range() -> None:
+    nv12 = _random_nv12(64, 48, 5)
+    geometry = Nv12Geometry.of((64, 48), (64, 64), ColourMatrix.BT709, ColourRange.LIMITED)
+    p016 = (nv12.numpy().astype(np.uint32) << 8).astype(np.uint16)  # 8 -> 16 bits, exact
+    ten = p016_to_rgb_u8(torch.from_numpy(p016), geometry)
+    assert torch.equal(ten, nv12_to_rgb_u8(nv12, geometry))
+
+
+def test_p016_rejects_other_surfaces() -> None:
+    geometry = Nv12Geometry.of((4, 4), (8, 8), ColourMatrix.BT709, ColourRange.LIMITED)
+    with pytest.raises(ValueError, match="uint16"):
+        p016_to_rgb_u8(torch.zeros((6, 4), dtype=torch.uint8), geometry)
+    with pytest.raises(ValueError, match=r"bits 9\.\.16"):
+        p016_to_rgb_u8(torch.zeros((6, 4), dtype=torch.uint16), geometry, bits=8)

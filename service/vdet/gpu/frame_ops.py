@@ -175,9 +175,49 @@ def nv12_to_rgb_u8(nv12: torch.Tensor, geometry: Nv12Geometry) -> torch.Tensor:
             f"nv12 must be {geometry.nv12_shape} uint8 for a {w}x{h} frame, "
             f"got {tuple(nv12.shape)} {nv12.dtype}"
         )
+    planes = nv12.float()
+    return _yuv8_to_rgb_u8(planes[:h], planes[h:], geometry)
+
+
+def p016_to_rgb_u8(p016: torch.Tensor, geometry: Nv12Geometry, bits: int = 10) -> torch.Tensor:
+    """(3, h, w) float32 RGB holding integers 0..255 from a 16-bit 4:2:0 surface (P016: NVDEC's
+    output for 10- and 12-bit video, each `bits`-bit sample in the high bits of 16; Y rows,
+    then interleaved U, V rows), the 8-bit image a CPU decoder would give.
+
+    Samples are brought to the 8-bit scale first, then converted as NV12 is: limited range
+    divides by 2^(bits-8) (luma 64..940 at 10 bits is 16..235), full range maps 0..2^bits-1 to
+    0..255 with chroma centred on 2^(bits-1) (ITU-R BT.2100's full-range quantisation).
+    """
+    w, h = geometry.source_wh
+    if (
+        p016.dim() != 2
+        or tuple(p016.shape) != geometry.nv12_shape
+        or p016.dtype != torch.uint16
+        or not 8 < bits <= 16
+    ):
+        raise ValueError(
+            f"p016 must be {geometry.nv12_shape} uint16 for a {w}x{h} frame and bits 9..16, "
+            f"got {tuple(p016.shape)} {p016.dtype}, bits {bits}"
+        )
+    samples = (p016.to(torch.int32) >> (16 - bits)).float()
+    if geometry.colour_range is ColourRange.LIMITED:
+        planes = samples / float(1 << (bits - 8))
+        luma, chroma = planes[:h], planes[h:]
+    else:
+        top = float((1 << bits) - 1)
+        luma = samples[:h] * (255.0 / top)
+        chroma = (samples[h:] - float(1 << (bits - 1))) * (255.0 / top) + float(CHROMA_OFFSET)
+    return _yuv8_to_rgb_u8(luma, chroma, geometry)
+
+
+def _yuv8_to_rgb_u8(
+    luma: torch.Tensor, chroma: torch.Tensor, geometry: Nv12Geometry
+) -> torch.Tensor:
+    """Float Y (h, w) and interleaved U, V (h / 2, w) on the 8-bit scale -> rounded RGB."""
+    w, h = geometry.source_wh
     k = yuv_coefficients(geometry.matrix, geometry.colour_range)
-    luma = (nv12[:h].float() - k.y_offset) * k.y_scale
-    uv = nv12[h:].reshape(h // 2, 1, w // 2, 1, 2).float() - float(CHROMA_OFFSET)
+    luma = (luma - k.y_offset) * k.y_scale
+    uv = chroma.reshape(h // 2, 1, w // 2, 1, 2) - float(CHROMA_OFFSET)
     # Nearest chroma: every 2 x 2 block of luma shares its U, V sample. (expand, not
     # repeat_interleave, whose CUDA kernel may size its output on the host: no capture.)
     uv = uv.expand(h // 2, 2, w // 2, 2, 2).reshape(h, w, 2)
@@ -421,5 +461,6 @@ __all__ = [
     "kernel_ops",
     "nv12_letterbox_reference",
     "nv12_to_rgb_u8",
+    "p016_to_rgb_u8",
     "rows_to_arrays",
 ]
