@@ -192,11 +192,12 @@ class NvdecSourceReader(SourceReader):
                         else:
                             yield from cpu.feed(packet, arrival)
                         continue
-                    # The Annex B filter takes the packet (its data and fields): what NVDEC
-                    # needs of it is read first, and the CPU decodes the original.
+                    # The MP4-to-Annex-B filter takes the packet (its data and fields): what
+                    # NVDEC needs of it is read first, and while the CPU decodes, the filter
+                    # gets a copy (Annex B packets are only read: no copy for them).
                     mark = _Mark(packet.pts, bool(packet.is_keyframe), bool(packet.is_corrupt))
-                    on_gpu = self.choice.path == "nvdec"
-                    units = gpu.annex_b(packet if on_gpu else _copy_of(packet))
+                    spare = self.choice.path == "nvdec" or not gpu.length_prefixed
+                    units = gpu.annex_b(packet if spare else _copy_of(packet))
                     sps = _first_sequence_header(units, gpu.codec)
                     if sps is not None and sps != sequence:
                         if sequence is not None or self.choice.path == "cpu":
