@@ -7,6 +7,7 @@ Capabilities are the recorded ones (tests/support/media/nvdec_caps.json, as PyNv
 
 from __future__ import annotations
 
+import enum
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from vdet.ingest.decode_choice import (
     format_of,
 )
 from vdet.ingest.mailbox import FrameMailbox
-from vdet.ingest.nvdec import GpuVideoFrame
+from vdet.ingest.nvdec import GpuVideoFrame, decoder_caps
 from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
 from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
 from vdet.ingest.source_thread import IngestOptions, SourceThread
@@ -225,3 +226,33 @@ def test_the_stream_status_and_metrics_say_which_decoder_and_why(tmp_path: Path)
     metrics.sync_source("cam", status)
     text = generate_latest(metrics.registry).decode()
     assert 'vdet_source_decode_path{path="cpu",reason="format",source="cam"} 1.0' in text
+
+
+class _Chroma(enum.Enum):
+    """A binding's enum spelled as cuvid's names end: Monochrome, _420, ..."""
+
+    Monochrome = "400"
+    _420 = "420"
+    _422 = "422"
+    _444 = "444"
+
+
+class _Minus8Nvc(FakeNvc):
+    """A binding whose `bitdepth` is cuvid's nBitDepthMinus8 and whose chroma enum is spelled
+    otherwise: the caps must come out the same."""
+
+    cudaVideoChromaFormat = _Chroma  # type: ignore[assignment]  # noqa: N815
+
+    def GetDecoderCaps(  # noqa: N802
+        self, gpuid: int, codec: str, chromaformat: Any, bitdepth: int
+    ) -> dict[str, int]:
+        return super().GetDecoderCaps(gpuid, codec, chromaformat.value, bitdepth + 8)
+
+
+@pytest.mark.parametrize("nvc", [FakeNvc(), _Minus8Nvc()], ids=["bit-depth", "minus-8"])
+def test_caps_are_asked_whichever_way_the_binding_takes_them(nvc: FakeNvc) -> None:
+    assert decoder_caps(0, "hevc", "420", 10, nvc=nvc) == recorded("hevc", "420", 10)
+    assert decoder_caps(0, "h264", "420", 8, nvc=nvc) == recorded("h264", "420", 8)
+    h264_10 = decoder_caps(0, "h264", "420", 10, nvc=nvc)
+    assert h264_10 is not None and not h264_10.supported
+    assert decoder_caps(0, "hevc", "444", 12, nvc=nvc) == recorded("hevc", "444", 12)

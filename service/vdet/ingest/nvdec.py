@@ -198,17 +198,41 @@ def _ask_caps(
 ) -> DecoderCaps | None:
     if codec not in NVDEC_CODECS or chroma not in _CHROMA_MEMBERS:
         return DecoderCaps(supported=False)
-    try:
-        caps = nvc.GetDecoderCaps(
-            gpuid=gpu,
-            codec=getattr(nvc.cudaVideoCodec, NVDEC_CODECS[codec]),
-            chromaformat=getattr(nvc.cudaVideoChromaFormat, _CHROMA_MEMBERS[chroma]),
-            bitdepth=bit_depth,
-        )
-    except Exception as exc:  # a missing driver library surfaces as several exception types
-        log.info("NVDEC caps of GPU %d for %s %s %d-bit: %s", gpu, codec, chroma, bit_depth, exc)
+    name = getattr(nvc.cudaVideoCodec, NVDEC_CODECS[codec])
+    member = _chroma_member(nvc, chroma)
+    answers: list[DecoderCaps] = []
+    # `bitdepth` is the bit depth, or (as cuvid's nBitDepthMinus8) the bit depth less 8: the
+    # binding does not say which, so both are asked; only a format the GPU decodes can answer
+    # "supported" to either (the other names a depth no decoder has).
+    for depth in (bit_depth, bit_depth - 8) if member is not None else ():
+        try:
+            caps = nvc.GetDecoderCaps(gpuid=gpu, codec=name, chromaformat=member, bitdepth=depth)
+        except Exception as exc:  # a missing driver library surfaces as several exception types
+            log.info("NVDEC caps of GPU %d for %s %s %d-bit: %s", gpu, codec, chroma, depth, exc)
+            continue
+        answers.append(DecoderCaps.from_pynvvideocodec(dict(caps)))
+        if answers[-1].supported:
+            return answers[-1]
+    if (chroma, bit_depth) == ("420", 8):
+        try:  # the defaults of the other arguments are 4:2:0, 8 bits
+            return DecoderCaps.from_pynvvideocodec(dict(nvc.GetDecoderCaps(gpuid=gpu, codec=name)))
+        except Exception as exc:
+            log.info("NVDEC caps of GPU %d for %s: %s", gpu, codec, exc)
+    return answers[0] if answers else None
+
+
+def _chroma_member(nvc: ModuleType, chroma: str) -> Any:
+    """PyNvVideoCodec's cudaVideoChromaFormat member for "400", "420", "422" or "444", found by
+    the end of its name (the binding's spelling is not documented), or None."""
+    enum = getattr(nvc, "cudaVideoChromaFormat", None)
+    if enum is None:
         return None
-    return DecoderCaps.from_pynvvideocodec(dict(caps))
+    members: dict[str, Any] = dict(getattr(enum, "__members__", None) or {})
+    for name, member in members.items():
+        key = name.lower()
+        if (chroma == "400" and "mono" in key) or (chroma != "400" and key.endswith(chroma)):
+            return member
+    return getattr(enum, _CHROMA_MEMBERS[chroma], None)
 
 
 # ---------------------------------------------------------------------------------- colour
