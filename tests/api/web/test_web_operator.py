@@ -180,18 +180,28 @@ def test_the_editor_saves_a_zone_a_line_and_a_mask_that_then_work(
     history = page.locator("#history tbody")
     wait_until(lambda: "zone_enter" in history.inner_text(), 15, what="zone_enter in the history")
     middle_row = page.locator('#zones tbody tr[data-zone-id="middle"]')
+    # A crossing counted (a count of 0 is shown before the first).
     wait_until(
-        lambda: re.search(r"(in|out): [a-z_]+ \d", middle_row.inner_text()), 40, what="a crossing"
+        lambda: re.search(r"(in|out): [a-z_]+ [1-9]", middle_row.inner_text()),
+        40,
+        what="a crossing",
     )
     page.locator("#history-form select[name=type]").select_option("line_cross")
     page.locator("#history-form button[type=submit]").click()
 
     def types() -> set[str]:
-        rows = history.locator("tr").all()
-        return {r.locator("td").nth(2).inner_text().split()[0] for r in rows}
+        """The event types of the rows shown, read at once in the page (rows read one by one
+        could be replaced by the next page while being read)."""
+        script = (
+            "() => [...document.querySelectorAll('#history tbody tr')]"
+            ".map(r => r.cells[2].textContent.trim().split(' ')[0])"
+        )
+        return set(page.evaluate(script))
 
     # The filtered page replaces the rows shown before it (which hold line_cross too).
-    wait_until(lambda: types() == {"line_cross"}, 15, what="only line_cross in the history")
+    wait_until(
+        lambda: types() == {"line_cross"}, 20, interval=0.2, what="only line_cross in the history"
+    )
 
     # A mask over the whole frame: the detections inside are dropped.
     draw("mask", "all", [(0.003, 0.003), (0.997, 0.003), (0.997, 0.997), (0.003, 0.997)])
