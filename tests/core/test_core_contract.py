@@ -28,6 +28,7 @@ from vdet.core.contract import (
     letterbox_padding,
     rect_input_hw,
     resized_size,
+    sample_scale,
     yuv_coefficients,
 )
 from vdet.core.model import ModelInfo
@@ -258,3 +259,26 @@ def test_kernel_layer_imports_nothing_from_the_pipeline(module: str) -> None:
 
 def test_contract_imports_only_core_types() -> None:
     assert _vdet_closure("vdet.core.contract") <= {"vdet", "vdet.core", "vdet.core.types"}
+
+
+@pytest.mark.parametrize("bits", [9, 10, 12, 16])
+def test_sample_scale_limited_range_is_an_exact_division(bits: int) -> None:
+    """Limited range: every `bits`-bit value lands on value / 2^(bits - 8), luma and chroma,
+    in float32 with no rounding (so P016 of 8-bit video shifted up equals NV12)."""
+    s = sample_scale(bits, ColourRange.LIMITED)
+    values = np.arange(1 << bits, dtype=np.float32)
+    luma = values * np.float32(s.scale)
+    chroma = (values - np.float32(s.center)) * np.float32(s.scale) + np.float32(128)
+    exact = values.astype(np.float64) / float(1 << (bits - 8))
+    assert s.shift == 16 - bits
+    np.testing.assert_array_equal(luma, exact)
+    np.testing.assert_array_equal(chroma, exact)
+
+
+def test_sample_scale_full_range_spans_0_to_255() -> None:
+    s = sample_scale(10, ColourRange.FULL)
+    assert np.float32(1023) * np.float32(s.scale) == pytest.approx(255.0, abs=1e-4)
+    assert (np.float32(512) - np.float32(s.center)) * np.float32(s.scale) == 0.0
+    assert float(np.float32(s.scale)) == s.scale  # exact in float32
+    with pytest.raises(ValueError, match="9- to 16-bit"):
+        sample_scale(8, ColourRange.FULL)

@@ -247,6 +247,10 @@ def test_structs_and_limits_match_the_header() -> None:
     assert ctypes.sizeof(ops._Frame) == 48
     assert ctypes.sizeof(ops._FrameBatch) == 48 * ops.MAX_FRAMES
     assert ctypes.sizeof(ops._YuvCoefficients) == 24
+    assert ctypes.sizeof(ops._SampleScale) == 12
+    fields = re.search(r"typedef struct VdetSampleScale \{([^}]*)\}", header)
+    assert fields is not None
+    assert re.findall(r"(\w+);", fields.group(1)) == [n for n, _ in ops._SampleScale._fields_]
     assert ctypes.sizeof(ops._ClassMask) == ops.MAX_FILTER_CLASSES // 8
     source = (KERNEL_DIR / "decode_nms.cuh").read_text()
     for name in ("SELECT_THREADS", "MASK_THREADS", "SCAN_THREADS"):

@@ -8,21 +8,26 @@ docs/conventions.md and are restated in each test's docstring.
 
 from __future__ import annotations
 
+import tempfile
 import zlib
 from collections.abc import Callable, Sequence
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from support.kernels.harness import DEMO_MODEL, SAMPLE_CLIP, Harness
 
+from vdet.core.contract import sample_scale
+from vdet.core.types import ColourRange
 from vdet.cuda import ops as ops_module
 from vdet.cuda.ops import (
     MAX_FRAMES,
     YuvMatrix,
     decode_nms_workspace_bytes,
     nv12_to_bgr,
+    p016_to_bgr,
     yuv_coefficients,
 )
 from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
@@ -148,27 +153,29 @@ def test_letterbox_bgr_fp16(
 def run_nv12(
     harness: Harness, planes: Sequence[tuple[np.ndarray, np.ndarray]], input_hw: tuple[int, int],
     matrix: YuvMatrix, full_range: bool, dtype: type[np.generic] = np.float32,
-    pitch_pad: int = 0, uv_2d: bool = False,
+    pitch_pad: int = 0, uv_2d: bool = False, bits: int | None = None,
 ) -> np.ndarray:  # fmt: skip
+    """Letterbox NV12 planes (uint8), or P016 planes (uint16) of `bits`-bit samples, on the
+    harness; `pitch_pad` extra samples per row in memory."""
     ys, uvs = [], []
     for y, uv in planes:
         h, w = y.shape
-        y_mem = np.zeros((h, w + pitch_pad), np.uint8)
+        y_mem = np.zeros((h, w + pitch_pad), y.dtype)
         y_mem[:, :w] = y
-        uv_mem = np.zeros((uv.shape[0], uv.shape[1] + pitch_pad, 2), np.uint8)
+        uv_mem = np.zeros((uv.shape[0], uv.shape[1] + pitch_pad, 2), uv.dtype)
         uv_mem[:, : uv.shape[1]] = uv
         ys.append(harness.put(y_mem)[:, :w])
         uv_t = harness.put(uv_mem)[:, : uv.shape[1]]
         uvs.append(uv_t.reshape(uv.shape[0], -1) if uv_2d and pitch_pad == 0 else uv_t)
     out = harness.full((len(planes), 3, *input_hw), np.nan, dtype)
-    harness.ops.letterbox_nv12(
-        ys,
-        uvs,
-        out,
-        matrix=matrix,
-        full_range=full_range,
-        stream=harness.stream,
-    )
+    if bits is None:
+        harness.ops.letterbox_nv12(
+            ys, uvs, out, matrix=matrix, full_range=full_range, stream=harness.stream
+        )
+    else:
+        harness.ops.letterbox_p016(
+            ys, uvs, out, matrix=matrix, full_range=full_range, bits=bits, stream=harness.stream
+        )
     return harness.get(out)
 
 
@@ -203,6 +210,72 @@ def test_letterbox_nv12_fp16_and_2d_uv(harness: Harness) -> None:
     got32 = run_nv12(harness, planes, (160, 160), "bt709", False)
     got16 = run_nv12(harness, planes, (160, 160), "bt709", False, dtype=np.float16, uv_2d=True)
     np.testing.assert_array_equal(got16, got32.astype(np.float16))
+
+
+# ---- preprocess: P016 (10- and 12-bit video) ----------------------------------------------------
+
+
+def random_p016(
+    rng: np.random.Generator, w: int, h: int, bits: int, low_bits: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Random `bits`-bit samples in the high bits of 16 (as NVDEC writes them); `low_bits` puts
+    noise in the bits below (which the conversion must ignore)."""
+    shift = 16 - bits
+    y = rng.integers(0, 1 << bits, (h, w), np.uint16) << shift
+    uv = rng.integers(0, 1 << bits, ((h + 1) // 2, (w + 1) // 2, 2), np.uint16) << shift
+    if low_bits and shift:
+        y |= rng.integers(0, 1 << shift, y.shape, np.uint16)
+        uv |= rng.integers(0, 1 << shift, uv.shape, np.uint16)
+    return y.astype(np.uint16), uv.astype(np.uint16)
+
+
+@pytest.mark.parametrize(
+    ("source_wh", "input_hw"),
+    [*LETTERBOX_CASES[:5], pytest.param((333, 517), (640, 640), id="odd-portrait")],
+)
+@pytest.mark.parametrize(
+    ("matrix", "full_range", "bits"),
+    [("bt709", False, 10), ("bt601", True, 10), ("bt709", True, 12), ("bt601", False, 12)],
+)
+def test_letterbox_p016_matches_reference(
+    harness: Harness, source_wh: tuple[int, int], input_hw: tuple[int, int], matrix: YuvMatrix,
+    full_range: bool, bits: int,
+) -> None:  # fmt: skip
+    """Random P016 planes (own row pitches, noise below the sample bits) vs `p016_to_bgr`
+    (NumPy, the same float32 scale, coefficients and operation order, bit for bit) then
+    `letterbox()`: padding and unscaled frames bit exact, resized values within 1/255 + 1e-7."""
+    rng = np.random.default_rng(source_wh[0] * 5 + source_wh[1] + bits)
+    w, h = source_wh
+    y, uv = random_p016(rng, w, h, bits, low_bits=True)
+    got = run_nv12(harness, [(y, uv)], input_hw, matrix, full_range, pitch_pad=3, bits=bits)
+    colour_range = ColourRange.FULL if full_range else ColourRange.LIMITED
+    bgr = p016_to_bgr(y, uv, yuv_coefficients(matrix, full_range), sample_scale(bits, colour_range))
+    want, t = letterbox(bgr, input_hw)
+    check_letterbox(got[0], want, source_wh, t.resized_wh, (t.pad_x, t.pad_y))
+
+
+def test_letterbox_p016_of_8bit_samples_equals_nv12(harness: Harness) -> None:
+    """8-bit samples widened to 16 bits (v << 8) and read as 16-bit limited-range P016 give the
+    NV12 kernel's output bit for bit (the 8-bit scale is exact), in FP32 and FP16."""
+    rng = np.random.default_rng(16)
+    planes = [random_nv12(rng, 322, 180), random_nv12(rng, 64, 64)]
+    wide = [(y.astype(np.uint16) << 8, uv.astype(np.uint16) << 8) for y, uv in planes]
+    for dtype in (np.float32, np.float16):
+        nv12 = run_nv12(harness, planes, (160, 160), "bt709", False, dtype=dtype)
+        p016 = run_nv12(harness, wide, (160, 160), "bt709", False, dtype=dtype, bits=16)
+        np.testing.assert_array_equal(p016, nv12)
+
+
+def test_letterbox_p016_checks_its_planes(harness: Harness) -> None:
+    """uint8 planes given to the P016 kernel, and bits outside 9..16, are refused."""
+    rng = np.random.default_rng(1)
+    y, uv = random_nv12(rng, 64, 64)
+    out = harness.full((1, 3, 64, 64), np.nan, np.float32)
+    with pytest.raises(ValueError, match="uint16"):
+        harness.ops.letterbox_p016([harness.put(y)], [harness.put(uv)], out)
+    y16, uv16 = random_p016(rng, 64, 64, 10)
+    with pytest.raises(ValueError, match="9- to 16-bit"):
+        harness.ops.letterbox_p016([harness.put(y16)], [harness.put(uv16)], out, bits=8)
 
 
 # ---- preprocess: real frames ------------------------------------------------------------------
@@ -264,6 +337,74 @@ def test_letterbox_sample_clip_nv12(harness: Harness) -> None:
         check_letterbox(got[i], want, (1920, 1080), t.resized_wh, (t.pad_x, t.pad_y))
         pyav, _ = letterbox(images[i], (640, 640))
         diff = np.abs(got[i] - pyav)
+        assert diff.mean() < 2 / 255 and diff.max() < 12 / 255
+
+
+@cache
+def sample_frames_10bit() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Frames 0 and 3 of the sample clip encoded as 10-bit HEVC (libx265, yuv420p10le, BT.709
+    limited range), decoded by PyAV on the CPU: as (BGR from swscale with nearest chroma, P016
+    surface)."""
+    av = pytest.importorskip("av")
+    if "libx265" not in av.codecs_available:
+        pytest.skip("this FFmpeg has no libx265")
+    media_cases = pytest.importorskip("vdet.modelkit.dataset.media_cases")
+    folder = Path(tempfile.mkdtemp(prefix="vdet-p016-"))
+    clip = media_cases.reencode(
+        SAMPLE_CLIP, folder / "main10.mp4", "libx265", "yuv420p10le", frames=4,
+        options={"x265-params": "log-level=error:colorprim=bt709:transfer=bt709:colormatrix=bt709"},
+    )  # fmt: skip
+    bgr, p016 = [], []
+    with av.open(str(clip)) as container:
+        for i, frame in enumerate(container.decode(container.streams.video[0])):
+            if i in (0, 3):
+                assert frame.format.name == "yuv420p10le"
+                # Nearest chroma: swscale's default for > 8-bit input interpolates it, which
+                # the 8-bit path (and NVDEC's) does not.
+                sws = frame.reformat(
+                    format="bgr24", src_colorspace="ITU709", src_color_range="MPEG",
+                    interpolation="POINT",
+                )  # fmt: skip
+                bgr.append(sws.to_ndarray())
+                p016.append(planar10_to_p016(frame.to_ndarray(), frame.width, frame.height))
+    return bgr, p016
+
+
+def planar10_to_p016(planar: np.ndarray, w: int, h: int) -> np.ndarray:
+    """A (3h/2, w) yuv420p10le array (Y, then U and V planes) as the (3h/2, w) P016 surface
+    NVDEC writes (Y rows, then interleaved U, V rows; values in the high 10 bits)."""
+    flat = planar.reshape(-1)
+    u = flat[h * w : h * w + (h // 2) * (w // 2)].reshape(h // 2, w // 2)
+    v = flat[h * w + (h // 2) * (w // 2) :].reshape(h // 2, w // 2)
+    uv = np.stack([u, v], axis=-1).reshape(h // 2, w)
+    return (np.concatenate([planar[:h], uv]) << 6).astype(np.uint16)
+
+
+def test_letterbox_sample_clip_p016(harness: Harness) -> None:
+    """Real 10-bit frames (the sample clip as HEVC Main10) as P016 surfaces, BT.709 limited:
+    vs `p016_to_bgr` + `letterbox()` within 1/255 + 1e-7, and vs FFmpeg's own 10-bit -> BGR
+    conversion (nearest chroma) within a mean of 2/255 and a max of 12/255, as the NV12 path
+    is held to."""
+    images, surfaces = sample_frames_10bit()
+    h = 1080
+    ys, uvs = [], []
+    for surface in surfaces:
+        tensor = harness.put(surface)
+        ys.append(tensor[:h])
+        uvs.append(tensor[h:])
+    out = harness.full((len(surfaces), 3, 640, 640), np.nan, np.float32)
+    transforms = harness.ops.letterbox_p016(
+        ys, uvs, out, matrix="bt709", bits=10, stream=harness.stream
+    )
+    got = harness.get(out)
+    coefficients = yuv_coefficients("bt709", False)
+    scale = sample_scale(10, ColourRange.LIMITED)
+    for i, (surface, t) in enumerate(zip(surfaces, transforms, strict=True)):
+        bgr = p016_to_bgr(surface[:h], surface[h:], coefficients, scale)
+        want, _ = letterbox(bgr, (640, 640))
+        check_letterbox(got[i], want, (1920, 1080), t.resized_wh, (t.pad_x, t.pad_y))
+        ffmpeg, _ = letterbox(images[i], (640, 640))
+        diff = np.abs(got[i] - ffmpeg)
         assert diff.mean() < 2 / 255 and diff.max() < 12 / 255
 
 

@@ -10,19 +10,24 @@ FFmpeg's conversion with nearest chroma.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import av
 import numpy as np
 import pytest
 import torch
 
 from vdet.core.assets import sample_clip
+from vdet.core.contract import sample_scale, yuv_coefficients
 from vdet.core.types import ColourMatrix, ColourRange
+from vdet.cuda.ops import p016_to_bgr
 from vdet.gpu.frame_ops import (
     Nv12Geometry,
     ReferenceDecodeNms,
     nv12_letterbox_reference,
     nv12_to_rgb_u8,
     p016_to_rgb_u8,
+    surface_to_rgb_u8,
 )
 from vdet.inference.postprocess import PostprocessParams, decode_and_nms_image
 from vdet.inference.preprocess import letterbox
@@ -329,7 +334,7 @@ def _p016_of(frame: av.VideoFrame) -> torch.Tensor:
 )
 def test_p016_known_levels(y: int, c: int, colour_range: ColourRange, grey: int) -> None:
     p016 = _p016(np.full((4, 4), y), np.full((2, 2), c), np.full((2, 2), c))
-    geometry = Nv12Geometry.of((4, 4), (8, 8), ColourMatrix.BT709, colour_range)
+    geometry = Nv12Geometry.of((4, 4), (8, 8), ColourMatrix.BT709, colour_range, bits=10)
     assert p016_to_rgb_u8(p016, geometry)[:, 0, 0].tolist() == [grey] * 3
 
 
@@ -372,7 +377,7 @@ def test_p016_conversion_matches_float64_and_ffmpeg(
     for >8-bit input interpolates chroma, which the 8-bit path does not)."""
     cs, cr = _SWS[matrix], _SWS_RANGE[colour_range]
     ten = picture.reformat(format="yuv420p10le", dst_colorspace=cs, dst_color_range=cr)
-    geometry = Nv12Geometry.of((640, 360), (640, 640), matrix, colour_range)
+    geometry = Nv12Geometry.of((640, 360), (640, 640), matrix, colour_range, bits=10)
     rgb = p016_to_rgb_u8(_p016_of(ten), geometry).numpy().transpose(1, 2, 0)[:, :, ::-1]
     exact = np.abs(rgb.astype(int) - _independent_bgr10(ten.to_ndarray(), matrix, colour_range))
     assert exact.max() <= 1 and (exact > 0).mean() < 0.01
@@ -387,13 +392,59 @@ def test_p016_equals_nv12_shifted_up_in_limited_range() -> None:
     nv12 = _random_nv12(64, 48, 5)
     geometry = Nv12Geometry.of((64, 48), (64, 64), ColourMatrix.BT709, ColourRange.LIMITED)
     p016 = (nv12.numpy().astype(np.uint32) << 8).astype(np.uint16)  # 8 -> 16 bits, exact
-    ten = p016_to_rgb_u8(torch.from_numpy(p016), geometry)
-    assert torch.equal(ten, nv12_to_rgb_u8(nv12, geometry))
+    for bits in (10, 12, 16):  # limited range: the same value at any depth
+        ten = p016_to_rgb_u8(torch.from_numpy(p016), replace(geometry, bits=bits))
+        assert torch.equal(ten, nv12_to_rgb_u8(nv12, geometry))
 
 
 def test_p016_rejects_other_surfaces() -> None:
-    geometry = Nv12Geometry.of((4, 4), (8, 8), ColourMatrix.BT709, ColourRange.LIMITED)
+    geometry = Nv12Geometry.of((4, 4), (8, 8), ColourMatrix.BT709, ColourRange.LIMITED, bits=10)
     with pytest.raises(ValueError, match="uint16"):
         p016_to_rgb_u8(torch.zeros((6, 4), dtype=torch.uint8), geometry)
     with pytest.raises(ValueError, match=r"bits 9\.\.16"):
-        p016_to_rgb_u8(torch.zeros((6, 4), dtype=torch.uint16), geometry, bits=8)
+        p016_to_rgb_u8(torch.zeros((6, 4), dtype=torch.uint16), replace(geometry, bits=8))
+    with pytest.raises(ValueError, match="8- to 16-bit"):
+        Nv12Geometry.of((4, 4), (8, 8), bits=17)
+
+
+@pytest.mark.parametrize("bits", [10, 12])
+@pytest.mark.parametrize("matrix", list(ColourMatrix))
+@pytest.mark.parametrize("colour_range", list(ColourRange))
+def test_p016_torch_reference_equals_the_kernels_numpy_one(
+    bits: int, matrix: ColourMatrix, colour_range: ColourRange
+) -> None:
+    """The torch reference (what the graph runners fall back to) and vdet.cuda.ops'
+    `p016_to_bgr` (what the kernel tests hold the P016 kernel to) agree bit for bit, noise
+    below the sample bits included; `surface_to_rgb_u8` picks it by the geometry's bits."""
+    rng = np.random.default_rng(bits)
+    h, w = 36, 50
+    surface = rng.integers(0, 1 << 16, (h * 3 // 2, w), dtype=np.uint16)
+    geometry = Nv12Geometry.of((w, h), (64, 64), matrix, colour_range, bits=bits)
+    rgb = surface_to_rgb_u8(torch.from_numpy(surface), geometry)
+    want = p016_to_bgr(
+        surface[:h],
+        surface[h:],
+        yuv_coefficients(matrix, colour_range),
+        sample_scale(bits, colour_range),
+    )
+    got = rgb.numpy().transpose(1, 2, 0)[:, :, ::-1].astype(np.uint8)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_p016_letterbox_reference_matches_the_cpu_letterbox() -> None:
+    """`nv12_letterbox_reference` on a P016 geometry: the CPU `letterbox` of the converted
+    image, padding exact and the resized area within one level."""
+    rng = np.random.default_rng(3)
+    h, w = 90, 160
+    surface = (rng.integers(0, 1 << 10, (h * 3 // 2, w), dtype=np.uint16) << 6).astype(np.uint16)
+    geometry = Nv12Geometry.of((w, h), (64, 64), ColourMatrix.BT709, ColourRange.LIMITED, bits=10)
+    out = torch.full((3, 64, 64), float("nan"))
+    nv12_letterbox_reference(torch.from_numpy(surface), geometry, out)
+    bgr = p016_to_bgr(
+        surface[:h],
+        surface[h:],
+        yuv_coefficients(ColourMatrix.BT709, ColourRange.LIMITED),
+        sample_scale(10, ColourRange.LIMITED),
+    )
+    want, _ = letterbox(bgr, (64, 64))
+    assert np.abs(out.numpy() - want).max() <= 1 / 255 + 1e-6

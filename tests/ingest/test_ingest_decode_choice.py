@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import av
+import numpy as np
 import pytest
+import torch
 from prometheus_client import generate_latest
 from support.fake_nvc import HOPPER_CAPS, FakeNvc
 from support.ingest import take_in_background
@@ -21,6 +23,7 @@ from support.truth import SAMPLE
 from support.waiting import wait_until
 
 from vdet.core.types import SourceState, VideoFrame
+from vdet.gpu.devices import frame_to_bgr
 from vdet.ingest.decode_choice import (
     DecodeChoice,
     DecoderCaps,
@@ -48,8 +51,9 @@ def recorded(codec: str, chroma: str, bits: int) -> DecoderCaps | None:
     [
         (VideoFormat("h264", "420", 8, 1920, 1080), "nvdec", "none"),
         (VideoFormat("hevc", "420", 8, 3840, 2160), "nvdec", "none"),
-        (VideoFormat("hevc", "420", 10, 1920, 1080), "cpu", "pipeline"),
+        (VideoFormat("hevc", "420", 10, 1920, 1080), "nvdec", "none"),
         (VideoFormat("hevc", "444", 8, 1920, 1080), "cpu", "pipeline"),
+        (VideoFormat("hevc", "444", 10, 1920, 1080), "cpu", "pipeline"),
         (VideoFormat("h264", "420", 10, 1920, 1080), "cpu", "format"),
         (VideoFormat("h264", "422", 8, 1920, 1080), "cpu", "format"),
         (VideoFormat("hevc", "422", 10, 1920, 1080), "cpu", "format"),
@@ -74,9 +78,9 @@ def test_what_nothing_can_be_asked_of_goes_to_the_cpu_and_unknowns_to_nvdec() ->
     fmt = VideoFormat("h264", "420", 8, 1280, 720)
     assert choose(fmt, lambda *_: None).label == "format"
     assert choose(None, recorded) == DecodeChoice("nvdec")
-    # A pipeline that takes 10-bit surfaces would take 10-bit HEVC on NVDEC.
+    # A pipeline without 16-bit surfaces would send 10-bit HEVC to the CPU.
     ten = VideoFormat("hevc", "420", 10, 1920, 1080)
-    assert choose(ten, recorded, frozenset({("420", 8), ("420", 10)})).path == "nvdec"
+    assert choose(ten, recorded, frozenset({("420", 8)})).label == "pipeline"
 
 
 @pytest.mark.parametrize(
@@ -110,18 +114,44 @@ def _read(reader: SourceReader) -> list[object]:
         return list(reader.frames())
 
 
-def test_a_10_bit_hevc_stream_opens_on_the_cpu_with_the_reason(tmp_path: Path) -> None:
+def test_a_10_bit_hevc_stream_decodes_on_nvdec_into_p016(tmp_path: Path) -> None:
+    """HEVC Main10 goes to NVDEC: 16-bit surfaces (P016) whose samples are FFmpeg's 10-bit
+    ones in the high bits, read through PyNvVideoCodec's odd strides; as BGR within a level of
+    FFmpeg's own conversion with nearest chroma."""
     path = write_format_sequence_ts(tmp_path / "main10.ts", [("libx265", "yuv420p10le")])
     nvc = FakeNvc()
     reader = NvdecSourceReader(str(path), nvc=nvc, device="cpu")
     items = _read(reader)
+    assert (reader.choice.path, reader.choice.label) == ("nvdec", "none")
+    assert "HEVC/420/10" in nvc.caps_asked and nvc.sessions
+    assert len(items) == 20 and all(isinstance(i, GpuVideoFrame) for i in items)
+    with av.open(str(path)) as container:
+        reference = list(container.decode(container.streams.video[0]))
+    for item, frame in zip(items, reference, strict=True):
+        assert isinstance(item, GpuVideoFrame)
+        assert item.bits == 10 and item.nv12.dtype == torch.uint16
+        assert tuple(item.nv12.shape) == (360, 320) and item.nv12.is_contiguous()
+        planar = frame.to_ndarray()  # yuv420p10le: Y, then the U and V planes
+        assert np.array_equal(item.nv12[:240].numpy() >> 6, planar[:240])
+        u = planar.reshape(-1)[240 * 320 : 240 * 320 + 120 * 160].reshape(120, 160)
+        assert np.array_equal(item.nv12[240:].numpy()[:, 0::2] >> 6, u)
+        sws = frame.reformat(format="bgr24", interpolation="POINT").to_ndarray()
+        diff = np.abs(frame_to_bgr(item).astype(int) - sws.astype(int))
+        assert diff.max() <= 3 and diff.mean() < 1.0
+
+
+def test_a_444_hevc_stream_opens_on_the_cpu_with_the_reason(tmp_path: Path) -> None:
+    path = write_format_sequence_ts(tmp_path / "444.ts", [("libx265", "yuv444p")])
+    nvc = FakeNvc()
+    reader = NvdecSourceReader(str(path), nvc=nvc, device="cpu")
+    items = _read(reader)
     assert reader.choice.label == "pipeline"
-    assert "hevc 4:2:0 10-bit 320x240" in (reader.choice.reason or "")
-    assert "HEVC/420/10" in nvc.caps_asked
+    assert "hevc 4:4:4 8-bit 320x240" in (reader.choice.reason or "")
+    assert "HEVC/444/8" in nvc.caps_asked
     assert len(items) == 20 and all(isinstance(i, VideoFrame) for i in items)
     assert not nvc.sessions  # NVDEC never asked to decode it
     strict = NvdecSourceReader(str(path), strict=True, nvc=FakeNvc(), device="cpu")
-    with strict, pytest.raises(Exception, match="decoder 'nvdec' is set, but hevc 4:2:0 10-bit"):
+    with strict, pytest.raises(Exception, match="decoder 'nvdec' is set, but hevc 4:4:4 8-bit"):
         strict.open()
 
 

@@ -15,6 +15,8 @@ import os
 import warnings
 from pathlib import Path
 
+import av
+import numpy as np
 import pytest
 from support.fake_nvc import HOPPER_CAPS
 from support.truth import SAMPLE
@@ -28,7 +30,7 @@ with warnings.catch_warnings():
 
 from vdet.core.types import VideoFrame  # noqa: E402
 from vdet.ingest.decode_choice import VideoFormat, choose  # noqa: E402
-from vdet.ingest.nvdec import GpuVideoFrame, decoder_caps  # noqa: E402
+from vdet.ingest.nvdec import GpuVideoFrame, decoder_caps, load_pynvvideocodec  # noqa: E402
 from vdet.ingest.nvdec_reader import NvdecSourceReader  # noqa: E402
 from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader  # noqa: E402
 from vdet.modelkit.dataset.media_cases import write_format_sequence_ts, write_lossy_ts  # noqa: E402
@@ -100,12 +102,62 @@ def test_a_stream_moves_to_the_cpu_and_back_at_new_sequences(tmp_path: Path) -> 
     assert reader.decoder_switches == 2
 
 
-def test_10_bit_hevc_decodes_on_the_cpu_with_the_pipeline_named(tmp_path: Path) -> None:
+def test_10_bit_hevc_decodes_on_nvdec_sample_for_sample(tmp_path: Path) -> None:
+    """HEVC Main10 on NVDEC: P016 surfaces whose samples, shifted down, are FFmpeg's 10-bit
+    samples exactly (HEVC decoding is bit exact), read through the strides PyNvVideoCodec
+    reports (printed for the record); as BGR within 3 levels of FFmpeg's own conversion with
+    nearest chroma."""
+    from vdet.gpu.devices import frame_to_bgr
+
     path = write_format_sequence_ts(tmp_path / "main10.ts", [("libx265", "yuv420p10le")])
+    reader = NvdecSourceReader(str(path), strict=True)
+    frames: list[GpuVideoFrame] = []
+    with reader:
+        reader.open()
+        for item in reader.frames():
+            assert isinstance(item, GpuVideoFrame), item
+            frames.append(item)
+    assert (reader.choice.path, reader.choice.label) == ("nvdec", "none")
+    with av.open(str(path)) as container:
+        reference = list(container.decode(container.streams.video[0]))
+    assert len(frames) == len(reference) == 20
+    for frame, want in zip(frames, reference, strict=True):
+        assert frame.bits == 10 and frame.nv12.dtype == torch.uint16
+        frame.wait(torch.cuda.current_stream())
+        surface = frame.nv12.cpu().numpy()
+        planar = want.to_ndarray()  # yuv420p10le: Y, then the U and V planes
+        flat = planar.reshape(-1)
+        u = flat[240 * 320 : 240 * 320 + 120 * 160].reshape(120, 160)
+        v = flat[240 * 320 + 120 * 160 :].reshape(120, 160)
+        assert np.array_equal(surface[:240] >> 6, planar[:240])
+        assert np.array_equal(surface[240:, 0::2] >> 6, u)
+        assert np.array_equal(surface[240:, 1::2] >> 6, v)
+        assert not (surface & 0x3F).any()  # nothing below the 10 bits
+        sws = want.reformat(format="bgr24", interpolation="POINT").to_ndarray()
+        diff = np.abs(frame_to_bgr(frame).astype(int) - sws.astype(int))
+        assert diff.max() <= 3 and diff.mean() < 1.0
+    print("P016 DLPack strides as PyNvVideoCodec reports them:", _p016_strides(path))
+
+
+def _p016_strides(path: Path) -> tuple[int, ...]:
+    """The strides of the DLPack view of the first P016 frame PyNvVideoCodec returns."""
+    nvc = load_pynvvideocodec()
+    demuxer = nvc.CreateDemuxer(filename=str(path))
+    decoder = nvc.CreateDecoder(
+        gpuid=0, codec=demuxer.GetNvCodecId(), cudacontext=0, cudastream=0, usedevicememory=True
+    )
+    for packet in demuxer:
+        for frame in decoder.Decode(packet):
+            return tuple(torch.from_dlpack(frame).stride())
+    return ()
+
+
+def test_444_hevc_decodes_on_the_cpu_with_the_pipeline_named(tmp_path: Path) -> None:
+    path = write_format_sequence_ts(tmp_path / "444.ts", [("libx265", "yuv444p")])
     reader = NvdecSourceReader(str(path))
     _, _, kinds = _read(reader)
     assert kinds == ["cpu"] * 20
-    # NVDEC itself decodes Main10 on this GPU: what refuses is our pipeline's surfaces.
+    # NVDEC itself decodes HEVC 4:4:4 on this GPU: what refuses is our pipeline's surfaces.
     assert reader.choice.label == "pipeline"
-    fmt = VideoFormat("hevc", "420", 10, 320, 240)
+    fmt = VideoFormat("hevc", "444", 8, 320, 240)
     assert choose(fmt, lambda *a: decoder_caps(0, *a)).label == "pipeline"

@@ -3,9 +3,11 @@
 It mimics the parts of PyNvVideoCodec 2.2's API that vdet.ingest.nvdec uses: `CreateDecoder`
 (keyword arguments recorded), `PacketData` (bsl_data is an address, read during `Decode`),
 `Decode` returning frames that support DLPack (`torch.from_dlpack` -> (h * 3 / 2, w) uint8
-NV12 on the CPU) and `getPTS()`, an empty PacketData flushing, `CreateDemuxer(filename=...)`
-yielding Annex B packets with key/pts, and the enums. Frames come from FFmpeg's decoder, so
-their pixels are the reference ones. `fail_on` makes the n-th Decode call raise.
+NV12 on the CPU; for 10- and 12-bit video uint16 P016, described with the column stride of 2
+samples PyNvVideoCodec 2.2 gives it over a packed buffer) and `getPTS()`, an empty PacketData
+flushing, `CreateDemuxer(filename=...)` yielding Annex B packets with key/pts, and the enums.
+Frames come from FFmpeg's decoder, so their pixels are the reference ones. `fail_on` makes the
+n-th Decode call raise.
 """
 
 from __future__ import annotations
@@ -66,7 +68,13 @@ class PacketData:
 
 class _Frame:
     def __init__(self, nv12: np.ndarray, pts: int) -> None:
-        self._tensor = torch.from_numpy(nv12)
+        tensor = torch.from_numpy(nv12)
+        if tensor.dtype == torch.uint16:  # P016: PyNvVideoCodec 2.2's strides (w, 2)
+            rows, w = tensor.shape
+            packed = torch.zeros(rows * w + w, dtype=torch.uint16)
+            packed[: rows * w] = tensor.reshape(-1)
+            tensor = packed.as_strided((rows, w), (w, 2))
+        self._tensor = tensor
         self._pts = pts
 
     def __dlpack__(self, **kwargs: Any) -> Any:
@@ -81,12 +89,22 @@ class _Frame:
 
 
 def nv12_of(frame: av.VideoFrame) -> np.ndarray:
-    yuv = frame.to_ndarray(format="yuv420p")
+    """The surface NVDEC would hand out for `frame`: NV12 (uint8) for 8-bit 4:2:0, P016
+    (uint16, values in the high bits) for 10- and 12-bit 4:2:0."""
+    bits = frame.format.components[0].bits
+    if bits > 8:
+        yuv = frame.reformat(format=f"yuv420p{bits}le").to_ndarray()
+    else:
+        yuv = frame.to_ndarray(format="yuv420p")
     h, w = frame.height, frame.width
-    u = yuv[h : h + h // 4].reshape(h // 2, w // 2)
-    v = yuv[h + h // 4 :].reshape(h // 2, w // 2)
+    flat = yuv.reshape(-1)
+    u = flat[h * w : h * w + (h // 2) * (w // 2)].reshape(h // 2, w // 2)
+    v = flat[h * w + (h // 2) * (w // 2) :].reshape(h // 2, w // 2)
     uv = np.stack((u, v), axis=-1).reshape(h // 2, w)
-    return np.ascontiguousarray(np.concatenate((yuv[:h], uv), axis=0))
+    surface = np.concatenate((yuv[:h], uv), axis=0)
+    if bits > 8:
+        surface = (surface.astype(np.uint16) << (16 - bits)).astype(np.uint16)
+    return np.ascontiguousarray(surface)
 
 
 @dataclass

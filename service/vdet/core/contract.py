@@ -226,6 +226,34 @@ def yuv_coefficients(matrix: ColourMatrix, colour_range: ColourRange) -> YuvCoef
     )
 
 
+@dataclass(frozen=True)
+class SampleScale:
+    """How a sample of a 16-bit surface (P016: NVDEC's output for 10- and 12-bit video, each
+    value in the high bits) is brought to the 8-bit scale before the YUV -> RGB conversion.
+
+    Per sample, in float32 and in this order (the kernels' VdetSampleScale, the NumPy and torch
+    references): ``v = sample >> shift; luma = v * scale;
+    chroma = (v - center) * scale + 128``. Limited range divides by 2^(bits - 8) (luma 64..940 at
+    10 bits is 16..235; both divisions exact); full range maps 0..2^bits - 1 to 0..255 with
+    chroma centred on 2^(bits - 1) (ITU-R BT.2100's full-range quantisation).
+    """
+
+    shift: int
+    scale: float
+    center: float
+
+
+def sample_scale(bits: int, colour_range: ColourRange) -> SampleScale:
+    """The `SampleScale` of `bits`-bit samples (9..16) held in 16 bits."""
+    if not 8 < bits <= 16:
+        raise ValueError(f"16-bit surfaces hold 9- to 16-bit samples, got {bits} bits")
+    if ColourRange(colour_range) is ColourRange.LIMITED:
+        scale = 1.0 / float(1 << (bits - 8))
+    else:
+        scale = float32(UNIT_SCALE / float((1 << bits) - 1))
+    return SampleScale(shift=16 - bits, scale=scale, center=float(1 << (bits - 1)))
+
+
 # ---- post-process ---------------------------------------------------------------------------
 
 # Serving defaults: settings' `detection` group, the CLI, the TensorRT plugin node.

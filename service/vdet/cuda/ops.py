@@ -11,6 +11,7 @@ vdet.core.contract's; like every module of vdet.cuda, this one imports nothing f
 
     ops = GpuOps()                                   # compiles for this GPU on first use
     transforms = ops.letterbox_nv12(ys, uvs, batch, matrix="bt709", stream=s)
+    ops.letterbox_p016(ys16, uvs16, batch, matrix="bt709", bits=10, stream=s)  # 10-bit video
     ops.decode_nms(raw, dets, counts, PostprocessParams(), stream=s)
 """
 
@@ -30,8 +31,10 @@ from vdet.core.contract import (
     MAX_TOP_K,
     LetterboxTransform,
     PostprocessParams,
+    SampleScale,
     YuvCoefficients,
     compute_letterbox,
+    sample_scale,
 )
 from vdet.core.types import ColourMatrix, ColourRange, ImageArray
 from vdet.cuda.launch import Backend, CudaBackend, DeviceArray, KernelArg, stream_handle
@@ -84,6 +87,14 @@ class _YuvCoefficients(ctypes.Structure):
     )
 
 
+class _SampleScale(ctypes.Structure):
+    _fields_ = (
+        ("shift", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("center", ctypes.c_float),
+    )
+
+
 class _ClassMask(ctypes.Structure):
     _fields_ = (("words", ctypes.c_uint32 * (MAX_FILTER_CLASSES // 32)),)
 
@@ -117,11 +128,40 @@ def nv12_to_bgr(
     y_plane = np.asarray(y_plane, np.uint8)
     h, w = y_plane.shape[:2]
     uv = np.asarray(uv_plane, np.uint8).reshape(uv_plane.shape[0], -1, 2)
+    return _yuv8_to_bgr(
+        y_plane.reshape(h, w).astype(np.float32), uv.astype(np.float32), coefficients
+    )
+
+
+def p016_to_bgr(
+    y_plane: ImageArray,
+    uv_plane: ImageArray,
+    coefficients: YuvCoefficients,
+    scale: SampleScale,
+) -> ImageArray:
+    """NumPy reference of the kernels' P016 -> BGR uint8 conversion, bit for bit.
+
+    Planes as `nv12_to_bgr`'s with uint16 samples; each sample is brought to the 8-bit scale by
+    `scale` (vdet.core.contract.sample_scale), then converted as NV12 is.
+    """
+    y_plane = np.asarray(y_plane, np.uint16)
+    h, w = y_plane.shape[:2]
+    uv = np.asarray(uv_plane, np.uint16).reshape(uv_plane.shape[0], -1, 2)
+    luma = (y_plane.reshape(h, w) >> scale.shift).astype(np.float32) * np.float32(scale.scale)
+    chroma = ((uv >> scale.shift).astype(np.float32) - np.float32(scale.center)) * np.float32(
+        scale.scale
+    ) + np.float32(CHROMA_OFFSET)
+    return _yuv8_to_bgr(luma, chroma, coefficients)
+
+
+def _yuv8_to_bgr(luma8: np.ndarray, uv8: np.ndarray, k: YuvCoefficients) -> ImageArray:
+    """Float32 Y (h, w) and U, V pairs (ceil(h / 2), >= ceil(w / 2), 2) on the 8-bit scale ->
+    BGR uint8, each pixel with the chroma pair of its 2 x 2 block."""
+    h, w = luma8.shape
     rows, cols = np.arange(h) // 2, np.arange(w) // 2
-    u = uv[rows][:, cols, 0].astype(np.float32) - np.float32(CHROMA_OFFSET)
-    v = uv[rows][:, cols, 1].astype(np.float32) - np.float32(CHROMA_OFFSET)
-    k = coefficients
-    luma = (y_plane.reshape(h, w).astype(np.float32) - k.y_offset) * k.y_scale
+    u = uv8[rows][:, cols, 0] - np.float32(CHROMA_OFFSET)
+    v = uv8[rows][:, cols, 1] - np.float32(CHROMA_OFFSET)
+    luma = (luma8 - k.y_offset) * k.y_scale
     r = luma + k.r_v * v
     g = (luma - k.g_u * u) - k.g_v * v
     b = luma + k.b_u * u
@@ -306,7 +346,7 @@ class GpuOps:
             transform = compute_letterbox((w, h), (H, W))
             descriptors.append(self._frame(view.ptr, 0, pitch, 0, transform))
             transforms.append(transform)
-        self._letterbox(f"vdet_letterbox_bgr_{suffix}", descriptors, None, out_view, stream)
+        self._letterbox(f"vdet_letterbox_bgr_{suffix}", descriptors, [], out_view, stream)
         return transforms
 
     def letterbox_nv12(
@@ -326,26 +366,74 @@ class GpuOps:
         pitch (PyNvVideoCodec's planes, or slices of a decoder's (3h/2, w) surface). The result
         equals `nv12_to_bgr` followed by `letterbox`, within the latter's 1 / 255.
         """
-        if len(y_planes) != len(uv_planes):
-            raise ValueError(f"got {len(y_planes)} Y planes and {len(uv_planes)} UV planes")
         out_view = self.backend.array(out)
         H, W, suffix = _check_output(out_view, len(y_planes))
+        descriptors, transforms = self._yuv420_frames(y_planes, uv_planes, (H, W), np.uint8)
         coefficients = yuv_coefficients(matrix, full_range)
+        self._letterbox(
+            f"vdet_letterbox_nv12_{suffix}",
+            descriptors,
+            [_yuv_struct(coefficients)],
+            out_view,
+            stream,
+        )
+        return transforms
+
+    def letterbox_p016(
+        self,
+        y_planes: Sequence[object],
+        uv_planes: Sequence[object],
+        out: object,
+        *,
+        matrix: YuvMatrix = "bt709",
+        full_range: bool = False,
+        bits: int = 10,
+        stream: object = None,
+    ) -> list[LetterboxTransform]:
+        """`letterbox_nv12` for P016 frames: the same planes with uint16 samples, each holding a
+        `bits`-bit value (9..16) in its high bits (NVDEC's surface for 10- and 12-bit video).
+        The result equals `p016_to_bgr` followed by `letterbox`, within the latter's 1 / 255.
+        """
+        out_view = self.backend.array(out)
+        H, W, suffix = _check_output(out_view, len(y_planes))
+        colour_range = ColourRange.FULL if full_range else ColourRange.LIMITED
+        scale = sample_scale(bits, colour_range)
+        descriptors, transforms = self._yuv420_frames(y_planes, uv_planes, (H, W), np.uint16)
+        coefficients = yuv_coefficients(matrix, full_range)
+        args: list[KernelArg] = [
+            _yuv_struct(coefficients),
+            _SampleScale(scale.shift, scale.scale, scale.center),
+        ]
+        self._letterbox(f"vdet_letterbox_p016_{suffix}", descriptors, args, out_view, stream)
+        return transforms
+
+    def _yuv420_frames(
+        self,
+        y_planes: Sequence[object],
+        uv_planes: Sequence[object],
+        input_hw: tuple[int, int],
+        sample: type[np.unsignedinteger],
+    ) -> tuple[list[_Frame], list[LetterboxTransform]]:
+        """The descriptors of 4:2:0 frames (Y plane, interleaved UV plane) of `sample`s."""
+        if len(y_planes) != len(uv_planes):
+            raise ValueError(f"got {len(y_planes)} Y planes and {len(uv_planes)} UV planes")
+        dtype = np.dtype(sample)
+        size = dtype.itemsize
         descriptors, transforms = [], []
         for i, (y_obj, uv_obj) in enumerate(zip(y_planes, uv_planes, strict=True)):
             y, uv = self.backend.array(y_obj), self.backend.array(uv_obj)
-            if y.dtype != np.uint8 or len(y.shape) not in (2, 3) or y.shape[2:] not in ((), (1,)):
-                raise ValueError(f"Y plane {i} must be (h, w) uint8, got {y.shape} {y.dtype}")
+            if y.dtype != dtype or len(y.shape) not in (2, 3) or y.shape[2:] not in ((), (1,)):
+                raise ValueError(f"Y plane {i} must be (h, w) {dtype}, got {y.shape} {y.dtype}")
             h, w = y.shape[0], y.shape[1]
-            if y.strides[1] != 1:
+            if y.strides[1] != size:
                 raise ValueError(f"Y plane {i} must have contiguous rows")
             ch, cw = (h + 1) // 2, (w + 1) // 2
-            if uv.dtype != np.uint8:
-                raise ValueError(f"UV plane {i} must be uint8, got {uv.dtype}")
+            if uv.dtype != dtype:
+                raise ValueError(f"UV plane {i} must be {dtype}, got {uv.dtype}")
             if len(uv.shape) == 2:
-                pairs, packed = uv.shape[1] // 2, uv.strides[1] == 1
+                pairs, packed = uv.shape[1] // 2, uv.strides[1] == size
             elif len(uv.shape) == 3 and uv.shape[2] == 2:
-                pairs, packed = uv.shape[1], uv.strides[1:] == (2, 1)
+                pairs, packed = uv.shape[1], uv.strides[1:] == (2 * size, size)
             else:
                 raise ValueError(f"UV plane {i} must be (h/2, w) or (h/2, w/2, 2), got {uv.shape}")
             if uv.shape[0] < ch or pairs < cw or not packed:
@@ -353,21 +441,18 @@ class GpuOps:
                     f"UV plane {i} must hold {ch} rows of {cw} packed U,V pairs for a {w}x{h} "
                     f"frame, got shape {uv.shape} strides {uv.strides}"
                 )
-            transform = compute_letterbox((w, h), (H, W))
+            transform = compute_letterbox((w, h), input_hw)
             descriptors.append(
                 self._frame(
                     y.ptr,
                     uv.ptr,
-                    _check_pitch(y.strides[0], w, f"Y plane {i}"),
-                    _check_pitch(uv.strides[0], 2 * cw, f"UV plane {i}"),
+                    _check_pitch(y.strides[0], w * size, f"Y plane {i}"),
+                    _check_pitch(uv.strides[0], 2 * cw * size, f"UV plane {i}"),
                     transform,
                 )
             )
             transforms.append(transform)
-        self._letterbox(
-            f"vdet_letterbox_nv12_{suffix}", descriptors, coefficients, out_view, stream
-        )
-        return transforms
+        return descriptors, transforms
 
     @staticmethod
     def _frame(
@@ -383,10 +468,12 @@ class GpuOps:
         self,
         kernel: str,
         descriptors: Sequence[_Frame],
-        coefficients: YuvCoefficients | None,
+        pixel_args: Sequence[KernelArg],
         out: DeviceArray,
         stream: object,
     ) -> None:
+        """Launch `kernel` over `descriptors` (at most MAX_FRAMES a launch); `pixel_args` go
+        between the batch and the output (the YUV coefficients, the sample scale)."""
         H, W = out.shape[2], out.shape[3]
         frame_bytes = 3 * H * W * out.dtype.itemsize
         handle = stream_handle(stream)
@@ -395,9 +482,7 @@ class GpuOps:
             batch = _FrameBatch()
             for i, descriptor in enumerate(chunk):
                 batch.frames[i] = descriptor
-            args: list[KernelArg] = [batch]
-            if coefficients is not None:
-                args.append(_yuv_struct(coefficients))
+            args: list[KernelArg] = [batch, *pixel_args]
             args += [_u64(out.ptr + start * frame_bytes), ctypes.c_int(H), ctypes.c_int(W)]
             grid = ((W + 31) // 32, (H + 7) // 8, len(chunk))
             self.backend.launch(kernel, grid, LETTERBOX_BLOCK, 0, handle, args)

@@ -61,7 +61,7 @@ class Batcher:
     def submit(self, frame: GpuVideoFrame, params: PostprocessParams) -> RunResult:
         started = time.perf_counter()
         geometry = Nv12Geometry.of(
-            frame.size_wh, self.runner.input_hw, frame.matrix, frame.colour_range
+            frame.size_wh, self.runner.input_hw, frame.matrix, frame.colour_range, frame.bits
         )
         with self._cond:
             while not self._closed and (

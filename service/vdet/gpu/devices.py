@@ -43,7 +43,13 @@ from vdet.core.types import Detections, ImageArray, StageTimings
 from vdet.cuda.capture_guard import CUDA_WORK
 from vdet.cuda.host_wait import HostWait
 from vdet.gpu.batcher import Batcher
-from vdet.gpu.frame_ops import DecodeNmsFn, Nv12Geometry, PreprocessFn, kernel_ops, nv12_to_rgb_u8
+from vdet.gpu.frame_ops import (
+    DecodeNmsFn,
+    Nv12Geometry,
+    PreprocessFn,
+    kernel_ops,
+    surface_to_rgb_u8,
+)
 from vdet.gpu.graphs import BatchedGraphRunner, CudaGraphRunner, Network, RunnerOptions
 from vdet.gpu.input_shapes import COMMON_SOURCE_WH, InputShapes, has_rect_inputs
 from vdet.gpu.placement import PlacementError, SourceDemand, assign
@@ -106,11 +112,11 @@ def choose_ops(
 
 def frame_to_bgr(frame: GpuVideoFrame) -> ImageArray:
     """The frame as an 8-bit BGR host image (snapshots), converted on its device."""
-    geometry = Nv12Geometry.of(frame.size_wh, (2, 2), frame.matrix, frame.colour_range)
+    geometry = Nv12Geometry.of(frame.size_wh, (2, 2), frame.matrix, frame.colour_range, frame.bits)
     if frame.ready is not None:
         frame.ready.synchronize()
     with CUDA_WORK.work(), torch.no_grad():
-        rgb = nv12_to_rgb_u8(frame.nv12, geometry)  # (3, h, w) float32 0..255
+        rgb = surface_to_rgb_u8(frame.nv12, geometry)  # (3, h, w) float32 0..255
         bgr = rgb.flip(0).permute(1, 2, 0).to(torch.uint8).contiguous()
     return np.ascontiguousarray(bgr.cpu().numpy())
 

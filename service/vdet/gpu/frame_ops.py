@@ -47,6 +47,7 @@ from vdet.core.contract import (
     PostprocessParams,
     compute_letterbox,
     float32,
+    sample_scale,
     yuv_coefficients,
 )
 from vdet.core.types import ColourMatrix, ColourRange, FloatArray, IntArray
@@ -58,10 +59,13 @@ DETECTION_COLUMNS = 6
 
 @dataclass(frozen=True)
 class Nv12Geometry:
-    """Everything a preprocess launch needs besides the pixels: sizes, letterbox, colour.
+    """Everything a preprocess launch needs besides the pixels: sizes, letterbox, colour, and
+    the surface's sample depth.
 
     Frozen and hashable: runners key their captured graphs by it. `new_wh`, `left`, `top` come
-    from `compute_letterbox` on the host, never recomputed on the device.
+    from `compute_letterbox` on the host, never recomputed on the device. `bits` 8 is an NV12
+    surface (uint8); 9..16 a P016 one (NVDEC's for 10- and 12-bit video: the same layout with
+    uint16 samples, each `bits`-bit value in the high bits).
     """
 
     source_wh: tuple[int, int]
@@ -71,11 +75,14 @@ class Nv12Geometry:
     top: int
     matrix: ColourMatrix
     colour_range: ColourRange
+    bits: int = 8
 
     def __post_init__(self) -> None:
         w, h = self.source_wh
         if w < 2 or h < 2 or w % 2 or h % 2:
             raise ValueError(f"NV12 frames have even sizes of at least 2, got {w}x{h}")
+        if not 8 <= self.bits <= 16:
+            raise ValueError(f"surfaces hold 8- to 16-bit samples, got {self.bits} bits")
 
     @classmethod
     def of(
@@ -84,6 +91,7 @@ class Nv12Geometry:
         input_hw: tuple[int, int],
         matrix: ColourMatrix = ColourMatrix.BT709,
         colour_range: ColourRange = ColourRange.LIMITED,
+        bits: int = 8,
     ) -> Nv12Geometry:
         # Every frame asks; a stream has one geometry (per resolution): computed once.
         return _geometry(
@@ -91,6 +99,7 @@ class Nv12Geometry:
             (int(input_hw[0]), int(input_hw[1])),
             ColourMatrix(matrix),
             ColourRange(colour_range),
+            int(bits),
         )
 
     @property
@@ -100,9 +109,15 @@ class Nv12Geometry:
 
     @property
     def nv12_shape(self) -> tuple[int, int]:
-        """(rows, columns) of the frame's NV12 buffer: h luma rows, then h / 2 rows of UV."""
+        """(rows, columns) of the frame's NV12 (or P016) buffer: h luma rows, then h / 2 rows
+        of UV."""
         w, h = self.source_wh
         return h * 3 // 2, w
+
+    @property
+    def surface_dtype(self) -> torch.dtype:
+        """uint8 for NV12, uint16 for P016."""
+        return torch.uint8 if self.bits == 8 else torch.uint16
 
 
 @functools.lru_cache(maxsize=256)
@@ -116,6 +131,7 @@ def _geometry(
     input_hw: tuple[int, int],
     matrix: ColourMatrix,
     colour_range: ColourRange,
+    bits: int,
 ) -> Nv12Geometry:
     t = _letterbox(source_wh, input_hw)
     return Nv12Geometry(
@@ -126,13 +142,15 @@ def _geometry(
         top=t.pad_y,
         matrix=matrix,
         colour_range=colour_range,
+        bits=bits,
     )
 
 
 class PreprocessFn(Protocol):
-    """Letterbox one NV12 frame into one network input slot, enqueued on `stream`.
+    """Letterbox one NV12 (or P016) frame into one network input slot, enqueued on `stream`.
 
-    `nv12`: (h * 3 / 2, w) uint8 on the device (rows may be padded: any row stride);
+    `nv12`: (h * 3 / 2, w) of `geometry.surface_dtype` on the device (rows may be padded: any
+    row stride);
     `out`: (3, H, W) float16 or float32 view of the network input; nothing else is written.
     `stream` is the torch stream the launch goes on (None: the current stream).
     """
@@ -167,6 +185,13 @@ class DecodeNmsFn(Protocol):
 # ------------------------------------------------------------------------------ preprocess
 
 
+def surface_to_rgb_u8(surface: torch.Tensor, geometry: Nv12Geometry) -> torch.Tensor:
+    """`nv12_to_rgb_u8` or `p016_to_rgb_u8`, as `geometry.bits` says."""
+    if geometry.bits == 8:
+        return nv12_to_rgb_u8(surface, geometry)
+    return p016_to_rgb_u8(surface, geometry)
+
+
 def nv12_to_rgb_u8(nv12: torch.Tensor, geometry: Nv12Geometry) -> torch.Tensor:
     """(3, h, w) float32 RGB holding integers 0..255: the 8-bit image a CPU decoder would give."""
     w, h = geometry.source_wh
@@ -179,16 +204,18 @@ def nv12_to_rgb_u8(nv12: torch.Tensor, geometry: Nv12Geometry) -> torch.Tensor:
     return _yuv8_to_rgb_u8(planes[:h], planes[h:], geometry)
 
 
-def p016_to_rgb_u8(p016: torch.Tensor, geometry: Nv12Geometry, bits: int = 10) -> torch.Tensor:
+def p016_to_rgb_u8(p016: torch.Tensor, geometry: Nv12Geometry) -> torch.Tensor:
     """(3, h, w) float32 RGB holding integers 0..255 from a 16-bit 4:2:0 surface (P016: NVDEC's
-    output for 10- and 12-bit video, each `bits`-bit sample in the high bits of 16; Y rows,
-    then interleaved U, V rows), the 8-bit image a CPU decoder would give.
+    output for 10- and 12-bit video, each `geometry.bits`-bit sample in the high bits of 16; Y
+    rows, then interleaved U, V rows), the 8-bit image a CPU decoder would give.
 
-    Samples are brought to the 8-bit scale first, then converted as NV12 is: limited range
-    divides by 2^(bits-8) (luma 64..940 at 10 bits is 16..235), full range maps 0..2^bits-1 to
-    0..255 with chroma centred on 2^(bits-1) (ITU-R BT.2100's full-range quantisation).
+    Samples are brought to the 8-bit scale first (vdet.core.contract.sample_scale: limited
+    range divides by 2^(bits-8), so luma 64..940 at 10 bits is 16..235; full range maps
+    0..2^bits-1 to 0..255 with chroma centred on 2^(bits-1), ITU-R BT.2100's full-range
+    quantisation), then converted as NV12 is.
     """
     w, h = geometry.source_wh
+    bits = geometry.bits
     if (
         p016.dim() != 2
         or tuple(p016.shape) != geometry.nv12_shape
@@ -199,14 +226,10 @@ def p016_to_rgb_u8(p016: torch.Tensor, geometry: Nv12Geometry, bits: int = 10) -
             f"p016 must be {geometry.nv12_shape} uint16 for a {w}x{h} frame and bits 9..16, "
             f"got {tuple(p016.shape)} {p016.dtype}, bits {bits}"
         )
-    samples = (p016.to(torch.int32) >> (16 - bits)).float()
-    if geometry.colour_range is ColourRange.LIMITED:
-        planes = samples / float(1 << (bits - 8))
-        luma, chroma = planes[:h], planes[h:]
-    else:
-        top = float((1 << bits) - 1)
-        luma = samples[:h] * (255.0 / top)
-        chroma = (samples[h:] - float(1 << (bits - 1))) * (255.0 / top) + float(CHROMA_OFFSET)
+    scale = sample_scale(bits, geometry.colour_range)
+    samples = (p016.to(torch.int32) >> scale.shift).float()
+    luma = samples[:h] * scale.scale
+    chroma = (samples[h:] - scale.center) * scale.scale + float(CHROMA_OFFSET)
     return _yuv8_to_rgb_u8(luma, chroma, geometry)
 
 
@@ -234,12 +257,13 @@ def nv12_letterbox_reference(
     out: torch.Tensor,
     stream: torch.cuda.Stream | None = None,
 ) -> None:
-    """`PreprocessFn` in torch ops: NV12 -> 8-bit RGB -> the CPU letterbox, into `out`."""
+    """`PreprocessFn` in torch ops: NV12 (or P016) -> 8-bit RGB -> the CPU letterbox, into
+    `out`."""
     H, W = geometry.input_hw
     if tuple(out.shape) != (3, H, W):
         raise ValueError(f"out must have shape (3, {H}, {W}), got {tuple(out.shape)}")
     with on_stream(stream):
-        rgb = nv12_to_rgb_u8(nv12, geometry)
+        rgb = surface_to_rgb_u8(nv12, geometry)
         new_w, new_h = geometry.new_wh
         if (new_w, new_h) != geometry.source_wh:
             rgb = functional.interpolate(
@@ -410,14 +434,26 @@ def kernel_ops(device: int = 0) -> tuple[PreprocessFn, DecodeNmsFn]:
         stream: torch.cuda.Stream | None,
     ) -> None:
         h = geometry.source_wh[1]
-        ops.letterbox_nv12(
-            [nv12[:h]],
-            [nv12[h:]],
-            out[None],
-            matrix=geometry.matrix.value,
-            full_range=geometry.colour_range is ColourRange.FULL,
-            stream=stream,
-        )
+        full_range = geometry.colour_range is ColourRange.FULL
+        if geometry.bits == 8:
+            ops.letterbox_nv12(
+                [nv12[:h]],
+                [nv12[h:]],
+                out[None],
+                matrix=geometry.matrix.value,
+                full_range=full_range,
+                stream=stream,
+            )
+        else:
+            ops.letterbox_p016(
+                [nv12[:h]],
+                [nv12[h:]],
+                out[None],
+                matrix=geometry.matrix.value,
+                full_range=full_range,
+                bits=geometry.bits,
+                stream=stream,
+            )
 
     def decode_nms(
         raw: torch.Tensor,
@@ -463,4 +499,5 @@ __all__ = [
     "nv12_to_rgb_u8",
     "p016_to_rgb_u8",
     "rows_to_arrays",
+    "surface_to_rgb_u8",
 ]

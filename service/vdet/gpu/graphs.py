@@ -164,6 +164,9 @@ class Nv12Frame(Protocol):
     def colour_range(self) -> ColourRange: ...
 
     @property
+    def bits(self) -> int: ...
+
+    @property
     def ready(self) -> torch.cuda.Event | None: ...
 
 
@@ -515,7 +518,8 @@ class CudaGraphRunner(_RunnerBase):
         params: PostprocessParams,
         ready: torch.cuda.Event | None = None,
     ) -> RunResult:
-        """Detect in one NV12 frame; blocks until its result is on the host.
+        """Detect in one NV12 (or P016: `geometry.bits`) frame; blocks until its result is on
+        the host.
 
         `ready` (the decoder's event) is waited on by this source's stream before the frame is
         read (without one: the caller's current stream); the frame's memory is marked in use
@@ -523,9 +527,10 @@ class CudaGraphRunner(_RunnerBase):
         """
         if geometry.input_hw != self.input_hw:
             raise ValueError(f"geometry is for input {geometry.input_hw}, runner {self.input_hw}")
-        if tuple(nv12.shape) != geometry.nv12_shape or nv12.dtype != torch.uint8:
+        if tuple(nv12.shape) != geometry.nv12_shape or nv12.dtype != geometry.surface_dtype:
             raise ValueError(
-                f"nv12 must be {geometry.nv12_shape} uint8, got {tuple(nv12.shape)} {nv12.dtype}"
+                f"nv12 must be {geometry.nv12_shape} {geometry.surface_dtype}, got "
+                f"{tuple(nv12.shape)} {nv12.dtype}"
             )
         started = time.perf_counter()
         key = (geometry, params)
@@ -547,7 +552,9 @@ class CudaGraphRunner(_RunnerBase):
 
     def run_frame(self, frame: Nv12Frame, params: PostprocessParams) -> RunResult:
         """`run` with the geometry and colour a decoded frame carries."""
-        geometry = Nv12Geometry.of(frame.size_wh, self.input_hw, frame.matrix, frame.colour_range)
+        geometry = Nv12Geometry.of(
+            frame.size_wh, self.input_hw, frame.matrix, frame.colour_range, frame.bits
+        )
         return self.run(frame.nv12, geometry, params, frame.ready)
 
 

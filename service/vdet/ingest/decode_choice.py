@@ -25,8 +25,9 @@ ReasonLabel = Literal["none", "configured", "unavailable", "codec", "format", "s
 
 # Codec names as FFmpeg spells them that the NVDEC path feeds (H.264 and HEVC Annex B).
 NVDEC_PATH_CODECS = ("h264", "hevc")
-# (chroma, bit depth) of the NVDEC surfaces the GPU pipeline converts: NV12.
-GPU_SURFACES: frozenset[tuple[str, int]] = frozenset({("420", 8)})
+# (chroma, bit depth) of the NVDEC surfaces the GPU pipeline converts: NV12 (8-bit 4:2:0) and
+# P016 (10- and 12-bit 4:2:0). 4:4:4 and 4:2:2 surfaces are not converted: the CPU decodes them.
+GPU_SURFACES: frozenset[tuple[str, int]] = frozenset({("420", 8), ("420", 10), ("420", 12)})
 _CHROMA_NAMES = {"420": "4:2:0", "422": "4:2:2", "444": "4:4:4", "400": "monochrome"}
 
 

@@ -1,9 +1,10 @@
-"""NVDEC decode with PyNvVideoCodec: H.264 / HEVC packets -> NV12 frames in GPU memory.
+"""NVDEC decode with PyNvVideoCodec: H.264 / HEVC packets -> NV12 / P016 frames in GPU memory.
 
 This module owns one hardware decoder session per stream (`NvdecDecoder`), the frame type it
 hands on (`GpuVideoFrame`: NV12 as a torch CUDA uint8 tensor (h * 3 / 2, w), Y rows then
-interleaved UV rows, plus the colour matrix and range the stream declares and the CUDA event
-after which the pixels are valid), `nvdec_available()`, and `decode_file`, which reads a file
+interleaved UV rows, or for 10- and 12-bit video P016, the same layout in uint16, plus the
+colour matrix and range the stream declares and the CUDA event after which the pixels are
+valid), `nvdec_available()`, and `decode_file`, which reads a file
 with PyNvVideoCodec's own demuxer (no PyAV needed). Feeding it from PyAV (RTSP, HTTP, files,
 with interrupts and pacing) is vdet.ingest.nvdec_reader; this module must not import PyAV.
 
@@ -26,6 +27,12 @@ Facts it relies on (PyNvVideoCodec 2.2.4 and its C++ source; tests/ingest/test_i
   (NvDecoder reconfigures and scales to the first size, or throws when larger than its
   maximum). So a changed SPS starts a new session here, after flushing the old one.
 - Frames of odd width or height do not occur: 4:2:0 cropping is in units of two pixels.
+- 10- and 12-bit 4:2:0 video comes out as P016 (`Pixel_Format.P016`): Y rows of w uint16
+  samples, then h / 2 rows of interleaved U, V, each value in the high bits, in one packed
+  buffer. Its DLPack view is (h * 3 / 2, w) uint16, but PyNvVideoCodec 2.2 describes it with
+  a column stride of 2 samples (ExternalBuffer::LoadDLPack takes the stride {w, 2}); the
+  frames are read through a view with the packed strides (w, 1) instead, which
+  tests/ingest/test_ingest_nvdec_gpu.py checks sample for sample against FFmpeg's decode.
 - `GetDecoderCaps(gpuid, codec, chromaformat, bitdepth)`: `cudaVideoChromaFormat`'s members
   are named `Monochrome`, `420`, `422`, `444` (`420` is no Python identifier: reach it through
   `__members__`), `bitdepth` is the bit depth itself (8, 10); the answer is a dict (`supported`,
@@ -77,7 +84,9 @@ class GpuVideoFrame:
     """One decoded frame in GPU memory, as NVDEC ingest hands it to the GPU pipeline.
 
     `nv12` is (height * 3 / 2, width) uint8 on the GPU: `height` rows of Y, then `height / 2`
-    rows of interleaved U, V. It is valid once `ready` has completed (record on `stream`);
+    rows of interleaved U, V; for `bits` > 8 (10- and 12-bit video) it is the P016 surface,
+    the same layout in uint16 with each `bits`-bit value in the high bits. It is valid once
+    `ready` has completed (record on `stream`);
     a consumer on another stream calls `wait(consumer_stream)` first. `matrix` and
     `colour_range` are what the stream declares (see `colour_from_metadata`). Times as in
     `VideoFrame`: `arrival_time` is the wall clock when the packet completing the frame was
@@ -96,15 +105,17 @@ class GpuVideoFrame:
     colour_range: ColourRange
     stream: torch.cuda.Stream | None
     ready: torch.cuda.Event | None
+    bits: int = 8
 
     def __post_init__(self) -> None:
         w, h = self.width, self.height
         if w < 2 or h < 2 or w % 2 or h % 2:
             raise ValueError(f"NV12 frames have even sizes of at least 2, got {w}x{h}")
-        if tuple(self.nv12.shape) != (h * 3 // 2, w) or self.nv12.dtype != torch.uint8:
+        dtype = surface_dtype(self.bits)
+        if tuple(self.nv12.shape) != (h * 3 // 2, w) or self.nv12.dtype != dtype:
             raise ValueError(
-                f"nv12 must be ({h * 3 // 2}, {w}) uint8, got {tuple(self.nv12.shape)} "
-                f"{self.nv12.dtype}"
+                f"nv12 must be ({h * 3 // 2}, {w}) {dtype} for {self.bits}-bit samples, got "
+                f"{tuple(self.nv12.shape)} {self.nv12.dtype}"
             )
 
     @property
@@ -128,15 +139,24 @@ class GpuVideoFrame:
             self.nv12.record_stream(stream)
 
 
+def surface_dtype(bits: int) -> torch.dtype:
+    """The sample type of a surface of `bits`-bit samples: uint8 (NV12) or uint16 (P016)."""
+    if not 8 <= bits <= 16:
+        raise ValueError(f"surfaces hold 8- to 16-bit samples, got {bits} bits")
+    return torch.uint8 if bits == 8 else torch.uint16
+
+
 @dataclass(frozen=True)
 class DecodedNv12:
-    """A frame as `NvdecDecoder` returns it, before the reader adds source and timing."""
+    """A frame as `NvdecDecoder` returns it, before the reader adds source and timing
+    (`nv12` uint8, or uint16 P016 for `bits` > 8)."""
 
     nv12: torch.Tensor
     width: int
     height: int
     pts: int | None
     ready: torch.cuda.Event | None
+    bits: int = 8
 
 
 # ---------------------------------------------------------------------------- availability
@@ -341,6 +361,11 @@ class NvdecDecoder:
     decoder and the frame copies run on (default: a new one); frames' `ready` events are
     recorded on it.
 
+    `sample_bits`: the bit depth of the stream's samples when NVDEC hands out 16-bit (P016)
+    surfaces, which the reader sets from the sequence's format; unknown (None), P016 frames
+    say 16 bits, which converts limited-range video exactly as its real depth would and
+    full-range within a quarter of a level.
+
     Not thread-safe: one reader thread owns it. `nvc` replaces the PyNvVideoCodec module
     (tests); `device` "cpu" is for such tests only.
 
@@ -384,6 +409,7 @@ class NvdecDecoder:
         self.sessions = 0
         self.session_create_seconds = 0.0  # summed over `sessions`
         self.dropped_packets = 0
+        self.sample_bits: int | None = None
 
     @property
     def latency(self) -> str:
@@ -495,14 +521,25 @@ class NvdecDecoder:
     def _take(self, frame: Any, pts_known: bool) -> DecodedNv12:
         with on_stream(self.stream):
             view = from_dlpack(frame)
-            if view.dim() != 2 or view.dtype != torch.uint8 or view.shape[0] % 3:
+            if (
+                view.dim() != 2
+                or view.dtype not in (torch.uint8, torch.uint16)
+                or view.shape[0] % 3
+            ):
                 raise NvdecError(
-                    f"expected an NV12 frame (h * 3 / 2, w) uint8 from NVDEC, got "
-                    f"{tuple(view.shape)} {view.dtype}"
+                    f"expected an NV12 (uint8) or P016 (uint16) frame (h * 3 / 2, w) from "
+                    f"NVDEC, got {tuple(view.shape)} {view.dtype}"
                 )
-            height, width = view.shape[0] * 2 // 3, view.shape[1]
+            rows, width = int(view.shape[0]), int(view.shape[1])
+            height = rows * 2 // 3
+            bits = 8
+            if view.dtype == torch.uint16:
+                bits = self.sample_bits or 16
+                # PyNvVideoCodec 2.2 gives P016 a column stride of 2 samples; the buffer is
+                # packed rows of `width` samples (module docstring).
+                view = view.as_strided((rows, width), (width, 1), view.storage_offset())
             if self.copy_frames:
-                nv12 = torch.empty((view.shape[0], width), dtype=torch.uint8, device=view.device)
+                nv12 = torch.empty((rows, width), dtype=view.dtype, device=view.device)
                 nv12.copy_(view, non_blocking=True)
             else:
                 nv12 = view
@@ -511,7 +548,7 @@ class NvdecDecoder:
                 ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 ready.record(self.stream)
         pts = int(frame.getPTS()) if pts_known else None
-        return DecodedNv12(nv12, int(width), int(height), pts, ready)
+        return DecodedNv12(nv12, width, height, pts, ready, bits)
 
 
 # --------------------------------------------------------------------- files, no PyAV
@@ -602,6 +639,7 @@ def decode_file(
                 colour_range=colour_range,
                 stream=decoder.stream,
                 ready=frame.ready,
+                bits=frame.bits,
             )
             index += 1
 
@@ -634,4 +672,5 @@ __all__ = [
     "nal_units",
     "nvdec_available",
     "sequence_header",
+    "surface_dtype",
 ]

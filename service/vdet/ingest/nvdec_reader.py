@@ -144,6 +144,7 @@ class NvdecSourceReader(SourceReader):
         self._nvc = nvc
         self._device = device
         self.choice: DecodeChoice = NVDEC
+        self.format: VideoFormat | None = None  # the current sequence's, when FFmpeg told
         self.decoder_switches = 0
         self.decoder: NvdecDecoder | None = None
 
@@ -161,6 +162,7 @@ class NvdecSourceReader(SourceReader):
         fmt = format_of(info.codec, context.pix_fmt, info.width, info.height)
         if fmt is None and info.codec not in NVDEC_CODECS:  # its name alone rules NVDEC out
             fmt = VideoFormat(info.codec, "420", 8, info.width, info.height)
+        self.format = fmt
         self.choice = choose(fmt, self._caps)
         if self.choice.path == "cpu":
             if self.strict:
@@ -221,7 +223,10 @@ class NvdecSourceReader(SourceReader):
         arrival: float,
     ) -> Iterator[GpuVideoFrame | VideoFrame | DecodeError]:
         """A new sequence: choose its decoder; moving, drain the one it leaves."""
-        choice = choose(_probe_format(gpu.codec, units), self._caps)
+        fmt = _probe_format(gpu.codec, units)
+        if fmt is not None:
+            self.format = fmt
+        choice = choose(fmt, self._caps)
         if choice.path != self.choice.path:
             if self.choice.path == "nvdec":
                 yield from gpu.flush(arrival)
@@ -338,6 +343,8 @@ class _NvdecDecoding:
                 nvc=self.reader._nvc,
                 device=self.reader._device,
             )
+        fmt = self.reader.format
+        self.reader.decoder.sample_bits = fmt.bit_depth if fmt and fmt.bit_depth > 8 else None
         return self.reader.decoder
 
     def feed(
@@ -427,6 +434,7 @@ class _NvdecDecoding:
                 colour_range=self.colour_range,
                 stream=None if decoder is None else decoder.stream,
                 ready=frame.ready,
+                bits=frame.bits,
             )
             cpu.index += 1
 

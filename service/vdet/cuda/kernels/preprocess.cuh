@@ -1,4 +1,5 @@
-/* Letterbox preprocess: BGR uint8 or NV12 frames -> padded, normalised RGB NCHW (fp32 / fp16).
+/* Letterbox preprocess: BGR uint8, NV12 or P016 frames -> padded, normalised RGB NCHW (fp32 /
+ * fp16).
  *
  * The contract is docs/conventions.md ("Letterbox pixels"): one output pixel per thread;
  * outside the resized area the value is VDET_PAD_VALUE / 255 (bit exact); inside it, the source
@@ -10,6 +11,10 @@
  * NV12 frames are converted per source pixel (nearest chroma sample, as cv2's NV12 conversion
  * does) to RGB uint8 first, with the coefficients in VdetYuvCoefficients, so that "convert to
  * BGR, then letterbox" on the CPU is the reference for this path too.
+ *
+ * P016 frames (NVDEC's surface for 10- and 12-bit video: the NV12 layout with 16-bit samples,
+ * each holding its value in the high bits) are brought to the 8-bit scale per sample first, by
+ * VdetSampleScale (vdet_kernels.h), then converted exactly as NV12 is.
  */
 #ifndef VDET_PREPROCESS_CUH
 #define VDET_PREPROCESS_CUH
@@ -44,15 +49,12 @@ __device__ __forceinline__ VdetRgb vdet_fetch_bgr(const VdetFrame& f, int x, int
     return c;
 }
 
-__device__ __forceinline__ VdetRgb vdet_fetch_nv12(
-    const VdetFrame& f, const VdetYuvCoefficients& k, int x, int y) {
-    const unsigned char* yp =
-        reinterpret_cast<const unsigned char*>(f.plane0) + (long long)y * f.pitch0 + x;
-    const unsigned char* uvp = reinterpret_cast<const unsigned char*>(f.plane1) +
-                               (long long)(y >> 1) * f.pitch1 + ((x >> 1) << 1);
-    const float luma = __fmul_rn(__fsub_rn((float)yp[0], k.y_offset), k.y_scale);
-    const float u = __fsub_rn((float)uvp[0], (float)VDET_CHROMA_OFFSET);
-    const float v = __fsub_rn((float)uvp[1], (float)VDET_CHROMA_OFFSET);
+/* Y, U, V on the 8-bit scale -> rounded RGB (vdet_kernels.h, VdetYuvCoefficients). */
+__device__ __forceinline__ VdetRgb vdet_yuv8_to_rgb(
+    const VdetYuvCoefficients& k, float y8, float u8, float v8) {
+    const float luma = __fmul_rn(__fsub_rn(y8, k.y_offset), k.y_scale);
+    const float u = __fsub_rn(u8, (float)VDET_CHROMA_OFFSET);
+    const float v = __fsub_rn(v8, (float)VDET_CHROMA_OFFSET);
     VdetRgb c;
     c.r = vdet_u8_rn(__fadd_rn(luma, __fmul_rn(k.r_v, v)));
     c.g = vdet_u8_rn(__fsub_rn(__fsub_rn(luma, __fmul_rn(k.g_u, u)), __fmul_rn(k.g_v, v)));
@@ -60,10 +62,49 @@ __device__ __forceinline__ VdetRgb vdet_fetch_nv12(
     return c;
 }
 
-template <bool kNv12>
-__device__ __forceinline__ VdetRgb vdet_fetch(
+__device__ __forceinline__ VdetRgb vdet_fetch_nv12(
     const VdetFrame& f, const VdetYuvCoefficients& k, int x, int y) {
-    if (kNv12) return vdet_fetch_nv12(f, k, x, y);
+    const unsigned char* yp =
+        reinterpret_cast<const unsigned char*>(f.plane0) + (long long)y * f.pitch0 + x;
+    const unsigned char* uvp = reinterpret_cast<const unsigned char*>(f.plane1) +
+                               (long long)(y >> 1) * f.pitch1 + ((x >> 1) << 1);
+    return vdet_yuv8_to_rgb(k, (float)yp[0], (float)uvp[0], (float)uvp[1]);
+}
+
+/* A 16-bit sample's value on the 8-bit scale: luma v * scale, chroma (v - center) * scale +
+ * VDET_CHROMA_OFFSET, with v = sample >> shift (exact for limited range: scale is a power of
+ * two). */
+__device__ __forceinline__ float vdet_luma8(const VdetSampleScale& s, unsigned short sample) {
+    return __fmul_rn((float)(sample >> s.shift), s.scale);
+}
+
+__device__ __forceinline__ float vdet_chroma8(const VdetSampleScale& s, unsigned short sample) {
+    const float v = __fsub_rn((float)(sample >> s.shift), s.center);
+    return __fadd_rn(__fmul_rn(v, s.scale), (float)VDET_CHROMA_OFFSET);
+}
+
+__device__ __forceinline__ VdetRgb vdet_fetch_p016(
+    const VdetFrame& f, const VdetYuvCoefficients& k, const VdetSampleScale& s, int x, int y) {
+    const unsigned char* y_row =
+        reinterpret_cast<const unsigned char*>(f.plane0) + (long long)y * f.pitch0;
+    const unsigned char* uv_row =
+        reinterpret_cast<const unsigned char*>(f.plane1) + (long long)(y >> 1) * f.pitch1;
+    const unsigned short* yp = reinterpret_cast<const unsigned short*>(y_row) + x;
+    const unsigned short* uvp = reinterpret_cast<const unsigned short*>(uv_row) + ((x >> 1) << 1);
+    return vdet_yuv8_to_rgb(
+        k, vdet_luma8(s, yp[0]), vdet_chroma8(s, uvp[0]), vdet_chroma8(s, uvp[1]));
+}
+
+/* The surfaces a letterbox kernel reads. */
+#define VDET_SURFACE_BGR 0
+#define VDET_SURFACE_NV12 1
+#define VDET_SURFACE_P016 2
+
+template <int kSurface>
+__device__ __forceinline__ VdetRgb vdet_fetch(
+    const VdetFrame& f, const VdetYuvCoefficients& k, const VdetSampleScale& s, int x, int y) {
+    if (kSurface == VDET_SURFACE_P016) return vdet_fetch_p016(f, k, s, x, y);
+    if (kSurface == VDET_SURFACE_NV12) return vdet_fetch_nv12(f, k, x, y);
     return vdet_fetch_bgr(f, x, y);
 }
 
@@ -97,17 +138,17 @@ __device__ __forceinline__ int vdet_lerp2(int p00, int p01, int p10, int p11, fl
     return vdet_u8_half_up(__fadd_rn(__fmul_rn(top, by), __fmul_rn(bottom, ay)));
 }
 
-template <bool kNv12>
+template <int kSurface>
 __device__ __forceinline__ VdetRgb vdet_bilinear(
-    const VdetFrame& f, const VdetYuvCoefficients& k, int dx, int dy) {
+    const VdetFrame& f, const VdetYuvCoefficients& k, const VdetSampleScale& s, int dx, int dy) {
     int x0, x1, y0, y1;
     float ax, ay;
     vdet_linear_taps(dx, f.src_w, f.new_w, x0, x1, ax);
     vdet_linear_taps(dy, f.src_h, f.new_h, y0, y1, ay);
-    const VdetRgb p00 = vdet_fetch<kNv12>(f, k, x0, y0);
-    const VdetRgb p01 = vdet_fetch<kNv12>(f, k, x1, y0);
-    const VdetRgb p10 = vdet_fetch<kNv12>(f, k, x0, y1);
-    const VdetRgb p11 = vdet_fetch<kNv12>(f, k, x1, y1);
+    const VdetRgb p00 = vdet_fetch<kSurface>(f, k, s, x0, y0);
+    const VdetRgb p01 = vdet_fetch<kSurface>(f, k, s, x1, y0);
+    const VdetRgb p10 = vdet_fetch<kSurface>(f, k, s, x0, y1);
+    const VdetRgb p11 = vdet_fetch<kSurface>(f, k, s, x1, y1);
     VdetRgb c;
     c.r = vdet_lerp2(p00.r, p01.r, p10.r, p11.r, ax, ay);
     c.g = vdet_lerp2(p00.g, p01.g, p10.g, p11.g, ax, ay);
@@ -117,9 +158,10 @@ __device__ __forceinline__ VdetRgb vdet_bilinear(
 
 /* Grid: (ceil(out_w / blockDim.x), ceil(out_h / blockDim.y), frames); frame z writes
  * out[z, 0:3, :, :]. */
-template <typename Out, bool kNv12>
+template <typename Out, int kSurface>
 __device__ __forceinline__ void vdet_letterbox(
-    const VdetFrameBatch& batch, const VdetYuvCoefficients& yuv, Out* out, int out_h, int out_w) {
+    const VdetFrameBatch& batch, const VdetYuvCoefficients& yuv, const VdetSampleScale& sample,
+    Out* out, int out_h, int out_w) {
     const int x = blockIdx.x * blockDim.x + threadIdx.x;
     const int y = blockIdx.y * blockDim.y + threadIdx.y;
     if (x >= out_w || y >= out_h) return;
@@ -134,9 +176,9 @@ __device__ __forceinline__ void vdet_letterbox(
     } else {
         VdetRgb c;
         if (f.new_w == f.src_w && f.new_h == f.src_h) {
-            c = vdet_fetch<kNv12>(f, yuv, dx, dy);
+            c = vdet_fetch<kSurface>(f, yuv, sample, dx, dy);
         } else {
-            c = vdet_bilinear<kNv12>(f, yuv, dx, dy);
+            c = vdet_bilinear<kSurface>(f, yuv, sample, dx, dy);
         }
         r = __fdiv_rn((float)c.r, (float)VDET_UNIT_SCALE);
         g = __fdiv_rn((float)c.g, (float)VDET_UNIT_SCALE);

@@ -26,6 +26,7 @@
  * BGR input: plane0 = first byte of an HxWx3 uint8 image, pitch0 = bytes per row; plane1 unused.
  * NV12 input: plane0 = Y plane (h rows of w bytes), plane1 = interleaved UV plane
  * (ceil(h/2) rows of ceil(w/2) U,V pairs), each with its own row pitch in bytes.
+ * P016 input: as NV12 with 16-bit samples (h rows of 2w bytes; U,V pairs of 4 bytes).
  * new_w, new_h, left, top: the letterbox geometry from compute_letterbox. */
 typedef struct VdetFrame {
     unsigned long long plane0;
@@ -58,6 +59,17 @@ typedef struct VdetYuvCoefficients {
     float g_v;
     float b_u;
 } VdetYuvCoefficients;
+
+/* A P016 sample (16 bits, the value in the high `16 - shift` bits) on the 8-bit scale, in float32
+ * and in this order (vdet.core.contract.sample_scale derives it; the references do the same):
+ *   v = sample >> shift;  luma = v * scale;  chroma = (v - center) * scale + VDET_CHROMA_OFFSET
+ * Limited range: scale = 2^-(bits - 8) and center = 2^(bits - 1), so both are exact divisions;
+ * full range: scale = 255 / (2^bits - 1) rounded to float32, chroma centred on 2^(bits - 1). */
+typedef struct VdetSampleScale {
+    int shift;
+    float scale;
+    float center;
+} VdetSampleScale;
 
 /* Bit c set: class c passes the class filter. */
 typedef struct VdetClassMask {

@@ -30,6 +30,8 @@ const std::map<std::string, Entry>& registry() {
         {"vdet_letterbox_bgr_f16", entry(vdet_letterbox_bgr_f16)},
         {"vdet_letterbox_nv12_f32", entry(vdet_letterbox_nv12_f32)},
         {"vdet_letterbox_nv12_f16", entry(vdet_letterbox_nv12_f16)},
+        {"vdet_letterbox_p016_f32", entry(vdet_letterbox_p016_f32)},
+        {"vdet_letterbox_p016_f16", entry(vdet_letterbox_p016_f16)},
         {"vdet_decode_candidates_f32", entry(vdet_decode_candidates_f32)},
         {"vdet_decode_candidates_f16", entry(vdet_decode_candidates_f16)},
         {"vdet_select_topk_f32", entry(vdet_select_topk_f32)},
