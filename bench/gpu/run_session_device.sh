@@ -18,6 +18,8 @@
 #             worker killed mid-window at 64 streams)
 #   media     bench/gpu/media_matrix.py: the media robustness matrix through vdet serve,
 #             gpu.decoder auto (NVDEC) beside gpu.decoder cpu
+#   tenbit    vdet bench serve, paced, on the sample clip as 8-bit and as 10-bit HEVC (IPPP):
+#             streams per GPU with NVDEC's NV12 vs P016 surfaces, same server, same counts
 # Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
 # samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
 # faster-coco-eval, the API's (fastapi, fastapi-offline, starlette, uvicorn, httptools, websockets,
@@ -27,10 +29,10 @@
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
-#   run: bash bench/gpu/run_session_device.sh tests|pipeline|streams|stability|rect|serve|media
+#   run: bash bench/gpu/run_session_device.sh tests|pipeline|streams|stability|rect|serve|media|tenbit
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-phase=${1:?tests, pipeline, streams, stability, rect, serve or media}
+phase=${1:?tests, pipeline, streams, stability, rect, serve, media or tenbit}
 DEST=${OUT:-}
 OUT=/tmp/vdet-out
 mkdir -p "$OUT"
@@ -104,6 +106,35 @@ media)
     --timeout 200 >"$OUT/media.log" 2>&1
   echo "media rc=$? ($((SECONDS - started)) s)"
   tail -n 17 "$OUT/media.log"
+  ;;
+tenbit)
+  # $VDET_TENBIT_STREAMS: the stream counts (default 64,112), each step 10 s, 2 clients.
+  counts=${VDET_TENBIT_STREAMS:-64,112}
+  unset VDET_TENBIT_STREAMS
+  install_venv
+  for depth in 8 10; do
+    fmt=yuv420p; [ "$depth" = 10 ] && fmt=yuv420p10le
+    /tmp/venv/bin/python -c "
+import sys
+from pathlib import Path
+from vdet.core.assets import sample_clip
+from vdet.modelkit.dataset.media_cases import reencode
+reencode(sample_clip(), Path(sys.argv[1]), 'libx265', sys.argv[2],
+         options={'preset': 'fast', 'x265-params': 'log-level=error:bframes=0'})
+" "/tmp/hevc$depth.mp4" "$fmt" >>"$OUT/tenbit.log" 2>&1
+    echo "encoded hevc$depth ($((SECONDS - started)) s)"
+  done
+  for depth in 8 10; do
+    # Half of what is left of 570 s to the 8-bit run, the rest to the 10-bit one.
+    left=$((570 - (SECONDS - started)))
+    [ "$depth" = 8 ] && left=$((left / 2))
+    timeout "$left" /tmp/venv/bin/vdet bench serve --backend torch \
+      --clip "/tmp/hevc$depth.mp4" --streams "$counts" --duration 10 --clients 2 \
+      --variant "hevc$depth:workers.processes=auto" \
+      --output "$OUT/serve-hevc$depth.json" >"$OUT/serve-hevc$depth.log" 2>&1
+    echo "bench serve hevc$depth rc=$? ($((SECONDS - started)) s)"
+    tail -n 12 "$OUT/serve-hevc$depth.log"
+  done
   ;;
 tests)
   install_venv  # the serve tests start `vdet serve`

@@ -45,6 +45,7 @@ def test_one_stream_through_a_real_server_and_its_report(
     assert step.server is not None and step.server.cpu_percent > 0
     assert step.counters is not None and step.counters.decoded > 0
     assert step.gpu is None  # no GPU here
+    assert step.decode_paths == {"cpu": 1}
     assert not step.bench_client.client_bound
     assert step.api_stalls is not None and step.api_stalls.loop_lag_samples > 0
 

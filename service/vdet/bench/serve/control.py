@@ -97,6 +97,23 @@ async def workers_of(http: httpx.AsyncClient) -> dict[str, str | None]:
     return {s["id"]: s.get("worker") for s in response.json()["streams"]}
 
 
+async def decode_paths(http: httpx.AsyncClient, ids: Sequence[str]) -> dict[str, int]:
+    """How many of the streams in `ids` decode on each path ("nvdec", "cpu", "unknown"), from
+    GET /v1/streams; empty when the call fails."""
+    try:
+        response = await http.get("/v1/streams")
+        response.raise_for_status()
+    except httpx.HTTPError:
+        return {}
+    wanted = set(ids)
+    counts: dict[str, int] = {}
+    for stream in response.json()["streams"]:
+        if stream["id"] in wanted:
+            path = stream["status"].get("decode_path") or "unknown"
+            counts[path] = counts.get(path, 0) + 1
+    return counts
+
+
 async def worker_pids(http: httpx.AsyncClient) -> dict[int, str]:
     """Each worker process's pid -> its name (w0, spare0, ...), from GET /v1/workers; empty
     when the call fails or streams run in the API process."""

@@ -253,6 +253,11 @@ class StepResult(_Model):
     counters: ServerCounters | None
     bench_client: BenchClientUse
     remove_seconds: float
+    decode_paths: dict[str, int] | None = Field(
+        default=None,
+        description="How many of the step's streams decoded on each path (nvdec, cpu) at the "
+        "window's end, from their status; null when the server did not say.",
+    )
     kill: WorkerKill | None = Field(
         default=None, description="A worker killed in this window (--kill-worker-after)."
     )

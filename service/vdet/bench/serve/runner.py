@@ -363,6 +363,7 @@ async def _run_step(
     await asyncio.sleep(_WINDOW_GRACE_S)
 
     workers = await control.workers_of(http)
+    decoded_on = await control.decode_paths(http, ids)
     figures, per_stream = [], []
     for client in clients:
         client.conn.send(("collect",))
@@ -467,6 +468,7 @@ async def _run_step(
             client_bound=bound,
         ),
         remove_seconds=round(remove_seconds, 3),
+        decode_paths=decoded_on or None,
         kill=kill_result,
         memory_trend=trends,
         api_stalls=stalls,
@@ -487,6 +489,11 @@ def _step_line(variant: str, step: StepResult) -> str:
         f"{variant} N={step.streams}: {rate}{of} results/s, "
         f"{p}, dropped {step.dropped} (server {step.server_dropped}), cut off {step.cutoffs}"
         + _load_line(step)
+        + (
+            "; decoded on " + ", ".join(f"{k} {v}" for k, v in sorted(step.decode_paths.items()))
+            if step.decode_paths
+            else ""
+        )
         + (f"; {_kill_line(step.kill)}" if step.kill is not None else "")
         + (f", ERROR {step.error}" if step.error else "")
     )
