@@ -41,6 +41,7 @@ from websockets.sync.client import connect
 from vdet.core.assets import sample_clip
 from vdet.modelkit.dataset.clip_truth import hits, iou, sample_truth
 from vdet.modelkit.dataset.media_cases import (
+    drop_frames,
     reencode,
     remux,
     resize_midway_ts,
@@ -49,6 +50,8 @@ from vdet.modelkit.dataset.media_cases import (
 )
 
 FULL = (1920, 1080)
+# The frames the "whole frames lost" case leaves out (decode order = display order: IPPP).
+LOST_FRAMES = frozenset({40, 41, 100})
 Maker = Callable[[Path, Path, int], object]  # (sample, case file, frames): writes the case
 
 
@@ -70,6 +73,10 @@ def _cases() -> dict[str, tuple[Maker, tuple[int, int]]]:
         ),
         "h264 mpeg-ts": (lambda s, d, n: remux(s, d, "mpegts"), FULL),
         "h264 mpeg-ts, packets lost": (lambda s, d, n: write_lossy_ts(s, d), FULL),
+        "h264 mpeg-ts, whole frames lost": (
+            lambda s, d, n: drop_frames(s, d, set(LOST_FRAMES), "mpegts"),
+            FULL,
+        ),
         "h264 mpeg-ts truncated at 60%": (
             lambda s, d, n: truncate(remux(s, d.with_suffix(".whole.ts"), "mpegts"), d, 0.6),
             FULL,
@@ -130,6 +137,8 @@ def make_cases(folder: Path, frames: int, only: list[str] | None) -> dict[str, d
         }
         if "size change" in name:
             made[name]["scale_from"] = (frames // 2, 1280 / FULL[0])
+        if "whole frames lost" in name:
+            made[name]["lost"] = sorted(LOST_FRAMES)
     return made
 
 
@@ -232,13 +241,22 @@ def serve_matrix(
     return out
 
 
+def _source_index(index: int, lost: list[int]) -> int:
+    """The sample's frame that a case's frame `index` is, when the case left out the sample's
+    frames `lost` (sorted)."""
+    for gone in lost:
+        if gone <= index:
+            index += 1
+    return index
+
+
 def score(
     case: dict[str, Any], status: dict[str, Any], results: list[dict[str, Any]]
 ) -> dict[str, Any]:
     truth = sample_truth()
     found = total = false_boxes = 0
     for result in results:
-        index = result["frame_index"]
+        index = _source_index(result["frame_index"], case.get("lost", []))
         scale = case["scale"]
         if "scale_from" in case and index >= case["scale_from"][0]:
             scale = case["scale_from"][1]

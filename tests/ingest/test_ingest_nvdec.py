@@ -23,6 +23,7 @@ from support.fake_nvc import FakeNvc
 from support.tools import REPO
 
 from vdet.core.types import ColourMatrix, ColourRange, VideoFrame
+from vdet.ingest.bitstream import is_length_prefixed, nal_type, nal_units, sequence_header
 from vdet.ingest.nvdec import (
     GpuVideoFrame,
     NvdecDecoder,
@@ -30,11 +31,7 @@ from vdet.ingest.nvdec import (
     colour_from_metadata,
     decode_file,
     detect_b_frames,
-    is_length_prefixed,
-    nal_type,
-    nal_units,
     nvdec_available,
-    sequence_header,
 )
 from vdet.ingest.nvdec_reader import NvdecSourceReader, select_reader
 from vdet.ingest.reader import DecodeError, SourceError, SourceReader

@@ -104,9 +104,10 @@ class IngestSettings(Strict):
     )
     pass_damaged_frames: bool = Field(
         default=False,
-        description="Detect on frames of a damaged reference chain (after a decode error, "
-        "until the next keyframe) instead of dropping them. The decoder's concealment of lost "
-        "data then reaches the detector, which takes some of it for objects.",
+        description="Detect on frames of a damaged reference chain (after a decode error, a "
+        "corrupt packet or lost H.264 reference pictures, until the next keyframe) instead of "
+        "dropping them. The decoder's concealment of lost data then reaches the detector, "
+        "which takes some of it for objects.",
     )
     source_policy: SourcePolicySettings = Field(
         default_factory=SourcePolicySettings,

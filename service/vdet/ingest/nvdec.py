@@ -60,13 +60,13 @@ from vdet.core.extras import needs_extra
 from vdet.core.types import ColourMatrix, ColourRange
 from vdet.cuda.capture_guard import CUDA_WORK
 from vdet.cuda.cuda_stream import on_stream
+from vdet.ingest.bitstream import sequence_header
 from vdet.ingest.decode_choice import DecoderCaps
 
 log = logging.getLogger(__name__)
 
 # Codec names as FFmpeg / PyAV spell them -> PyNvVideoCodec's cudaVideoCodec member.
 NVDEC_CODECS = {"h264": "H264", "hevc": "HEVC"}
-_START_CODE = b"\x00\x00\x01"
 # FFmpeg AVColorSpace values (libavutil/pixfmt.h).
 _AVCOL_SPC_BT709, _AVCOL_SPC_SMPTE240M = 1, 7
 _AVCOL_SPC_601 = frozenset({4, 5, 6})  # FCC, BT470BG, SMPTE170M
@@ -293,56 +293,6 @@ def colour_from_demuxer(demuxer: Any) -> tuple[ColourMatrix, ColourRange]:
     matrix = ColourMatrix.BT709 if space.endswith("BT_709") else ColourMatrix.BT601
     full = colour_range.endswith("JPEG")
     return matrix, ColourRange.FULL if full else ColourRange.LIMITED
-
-
-# ------------------------------------------------------------------------------- annex B
-
-
-def nal_units(data: bytes) -> Iterator[bytes]:
-    """The NAL units of an Annex B byte stream (start codes and trailing zeros removed)."""
-    start = data.find(_START_CODE)
-    while start >= 0:
-        begin = start + len(_START_CODE)
-        nxt = data.find(_START_CODE, begin)
-        end = len(data) if nxt < 0 else nxt
-        unit = data[begin:end].rstrip(b"\x00") if nxt >= 0 else data[begin:end]
-        if unit:
-            yield unit
-        start = nxt
-
-
-def nal_type(unit: bytes, codec: str) -> int:
-    """The NAL unit type from the first header byte (H.264: 5 bits; HEVC: 6 bits after 1)."""
-    return unit[0] & 0x1F if codec == "h264" else (unit[0] >> 1) & 0x3F
-
-
-_SPS_TYPE = {"h264": 7, "hevc": 33}
-# Slice (VCL) NAL unit types: H.264 1-5, HEVC 0-31.
-_FIRST_NON_VCL = {"h264": 6, "hevc": 32}
-
-
-def sequence_header(data: bytes, codec: str) -> bytes | None:
-    """The SPS NAL unit of an Annex B access unit, or None.
-
-    Parameter sets come before an access unit's first slice (H.264 7.4.1.2.3, HEVC 7.4.2.4.4),
-    so the scan stops there: every packet is checked, and most hold one slice and nothing else.
-    """
-    if _START_CODE not in data:
-        return None
-    sps, first_non_vcl = _SPS_TYPE[codec], _FIRST_NON_VCL[codec]
-    for unit in nal_units(data):
-        kind = nal_type(unit, codec)
-        if kind == sps:
-            return unit
-        if kind < first_non_vcl and (codec == "hevc" or kind >= 1):
-            return None
-    return None
-
-
-def is_length_prefixed(extradata: bytes | None) -> bool:
-    """avcC / hvcC extradata (MP4, MKV): packets are length-prefixed and need the
-    *_mp4toannexb bitstream filter before NVDEC's Annex B parser can read them."""
-    return bool(extradata) and extradata is not None and extradata[0] == 1
 
 
 # ------------------------------------------------------------------------------- decoder
@@ -668,9 +618,6 @@ __all__ = [
     "decode_file",
     "decoder_caps",
     "detect_b_frames",
-    "is_length_prefixed",
-    "nal_units",
     "nvdec_available",
-    "sequence_header",
     "surface_dtype",
 ]

@@ -16,8 +16,10 @@ pipeline's surfaces. A format either cannot take is decoded on the CPU in the sa
 later sequence NVDEC takes moves the stream back.
 
 Damage is tracked as on the CPU path (vdet.ingest.reader.CpuDecoding) with the signals NVDEC's
-path has: the demuxer's corrupt-packet flags (an MPEG-TS continuity error, say) and NVDEC
-failures damage the reference chain until the next intact keyframe packet; each decoded frame
+path has: the demuxer's corrupt-packet flags (an MPEG-TS continuity error, say), H.264
+pictures that follow lost reference pictures (frame_num, vdet.ingest.reference_chain: whole
+frames lost on an RTSP link) and NVDEC failures damage the reference chain until the next
+intact keyframe packet; each decoded frame
 carries the state of its own packet (by presentation time, so reordered B-frames too), and the
 frames of a damaged chain are reported and dropped unless passed. NVDEC's per-picture decode
 status (concealed errors inside a slice) is not reachable through PyNvVideoCodec 2.2.
@@ -41,6 +43,7 @@ import av.bitstream
 
 from vdet.core.redact import redact
 from vdet.core.types import VideoFrame
+from vdet.ingest.bitstream import is_length_prefixed, sequence_header
 from vdet.ingest.decode_choice import (
     NVDEC,
     DecodeChoice,
@@ -57,9 +60,7 @@ from vdet.ingest.nvdec import (
     NvdecError,
     colour_from_metadata,
     decoder_caps,
-    is_length_prefixed,
     nvdec_available,
-    sequence_header,
 )
 from vdet.ingest.reader import CpuDecoding, DecodeError, SourceError, SourceReader, StreamInfo
 from vdet.ingest.urls import SourcePolicy
@@ -361,6 +362,11 @@ class _NvdecDecoding:
         # continuity gap at a packet boundary): a keyframe right after a flagged packet does
         # not end the damage (what FFmpeg's decoder finds concealed in it on the CPU path).
         self._last_corrupt = packet.is_corrupt
+        if self.codec == "h264":
+            for unit in units:
+                gap = cpu.chain_gap(unit)
+                if gap is not None:
+                    self.damage = gap
         if packet.pts is not None:
             self._awaited[packet.pts] = self.damage
             while len(self._awaited) > _MAX_AWAITED:

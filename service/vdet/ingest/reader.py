@@ -42,6 +42,7 @@ from vdet.core.redact import redact
 from vdet.core.types import ImageArray, VideoFrame
 from vdet.ingest.decode_choice import DecodeChoice
 from vdet.ingest.redirects import RedirectError, RtspGuard, check_redirect, http_location
+from vdet.ingest.reference_chain import ReferenceChain
 from vdet.ingest.urls import SourcePolicy, ffmpeg_whitelists, is_network_url
 
 log = logging.getLogger(__name__)
@@ -485,7 +486,8 @@ class CpuDecoding:
 
     Feed it the reader's packets in order (`feed`); it yields frames and decode errors, and
     reports each frame of a damaged reference chain (`DamagedFrame`: after a decode error, a
-    packet the demuxer flagged corrupt or a frame the decoder flagged corrupt, until the
+    packet the demuxer flagged corrupt, an H.264 picture that follows lost reference pictures
+    (`chain`, vdet.ingest.reference_chain) or a frame the decoder flagged corrupt, until the
     next keyframe the decoder does not flag), which it drops unless the reader passes
     damaged frames. A dropped frame's index is used up all the same, so indexes keep counting
     the source's frames. `index` is the next frame's index; the NVDEC reader shares it when a
@@ -498,6 +500,20 @@ class CpuDecoding:
         self.index = first_index
         self.consecutive_errors = 0
         self.damage: str | None = None  # why the current reference chain is damaged
+        # H.264 frame_num continuity, shared with the NVDEC path when the stream moves.
+        self.chain = ReferenceChain()
+        self._chain_pass = timeline.pass_index
+
+    def chain_gap(self, data: bytes, extradata: bytes = b"") -> str | None:
+        """Feed one H.264 access unit (Annex B, or length-prefixed when `extradata` is avcC)
+        to the stream's `ReferenceChain`, restarted when a looped file begins a new pass; the
+        damage reason when its picture follows lost reference pictures."""
+        if self._chain_pass != self.timeline.pass_index:
+            self._chain_pass = self.timeline.pass_index
+            self.chain.restart()
+        if extradata[:1] == b"\x01":
+            return self.chain.feed_length_prefixed(data, extradata)
+        return self.chain.feed_annex_b(data)
 
     def feed(self, packet: av.Packet[Any], arrival: float) -> Iterator[VideoFrame | DecodeError]:
         """Decode one packet (size 0: drain the frames held back) and yield what it gave."""
@@ -505,6 +521,11 @@ class CpuDecoding:
         started = time.perf_counter()
         if packet.is_corrupt:
             self.damage = "the demuxer flagged a corrupt packet"
+        context = packet.stream.codec_context if packet.size else None
+        if context is not None and context.name == "h264":
+            gap = self.chain_gap(bytes(packet), bytes(context.extradata or b""))
+            if gap is not None:
+                self.damage = gap
         try:
             decoded = packet.decode()
         except av.FFmpegError as exc:

@@ -16,6 +16,7 @@ from typing import Any
 
 import av
 import numpy as np
+from av.video.frame import PictureType
 
 _TS_PACKET = 188
 _VIDEO_PID = 256  # the PID FFmpeg's MPEG-TS muxer gives the first stream
@@ -41,7 +42,8 @@ def reencode(
     options: dict[str, str] | None = None,
     container_format: str | None = None,
 ) -> Path:
-    """`source` encoded again with `encoder` at `pix_fmt` (and `size`, scaled), 30 fps."""
+    """`source` encoded again with `encoder` at `pix_fmt` (and `size`, scaled), 30 fps, its
+    picture types the encoder's own choice (`options` set GOP and B-frames)."""
     with av.open(str(target), "w", format=container_format) as out:
         stream: Any = None
         for i, frame in enumerate(sample_frames(source, frames)):
@@ -52,6 +54,9 @@ def reencode(
                 stream.options = dict(options or {})
             image = frame.reformat(width=stream.width, height=stream.height, format=pix_fmt)
             image.pts, image.time_base = i, Fraction(1, 30)
+            # The decoder's picture types would force the source's GOP (IPPP) on the encoder:
+            # no B-frames, whatever the options ask.
+            image.pict_type = PictureType.NONE
             for packet in stream.encode(image):
                 out.mux(packet)
         for packet in stream.encode():
@@ -117,6 +122,26 @@ def remux(source: Path, target: Path, container_format: str | None = None) -> Pa
             if packet.size:
                 packet.stream = out_stream
                 out.mux(packet)
+    return target
+
+
+def drop_frames(
+    source: Path, target: Path, drop: set[int], container_format: str | None = None
+) -> Path:
+    """`source`'s video packets remuxed without those whose index (decode order) is in
+    `drop`: whole frames lost, as when a link loses every RTP packet of a picture. The
+    container is intact (no demuxer flags a gap); only the bitstream says what is missing."""
+    with av.open(str(source)) as inp, av.open(str(target), "w", format=container_format) as out:
+        in_stream = inp.streams.video[0]
+        out_stream = out.add_stream_from_template(in_stream)
+        index = 0
+        for packet in inp.demux(in_stream):
+            if not packet.size:
+                continue
+            if index not in drop:
+                packet.stream = out_stream
+                out.mux(packet)
+            index += 1
     return target
 
 
