@@ -51,7 +51,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     # stages
     frozenset({"ingest", "tracking", "modelkit", "tensorrt", "inference", "gpu", "clips"}),
     frozenset({"streams"}),  # a stream's threads, the stream service and its values
-    frozenset({"workers", "notify"}),  # worker processes behind the service; events out
+    frozenset({"workers", "notify", "fleet"}),  # worker processes; events out; other nodes
     frozenset({"root"}),  # the composition root
     frozenset({"api", "cli", "bench"}),  # what users run
 )
@@ -69,6 +69,7 @@ SIDEWAYS: dict[str, frozenset[str]] = {
     "modelkit": frozenset({"inference", "ingest", "tracking"}),
     "workers": frozenset(),
     "notify": frozenset(),
+    "fleet": frozenset(),
     "api": frozenset(),
     "cli": frozenset({"api", "bench"}),
     "bench": frozenset(),

@@ -1,0 +1,220 @@
+"""One node of the fleet: it says it is alive, claims streams, renews what it owns, runs them.
+
+`FleetNode.run` loops every `tick_s` on its `FleetView`:
+1. fencing, first: a lease not renewed for `lease_s - margin` (a node cut off from NATS, or
+   one that was stopped and resumed) stops its stream before the servers can let another
+   node take it, so a stream runs on two nodes at once for at most the time this loop takes
+   to notice (its tick) after a pause, never a whole lease period;
+2. heartbeat (every third of the node TTL): its `NodeState` in the node registry;
+3. renew each lease it holds (every third of the lease period); a renewal refused means the
+   lease is no longer its own: the stream stops here at once;
+4. streams it owns that are no longer desired stop and their leases are released; a changed
+   spec is applied (removed and added again);
+5. claims: what `vdet.fleet.placement.to_claim` gives it, taken with compare-and-set and
+   started through the node's `StreamControl` (its local streams or worker processes).
+
+`stop(handoff=True)` drains: the node marks itself draining (no new claims anywhere go to it),
+stops its streams, releases their leases so other nodes claim them at once, and leaves the
+registry. Without a hand-off (a kill) the leases expire after `lease_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from vdet.config.streams import StreamSpec
+from vdet.fleet.placement import NodeState, to_claim
+from vdet.fleet.store import FleetOptions, FleetStore
+from vdet.fleet.view import FleetView
+from vdet.streams.service import StreamControl, StreamError
+
+log = logging.getLogger(__name__)
+
+# A lease this close to its expiry without a renewal is given up here first (fencing).
+_FENCE_MARGIN_FRACTION = 0.25
+
+
+@dataclass
+class _Held:
+    revision: int
+    renewed: float  # monotonic time of the last renewal the servers accepted
+    spec: bytes
+    running: bool
+
+
+class FleetNode:
+    """One node's part in the fleet (module docstring). `control` runs the streams it owns;
+    `on_event(kind, stream_id, detail)` hears what it does (claimed, started, lost, fenced,
+    released, failed), for logs, metrics and tests."""
+
+    def __init__(
+        self,
+        options: FleetOptions,
+        store: FleetStore,
+        control: StreamControl,
+        on_event: Callable[[str, str, str], None] | None = None,
+    ) -> None:
+        self.options = options
+        self.store = store
+        self.view = FleetView(store)
+        self.control = control
+        self._on_event = on_event
+        self.held: dict[str, _Held] = {}
+        self.draining = False
+        self._stopping = asyncio.Event()
+        self._last_heartbeat = float("-inf")
+        self._last_renewal = float("-inf")
+
+    @property
+    def node_id(self) -> str:
+        return self.options.node_id
+
+    def state(self) -> NodeState:
+        return NodeState(self.node_id, self.options.capacity, self.draining)
+
+    @property
+    def _fence_after(self) -> float:
+        return self.store.lease_s * (1.0 - _FENCE_MARGIN_FRACTION)
+
+    async def run(self) -> None:
+        """Join and work until `stop`."""
+        await self.view.start()
+        try:
+            while not self._stopping.is_set():
+                await self.tick()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.options.tick_s)
+        finally:
+            await self.view.stop()
+
+    async def tick(self) -> None:
+        now = time.monotonic()
+        await self._fence(now)  # first: after a pause, nothing runs on a stale lease
+        if self.store.reconnected.is_set() or not self.view.synced:
+            self.store.reconnected.clear()
+            try:
+                await self.view.restart()
+            except Exception as exc:  # NATS not answering yet: the next tick tries again
+                log.warning("fleet: watching the fleet again failed: %s", exc)
+        if now - self._last_heartbeat >= self.store.node_ttl_s / 3:
+            await self._guard(self.store.heartbeat(self.state()), "heartbeat")
+            self._last_heartbeat = now
+        if now - self._last_renewal >= self.store.lease_s / 3:
+            await self._renew()
+            self._last_renewal = now
+        if self.view.synced:  # what is desired and owned is only known from a whole view
+            await self._follow_desired()
+            if not self.draining:
+                await self._claim()
+
+    async def stop(self, handoff: bool = True) -> None:
+        """Leave the fleet: with `handoff`, stop every stream and release its lease first."""
+        if handoff:
+            self.draining = True
+            await self._guard(self.store.heartbeat(self.state()), "heartbeat")
+            for stream_id in list(self.held):
+                await self._drop(stream_id, "released", release=True)
+            await self._guard(self.store.leave(self.node_id), "leave")
+        self._stopping.set()
+
+    # -- leases --------------------------------------------------------------------------
+
+    async def _renew(self) -> None:
+        for stream_id, held in list(self.held.items()):
+            try:
+                revision = await self.store.renew(stream_id, self.node_id, held.revision)
+            except Exception as exc:  # NATS unreachable: fencing decides when to give up
+                log.warning("fleet: renewing %s failed: %s", stream_id, exc)
+                continue
+            if revision is None:
+                await self._drop(stream_id, "lost", release=False)
+            else:
+                held.revision, held.renewed = revision, time.monotonic()
+
+    async def _fence(self, now: float) -> None:
+        for stream_id, held in list(self.held.items()):
+            if now - held.renewed >= self._fence_after:
+                await self._drop(stream_id, "fenced", release=False)
+
+    async def _claim(self) -> None:
+        view = self.view
+        owners = {s: node for s, (node, _) in view.owners.items()}
+        owners.update({s: self.node_id for s in self.held})
+        nodes = dict(view.nodes)
+        nodes[self.node_id] = self.state()  # this node, whatever the registry shows yet
+        for stream_id in to_claim(self.node_id, view.desired, owners, nodes):
+            spec = view.desired.get(stream_id)
+            if spec is None:
+                continue
+            try:
+                revision = await self.store.claim(stream_id, self.node_id)
+            except Exception as exc:
+                log.warning("fleet: claiming %s failed: %s", stream_id, exc)
+                return
+            if revision is None:
+                continue  # another node was first
+            self.held[stream_id] = _Held(revision, time.monotonic(), spec, running=False)
+            self._event("claimed", stream_id, str(revision))
+            await self._start(stream_id)
+
+    # -- the streams ---------------------------------------------------------------------
+
+    async def _follow_desired(self) -> None:
+        for stream_id, held in list(self.held.items()):
+            spec = self.view.desired.get(stream_id)
+            if spec is None:
+                await self._drop(stream_id, "released", release=True)
+            elif spec != held.spec:
+                await self._stop_local(stream_id)
+                held.spec = spec
+                await self._start(stream_id)
+
+    async def _start(self, stream_id: str) -> None:
+        held = self.held[stream_id]
+        try:
+            spec = StreamSpec.model_validate({**json.loads(held.spec), "id": stream_id})
+            await asyncio.to_thread(self.control.add, spec)
+        except (StreamError, ValueError) as exc:
+            # Kept: the lease says where the stream is and what went wrong (another node
+            # would fail the same way).
+            self._event("failed", stream_id, str(exc))
+            return
+        held.running = True
+        self._event("started", stream_id, "")
+
+    async def _stop_local(self, stream_id: str) -> None:
+        held = self.held.get(stream_id)
+        if held is None or not held.running:
+            return
+        held.running = False
+        with contextlib.suppress(StreamError):
+            await asyncio.to_thread(self.control.remove, stream_id)
+
+    async def _drop(self, stream_id: str, why: str, *, release: bool) -> None:
+        await self._stop_local(stream_id)
+        held = self.held.pop(stream_id, None)
+        if held is not None and release:
+            await self._guard(self.store.release(stream_id, held.revision), "release")
+        self._event(why, stream_id, "")
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _guard(self, call: Awaitable[object], what: str) -> None:
+        try:
+            await call
+        except Exception as exc:
+            log.warning("fleet: %s failed: %s", what, exc)
+
+    def _event(self, kind: str, stream_id: str, detail: str) -> None:
+        log.info("fleet node %s: %s %s %s", self.node_id, kind, stream_id, detail)
+        if self._on_event is not None:
+            self._on_event(kind, stream_id, detail)
+
+
+__all__ = ["FleetNode"]

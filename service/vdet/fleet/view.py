@@ -1,0 +1,127 @@
+"""A node's mirror of the fleet's three buckets, kept current by JetStream watchers.
+
+`FleetView.start` opens one watcher per bucket (every key's latest value, then each change as
+it happens, expiry purges included) and returns once all three have delivered what the
+buckets held. Values from other nodes are input: one that does not parse is ignored (and
+counted), never trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from vdet.fleet.placement import NodeState
+from vdet.fleet.store import FleetStore, node_state_of, owner_of
+
+log = logging.getLogger(__name__)
+
+_GONE = ("DEL", "PURGE")
+
+
+class FleetView:
+    """desired: stream id -> spec bytes; owners: stream id -> (node id, revision);
+    nodes: node id -> NodeState. Read them from the event loop that runs the watchers."""
+
+    def __init__(self, store: FleetStore) -> None:
+        self.store = store
+        self.desired: dict[str, bytes] = {}
+        self.owners: dict[str, tuple[str, int]] = {}
+        self.nodes: dict[str, NodeState] = {}
+        self.ignored = 0  # values that did not parse
+        # False until every watcher has delivered what its bucket held, and again while the
+        # watchers restart: an incomplete view must not be read as "nothing is desired".
+        self.synced = False
+        self.changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._watchers: list[Any] = []
+
+    async def start(self) -> None:
+        buckets: list[tuple[Any, Callable[[Any], None]]] = [
+            (self.store.streams, self._on_desired),
+            (self.store.owners, self._on_owner),
+            (self.store.nodes, self._on_node),
+        ]
+        ready = []
+        for bucket, apply in buckets:
+            watcher = await bucket.watchall()
+            self._watchers.append(watcher)
+            initial = asyncio.Event()
+            ready.append(initial)
+            self._tasks.append(asyncio.create_task(self._follow(watcher, apply, initial)))
+        for initial in ready:
+            await initial.wait()
+        self.synced = True
+
+    async def stop(self) -> None:
+        self.synced = False
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for watcher in self._watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        self._tasks.clear()
+        self._watchers.clear()
+
+    async def restart(self) -> None:
+        """Watch again from what the buckets hold now (after a reconnect: a watcher's consumer
+        may have lived on a server that is gone). Not `synced` until that is done; raises
+        when the buckets do not answer (the caller tries again later)."""
+        await self.stop()
+        self.desired.clear()
+        self.owners.clear()
+        self.nodes.clear()
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def owner(self, stream_id: str) -> str | None:
+        found = self.owners.get(stream_id)
+        return None if found is None else found[0]
+
+    async def _follow(
+        self, watcher: Any, apply: Callable[[Any], None], initial: asyncio.Event
+    ) -> None:
+        async for entry in watcher:
+            if entry is None:  # the end of what the bucket held
+                initial.set()
+                continue
+            apply(entry)
+            self.changed.set()
+
+    def _on_desired(self, entry: Any) -> None:
+        if entry.operation in _GONE:
+            self.desired.pop(entry.key, None)
+        else:
+            self.desired[entry.key] = bytes(entry.value or b"")
+
+    def _on_owner(self, entry: Any) -> None:
+        if entry.operation in _GONE:
+            self.owners.pop(entry.key, None)
+            return
+        node = owner_of(bytes(entry.value or b""))
+        if node is None:
+            self.ignored += 1
+            return
+        self.owners[entry.key] = (node, int(entry.revision))
+
+    def _on_node(self, entry: Any) -> None:
+        if entry.operation in _GONE:
+            self.nodes.pop(entry.key, None)
+            return
+        state = node_state_of(bytes(entry.value or b""))
+        if state is None or state.node_id != entry.key:
+            self.ignored += 1
+            return
+        self.nodes[entry.key] = state
+
+
+__all__ = ["FleetView"]
