@@ -20,6 +20,9 @@
 #             gpu.decoder auto (NVDEC) beside gpu.decoder cpu
 #   tenbit    vdet bench serve, paced, on the sample clip as 8-bit and as 10-bit HEVC (IPPP):
 #             streams per GPU with NVDEC's NV12 vs P016 surfaces, same server, same counts
+#   ceiling   vdet bench serve --find-ceiling from $VDET_CEILING_MIN (112) by 16 to
+#             $VDET_CEILING_MAX (192) paced streams, 4 clients, worker processes, beside the
+#             decode-only ceiling of the same call
 # Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
 # samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
 # faster-coco-eval, the API's (fastapi, fastapi-offline, starlette, uvicorn, httptools, websockets,
@@ -29,10 +32,11 @@
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
-#   run: bash bench/gpu/run_session_device.sh tests|pipeline|streams|stability|rect|serve|media|tenbit
+#   run: bash bench/gpu/run_session_device.sh tests|pipeline|streams|stability|rect|serve|media|
+#        tenbit|ceiling
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-phase=${1:?tests, pipeline, streams, stability, rect, serve, media or tenbit}
+phase=${1:?tests, pipeline, streams, stability, rect, serve, media, tenbit or ceiling}
 DEST=${OUT:-}
 OUT=/tmp/vdet-out
 mkdir -p "$OUT"
@@ -106,6 +110,17 @@ media)
     --timeout 200 >"$OUT/media.log" 2>&1
   echo "media rc=$? ($((SECONDS - started)) s)"
   tail -n 17 "$OUT/media.log"
+  ;;
+ceiling)
+  low=${VDET_CEILING_MIN:-112} high=${VDET_CEILING_MAX:-192}
+  unset VDET_CEILING_MIN VDET_CEILING_MAX
+  install_venv
+  timeout 570 /tmp/venv/bin/vdet bench serve --backend torch --find-ceiling \
+    --min-streams "$low" --max-streams "$high" --clients 4 \
+    --variant "workers:workers.processes=auto" \
+    --output "$OUT/ceiling.json" >"$OUT/ceiling.log" 2>&1
+  echo "bench serve --find-ceiling rc=$? ($((SECONDS - started)) s)"
+  tail -n 14 "$OUT/ceiling.log"
   ;;
 tenbit)
   # $VDET_TENBIT_STREAMS: the stream counts (default 64,112), each step 10 s, 2 clients.

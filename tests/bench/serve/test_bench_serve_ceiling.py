@@ -28,6 +28,11 @@ def test_the_ceiling_steps_by_step_up_to_the_most() -> None:
         _options("--find-ceiling", "--unpaced")
     with pytest.raises(ServeBenchUsageError, match="--step must be"):
         _options("--find-ceiling", "--step", "32", "--max-streams", "16")
+    # A node known to hold 96 starts the search above it.
+    high = _options("--find-ceiling", "--min-streams", "112", "--max-streams", "192")
+    assert high.streams == (112, 128, 144, 160, 176, 192)
+    with pytest.raises(ServeBenchUsageError, match="--min-streams"):
+        _options("--find-ceiling", "--min-streams", "200", "--max-streams", "192")
 
 
 def _step(streams: int, **fields: Any) -> StepResult:

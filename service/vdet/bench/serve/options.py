@@ -216,6 +216,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--step", type=int, default=16, help="serve: --find-ceiling's step")
     group.add_argument(
+        "--min-streams",
+        type=int,
+        default=None,
+        help="serve: --find-ceiling's first step (default: --step): a node known to hold N "
+        "starts the search above it",
+    )
+    group.add_argument(
         "--max-streams",
         type=int,
         default=MAX_STREAMS,
@@ -278,12 +285,13 @@ def options_from_args(args: argparse.Namespace) -> ServeBenchOptions:
             raise ServeBenchUsageError(
                 "--find-ceiling steps paced streams (real time is its test); drop --unpaced"
             )
-        if not 1 <= step <= MAX_STREAMS or not step <= most <= MAX_STREAMS:
+        first = getattr(args, "min_streams", None) or step
+        if not 1 <= step <= MAX_STREAMS or not 1 <= first <= most <= MAX_STREAMS:
             raise ServeBenchUsageError(
-                f"--step must be 1..{MAX_STREAMS} and --max-streams step..{MAX_STREAMS}, got "
-                f"{step} and {most}"
+                f"--step must be 1..{MAX_STREAMS} and --min-streams <= --max-streams <= "
+                f"{MAX_STREAMS}, got {step}, {first} and {most}"
             )
-        streams = tuple(range(step, most + 1, step))
+        streams = tuple(range(first, most + 1, step))
     kill_after, kill_streams = _kill_options(args, streams, duration)
     return ServeBenchOptions(
         streams=streams,
