@@ -8,6 +8,7 @@ The NVDEC path runs on the PyNvVideoCodec stand-in (tests/support/fake_nvc.py).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -162,3 +163,32 @@ def test_a_looped_file_starts_each_pass_afresh(tmp_path: Path) -> None:
             if seen >= 650:
                 break
     assert damaged == 0
+
+
+@pytest.mark.parametrize("path", ["cpu", "nvdec"])
+def test_frames_lost_on_an_rtsp_camera_are_found(
+    rtsp_server_factory: Any, h264_clip: Path, tmp_path: Path, path: str
+) -> None:
+    """A real RTSP camera (GStreamer's server) whose stream lacks frames 40 and 41 (as when a
+    link loses every RTP packet of two pictures; the RTP itself is intact, so nothing in
+    FFmpeg's RTSP demuxer says so): both decoders report the pictures after the loss up to
+    the next keyframe (frame 60, 1 s GOPs) as damaged, with the frame_num reason."""
+    cut = drop_frames(h264_clip, tmp_path / "cut.mp4", {40, 41})
+    camera = rtsp_server_factory(cut)
+    reader: SourceReader = (
+        NvdecSourceReader(camera.url, nvc=FakeNvc(), device="cpu")
+        if path == "nvdec"
+        else SourceReader(camera.url)
+    )
+    damaged: list[str] = []
+    seen = 0
+    with reader:
+        reader.open()
+        for item in reader.frames():
+            seen += 1
+            if isinstance(item, DamagedFrame):
+                damaged.append(item.message)
+            if seen >= 75:  # 2.5 s of the looped clip: past the loss and its keyframe
+                break
+    assert 17 <= len(damaged) <= 21, damaged
+    assert all("H.264 frame_num" in message for message in damaged)
