@@ -303,6 +303,19 @@ def sample_frames() -> tuple[list[np.ndarray], list[np.ndarray], int]:
     return bgr, nv12, colorspace
 
 
+def surface_planes(
+    harness: Harness, surfaces: Sequence[np.ndarray], h: int
+) -> tuple[list[Any], list[Any]]:
+    """Each (3h/2, w) surface on the harness, as its Y and UV planes sliced from one buffer
+    (as a decoder hands them out)."""
+    ys, uvs = [], []
+    for surface in surfaces:
+        tensor = harness.put(surface)
+        ys.append(tensor[:h])
+        uvs.append(tensor[h:])
+    return ys, uvs
+
+
 def test_letterbox_sample_clip_bgr(harness: Harness) -> None:
     """Five 1080p frames of the sample clip (PyAV BGR) in one launch vs `letterbox()`:
     padding bit exact, image within 1/255 + 1e-7 (an exact 1/3 scale samples pixels, so in
@@ -322,11 +335,7 @@ def test_letterbox_sample_clip_nv12(harness: Harness) -> None:
     images, surfaces, colorspace = sample_frames()
     assert colorspace == 1  # BT.709
     h = 1080
-    ys, uvs = [], []
-    for surface in surfaces:
-        tensor = harness.put(surface)
-        ys.append(tensor[:h])
-        uvs.append(tensor[h:])
+    ys, uvs = surface_planes(harness, surfaces, h)
     out = harness.full((len(surfaces), 3, 640, 640), np.nan, np.float32)
     transforms = harness.ops.letterbox_nv12(ys, uvs, out, matrix="bt709", stream=harness.stream)
     got = harness.get(out)
@@ -387,11 +396,7 @@ def test_letterbox_sample_clip_p016(harness: Harness) -> None:
     is held to."""
     images, surfaces = sample_frames_10bit()
     h = 1080
-    ys, uvs = [], []
-    for surface in surfaces:
-        tensor = harness.put(surface)
-        ys.append(tensor[:h])
-        uvs.append(tensor[h:])
+    ys, uvs = surface_planes(harness, surfaces, h)
     out = harness.full((len(surfaces), 3, 640, 640), np.nan, np.float32)
     transforms = harness.ops.letterbox_p016(
         ys, uvs, out, matrix="bt709", bits=10, stream=harness.stream
