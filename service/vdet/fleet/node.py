@@ -78,6 +78,12 @@ class FleetNode:
     def state(self) -> NodeState:
         return NodeState(self.node_id, self.options.capacity, self.draining)
 
+    def holds(self, stream_id: str) -> bool:
+        """Whether this node may publish for `stream_id` now: it holds the lease and renewed
+        it recently enough that no other node can have taken it (vdet.fleet.results_bus)."""
+        held = self.held.get(stream_id)
+        return held is not None and time.monotonic() - held.renewed < self._fence_after
+
     @property
     def _fence_after(self) -> float:
         return self.store.lease_s * (1.0 - _FENCE_MARGIN_FRACTION)
