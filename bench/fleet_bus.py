@@ -4,9 +4,10 @@ A harness of parts, not `vdet serve`: the fleet is not wired into the service ye
 measures the two pieces a node would run, in one process, on one machine:
 - `hub`: `ResultsHub.publish_encoded` + one subscriber (today's single node: the worker
   processes' encoded results into the hub, out to a WebSocket client's queue);
-- `bus`: `vdet.fleet.results_bus.ResultsPublisher.publish` (a JetStream publish, acked by a
-  real nats-server on loopback, file storage) + one `ResultsReader` following every result
-  (what each node would run to feed its own hub).
+- `bus`: `vdet.fleet.results_bus.ResultsPublisher` (a JetStream publish to a real
+  nats-server on loopback, file storage), each result's acknowledgement awaited (`publish`)
+  or not (`publish_nowait`), + one `ResultsReader` following every result (what each node
+  would run to feed its own hub).
 Each offers `--rate` results/s of `--bytes` bytes (the wire text's size) for `--seconds`,
 paced, and reports results/s delivered, latency from the publish call to the reader (p50,
 p99, max) and this process's CPU per result, plus the nats-server's CPU for the bus.
@@ -123,7 +124,7 @@ async def run_hub(rate: float, seconds: float, size: int) -> dict[str, Any]:
 
 
 async def run_bus(
-    rate: float, seconds: float, size: int, url: str, server_pid: int
+    rate: float, seconds: float, size: int, url: str, server_pid: int, wait_acks: bool
 ) -> dict[str, Any]:
     publisher_nc = await nats.connect(url)
     reader_nc = await nats.connect(url)
@@ -148,12 +149,16 @@ async def run_bus(
 
     async def send(i: int) -> None:
         started = time.perf_counter()
-        await publisher.publish("cam1", _payload(size, i))
+        if wait_acks:
+            await publisher.publish("cam1", _payload(size, i))
+        else:
+            await publisher.publish_nowait("cam1", _payload(size, i))
         publish_ms.append((time.perf_counter() - started) * 1e3)
 
     cpu0, server0 = _cpu(), _proc_cpu(server_pid)
     task = asyncio.create_task(consume())
     sent = await _paced(rate, seconds, send)
+    await publisher.flush()
     await asyncio.wait_for(task, 30)
     cpu, server_cpu = _cpu() - cpu0, _proc_cpu(server_pid) - server0
     await reader.close()
@@ -161,13 +166,14 @@ async def run_bus(
     await reader_nc.close()
     p = percentiles(publish_ms, (50, 99))
     return _summary(
-        "bus",
+        "bus, publish awaited" if wait_acks else "bus, publish_nowait",
         sent,
         latencies,
         seconds,
         cpu,
         {
-            "publish_ack_ms": {"p50": round(p["p50"], 3), "p99": round(p["p99"], 3)},
+            "publish_call_ms": {"p50": round(p["p50"], 3), "p99": round(p["p99"], 3)},
+            "unacknowledged": publisher.failed,
             "server_cpu_us_per_result": round(server_cpu / max(1, len(latencies)) * 1e6, 1),
         },
     )
@@ -206,8 +212,13 @@ def main() -> None:
         for _ in range(args.runs):
             runs.append(asyncio.run(run_hub(args.rate, args.seconds, args.bytes)))
             url = f"nats://127.0.0.1:{port}"
-            runs.append(asyncio.run(run_bus(args.rate, args.seconds, args.bytes, url, server.pid)))
-            for run in runs[-2:]:
+            for wait_acks in (True, False):
+                runs.append(
+                    asyncio.run(
+                        run_bus(args.rate, args.seconds, args.bytes, url, server.pid, wait_acks)
+                    )
+                )
+            for run in runs[-3:]:
                 print(json.dumps(run))
     finally:
         server.terminate()

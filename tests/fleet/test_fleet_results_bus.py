@@ -93,6 +93,27 @@ def test_a_long_backlog_is_replayed_whole_and_in_order(server: NatsServer) -> No
     asyncio.run(run())
 
 
+def test_publishing_without_waiting_keeps_order_and_counts_acks(server: NatsServer) -> None:
+    async def run() -> None:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        await open_results(js, "vdet", ResultsRetention())
+        held = {"cam1"}
+        publisher = ResultsPublisher(js, "vdet", holds=lambda s: s in held)
+        for i in range(500):
+            assert await publisher.publish_nowait("cam1", b"%d" % i)
+        assert not await publisher.publish_nowait("cam9", b"not ours")
+        await publisher.flush()
+        assert (publisher.failed, publisher.fenced) == (0, 1)
+        items = await _read_all(await ResultsReader.open(js, "vdet", after=0))
+        assert [i.payload for i in items if isinstance(i, BusResult)] == [
+            b"%d" % i for i in range(500)
+        ]
+        await nc.close()
+
+    asyncio.run(run())
+
+
 def test_results_gone_with_retention_are_a_gap(server: NatsServer) -> None:
     async def run() -> None:
         nc = await nats.connect(server.url)
