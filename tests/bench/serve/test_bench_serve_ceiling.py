@@ -58,6 +58,8 @@ def test_a_step_holds_only_real_time_without_drops_within_the_bound() -> None:
     assert ceiling_failure(_step(16, p99=51.5), 50) == "p99 51.5 ms over 50 ms"
     assert ceiling_failure(_step(16, all_publishing=False), 50) == "not every stream published"
     assert ceiling_failure(_step(16, error="only 3 of 16 added\nmore"), 50) == "only 3 of 16 added"
+    both = ceiling_failure(_step(16, server_dropped=1.0, p99=60.0), 50)
+    assert both == "1 frames dropped; p99 60 ms over 50 ms"
 
 
 def test_the_ceiling_is_the_last_step_before_the_first_failure() -> None:

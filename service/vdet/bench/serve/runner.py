@@ -547,21 +547,25 @@ def _kill_line(killed: WorkerKill) -> str:
 
 def ceiling_failure(step: StepResult, p99_limit_ms: float) -> str | None:
     """Why a step does not hold (--find-ceiling), or None when it does: every stream
-    publishing, real time, no frame dropped, p99 within the bound."""
+    publishing, real time, no frame dropped, p99 within the bound. A step that
+    misses several of these names each, so the reader sees every reason at once."""
     if step.error:
         return step.error.splitlines()[0]
+    reasons: list[str] = []
     if not step.all_publishing:
-        return "not every stream published"
+        reasons.append("not every stream published")
     if not step.real_time:
-        return f"{step.results_per_s} results/s, below real time ({step.expected_results_per_s})"
+        reasons.append(
+            f"{step.results_per_s} results/s, below real time ({step.expected_results_per_s})"
+        )
     dropped = max(step.dropped or 0, round(step.server_dropped or 0))
     if dropped:
-        return f"{dropped} frames dropped"
+        reasons.append(f"{dropped} frames dropped")
     if step.latency_ms is None:
-        return "no latency measured"
-    if step.latency_ms.p99 > p99_limit_ms:
-        return f"p99 {step.latency_ms.p99:g} ms over {p99_limit_ms:g} ms"
-    return None
+        reasons.append("no latency measured")
+    elif step.latency_ms.p99 > p99_limit_ms:
+        reasons.append(f"p99 {step.latency_ms.p99:g} ms over {p99_limit_ms:g} ms")
+    return "; ".join(reasons) or None
 
 
 def ceiling_of(steps: list[StepResult], opts: ServeBenchOptions) -> Ceiling:
