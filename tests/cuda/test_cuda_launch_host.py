@@ -213,6 +213,16 @@ def test_device_array_rejects_host_memory() -> None:
         device_array(torch.zeros(3))
 
 
+@pytest.mark.parametrize("name", ["uint8", "uint16", "float16", "float32", "int32", "int64"])
+def test_device_array_of_every_torch_dtype_a_kernel_takes(name: str) -> None:
+    """P016 surfaces arrive as uint16 tensors: the launcher must describe them."""
+    torch = pytest.importorskip("torch")
+    tensor = torch.zeros((4, 6), dtype=getattr(torch, name))
+    view = device_array(tensor, allow_host=True)
+    assert view.dtype == np.dtype(name) and view.shape == (4, 6)
+    assert view.strides == (6 * view.dtype.itemsize, view.dtype.itemsize)
+
+
 def test_stream_handle() -> None:
     class TorchLike:
         cuda_stream = 1234

@@ -296,6 +296,7 @@ _TORCH_DTYPES: dict[str, np.dtype[Any]] = {
     "torch.float32": np.dtype(np.float32),
     "torch.float16": np.dtype(np.float16),
     "torch.uint8": np.dtype(np.uint8),
+    "torch.uint16": np.dtype(np.uint16),
     "torch.int32": np.dtype(np.int32),
     "torch.int64": np.dtype(np.int64),
 }
