@@ -20,21 +20,33 @@ from typing import TYPE_CHECKING, Any
 
 from vdet.clips.store import ClipStore
 from vdet.config.settings import Settings
+from vdet.config.streams import StreamSpec
 from vdet.core.redact import use_secret_params
 from vdet.cuda.launch import use_cache_dir
 from vdet.inference.factory import DetectorFactory, open_configured_detector, open_worker_detector
+from vdet.ingest.urls import SourcePolicy, validate_source_url
 from vdet.metrics.registry import Metrics
 from vdet.notify.notifier import Notifier
 from vdet.results.hub import ResultsHub
+from vdet.results.wire import encode_result_tail
 from vdet.streams.local import LocalStreams
 from vdet.streams.manager import ResultSink, StreamManager
-from vdet.streams.service import BackendInfo, StreamControl, StreamError, StreamService
+from vdet.streams.params import resolve_classes, stream_class_thresholds, stream_params
+from vdet.streams.service import (
+    BackendInfo,
+    StreamControl,
+    StreamError,
+    StreamService,
+    StreamView,
+)
 from vdet.streams.startup import Started, start_streams
 from vdet.tracking.compiled import warm_up as warm_up_tracking
+from vdet.tracking.zones import resolve_zones
 from vdet.workers.plan import plan_workers
 from vdet.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
+    from vdet.fleet.member import FleetMember  # nats-py: only where a fleet is configured
     from vdet.gpu.devices import GpuPool  # imports torch: only where a GPU backend runs
 
 log = logging.getLogger(__name__)
@@ -151,6 +163,8 @@ class Service:
         self.notifier: Notifier | None = None
         self.backend: BackendInfo | None = None
         self.started: Started | None = None
+        self.fleet: FleetMember | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.ready = False
 
     @property
@@ -161,6 +175,13 @@ class Service:
     def worker_pool(self) -> WorkerPool | None:
         """The worker processes running the streams; None when they run in this process."""
         return self.streams if isinstance(self.streams, WorkerPool) else None
+
+    def has_stream(self, stream_id: str) -> bool:
+        """Whether `stream_id` is a stream of this server, or in a fleet, of the fleet (its
+        results reach this node's hub wherever it runs). Call it on the event loop."""
+        if self.fleet is not None:
+            return stream_id in self.fleet.node.view.desired
+        return self.streams is not None and stream_id in self.streams
 
     def event_jpeg(self, stream_id: str, frame_index: int) -> bytes | None:
         """The event snapshot of a stream's frame as JPEG; None when it is not kept, or the
@@ -200,13 +221,17 @@ class Service:
                 data_path=backend.data_path,
                 selection=backend.selection,
             )
-            self.started = start_streams(
-                self.streams,
-                settings.sources,
-                settings.streams_file,
-                on_save_failure=self.metrics.streams_file_write_failures.inc,
-            )
-            self.control = self.started.control
+            if settings.cluster.enabled:
+                self.control = self._join_fleet(loop)
+            else:
+                self.started = start_streams(
+                    self.streams,
+                    settings.sources,
+                    settings.streams_file,
+                    on_save_failure=self.metrics.streams_file_write_failures.inc,
+                )
+                self.control = self.started.control
+            fleet = self.fleet
             self.notifier = Notifier(
                 settings.notify,
                 self.hub,
@@ -214,12 +239,16 @@ class Service:
                 backend.class_names,
                 snapshot_of=self.event_jpeg if settings.event_snapshots.per_stream else None,
                 clips=ClipStore.of(settings.clips),
+                # In a fleet every node's hub has every result: the lease holder notifies.
+                sends_for=fleet.holds if fleet is not None else None,
             )
         except BaseException:
             self.stop()
             raise
         self.ready = True
         kept = f"; streams kept in {settings.streams_file}" if settings.streams_file else ""
+        if self.fleet is not None:
+            kept = f"; fleet node {self.fleet.node.node_id}"
         log.info(
             "vdet ready: model %s, %s%s, %d source(s)",
             settings.model_path,
@@ -232,6 +261,7 @@ class Service:
         """End WebSocket feeds, then stop every stream and what runs them, then let the
         streams file go. Idempotent. (The notifier is stopped by its owner, on its loop.)"""
         self.ready = False
+        self._leave_fleet()  # its streams handed to other nodes while they still run here
         self.hub.close()  # WebSocket feeds say goodbye first
         streams, self.streams, self.control = self.streams, None, None
         started, self.started = self.started, None
@@ -241,3 +271,68 @@ class Service:
         finally:
             if started is not None:
                 started.close()
+
+    # -- a fleet node ----------------------------------------------------------------------
+
+    def _join_fleet(self, loop: asyncio.AbstractEventLoop | None) -> StreamControl:
+        """Join the fleet (settings `cluster`) on `loop`; the API's writes then go to the
+        fleet's desired state."""
+        try:
+            from vdet.fleet.control import FleetControl, pending_status
+            from vdet.fleet.member import FleetMember
+        except ImportError as exc:
+            raise RuntimeError(
+                f"cluster.servers needs the NATS client: pip install 'vdet[fleet]' ({exc})"
+            ) from exc
+
+        settings, streams = self.settings, self.streams
+        assert streams is not None
+        if loop is None:
+            raise RuntimeError("a fleet node runs on the API's event loop: start it from there")
+        names = streams.backend_info.class_names
+        policy = SourcePolicy.of(settings.ingest.source_policy)
+
+        def check(spec: StreamSpec) -> None:
+            validate_source_url(spec.url, policy)
+            stream_class_thresholds(spec, stream_params(spec, settings.detection, names), names)
+            resolve_zones(spec.zones, lambda refs: resolve_classes(refs, names))
+
+        def pending(spec: StreamSpec) -> StreamView:
+            return StreamView(
+                spec=spec,
+                params=stream_params(spec, settings.detection, names),
+                status=pending_status(),
+                frames_processed=0,
+                last_frame_age_s=None,
+                pipeline_error=None,
+            )
+
+        for spec in settings.sources:
+            check(spec)  # a configured source this node could not run stops the start here
+        cluster = settings.cluster
+        capacity = cluster.capacity if cluster.capacity is not None else settings.max_streams
+        joining = FleetMember.join(
+            cluster,
+            capacity,
+            streams,
+            self.hub,
+            lambda result: encode_result_tail(result, names),
+            settings.sources,
+            replay=settings.hub.capacity_total,
+        )
+        timeout = 6 * cluster.connect_timeout_s
+        self.fleet = asyncio.run_coroutine_threadsafe(joining, loop).result(timeout)
+        self._loop = loop
+        return FleetControl(self.fleet.store, loop, streams, check, pending)
+
+    def _leave_fleet(self) -> None:
+        fleet, self.fleet = self.fleet, None
+        loop = self._loop
+        if fleet is None or loop is None or loop.is_closed():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(fleet.leave(), loop).result(30)
+        except Exception:
+            log.exception("fleet: leaving the fleet failed; the leases expire on their own")
+        finally:
+            self.hub.send_to(None)

@@ -374,3 +374,29 @@ def test_observers_see_every_result_without_subscribers_and_cannot_stop_publishi
     seq = hub.publish_encoded("b", 0, ',"source_id":"b"}}')
     assert seen == [(1, "DetectionResult"), (seq, "EncodedResult")]
     assert hub.subscriber_count == 0 and hub.last_seq == 2
+
+
+def test_with_an_outlet_results_leave_unnumbered_and_return_numbered_from_elsewhere() -> None:
+    """A fleet node: what it publishes goes to the outlet; the bus's numbers come back."""
+    hub = ResultsHub()
+    sent: list[tuple[str, int, object]] = []
+    hub.send_to(lambda source, index, what: sent.append((source, index, what)))
+    made = hub.publish(result("a", 3))
+    assert made.seq == 0 and hub.last_seq == 0 and hub.latest_seq("a") is None
+    assert hub.publish_encoded("b", 4, ',"x":1}}') == 0
+    assert [(s, i) for s, i, _ in sent] == [("a", 3), ("b", 4)]
+    assert isinstance(sent[0][2], DetectionResult) and sent[1][2] == ',"x":1}}'
+    # Numbered by the bus (gaps in the numbers are other streams' results elsewhere).
+    assert hub.publish_numbered(7, "a", 3, ',"y":1}}')
+    assert hub.publish_numbered(9, "b", 4, ',"z":1}}')
+    assert not hub.publish_numbered(9, "b", 4, ',"z":1}}'), "a replay is not kept twice"
+    assert not hub.publish_numbered(8, "a", 5, ',"w":1}}')
+    assert hub.last_seq == 9 and hub.latest_seq("a") == 7
+    assert [(r.seq, r.source_id) for r in hub.since(0)] == [(7, "a"), (9, "b")]
+    # A stream stopped here may run on another node: only the fleet forgets it.
+    hub.remove_source("a")
+    assert hub.latest_seq("a") == 7
+    hub.forget_source("a")
+    assert hub.latest_seq("a") is None
+    hub.send_to(None)
+    assert hub.publish(result("c", 0)).seq == 10

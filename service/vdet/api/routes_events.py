@@ -110,7 +110,7 @@ async def _serve(ws: WebSocket, source_id: str | None) -> None:
     # and before checking the stream exists, so that a removal after the check still ends
     # this subscription (the hub ends the subscriptions of a source when it is removed).
     sub = service.hub.subscribe(source_id, after)
-    if source_id is not None and source_id not in streams:
+    if source_id is not None and not service.has_stream(source_id):
         sub.close()
         await _deny(ws, status.HTTP_404_NOT_FOUND, f"no stream {source_id!r}")
         return

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -26,6 +26,7 @@ from pydantic_settings import (
 
 from vdet.config.base import ConfigError, MiB
 from vdet.config.clips import ClipSettings
+from vdet.config.cluster import ClusterSettings
 from vdet.config.engine import EngineSettings
 from vdet.config.event_snapshots import EventSnapshotSettings
 from vdet.config.gpu import GpuSettings
@@ -169,6 +170,11 @@ class Settings(BaseSettings):
         "edited. null: what the API changes lasts until the service stops.",
         examples=["/var/lib/vdet/streams.json"],
     )
+    cluster: ClusterSettings = Field(
+        default_factory=ClusterSettings,
+        description="A fleet of nodes on NATS JetStream (docs/fleet.md); without servers, one "
+        "node.",
+    )
     log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
         default="info", description="Log level for vdet and uvicorn."
     )
@@ -179,6 +185,15 @@ class Settings(BaseSettings):
         if value is not None and len(value.get_secret_value()) < 8:
             raise ValueError("api_key must be at least 8 characters")
         return value
+
+    @model_validator(mode="after")
+    def _fleet_keeps_the_streams(self) -> Settings:
+        if self.cluster.enabled and self.streams_file is not None:
+            raise ValueError(
+                "streams_file and cluster.servers exclude each other: in a fleet the streams "
+                "are kept in the fleet's bucket on the NATS servers"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

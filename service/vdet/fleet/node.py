@@ -32,7 +32,7 @@ from vdet.config.streams import StreamSpec
 from vdet.fleet.placement import NodeState, to_claim
 from vdet.fleet.store import FleetOptions, FleetStore
 from vdet.fleet.view import FleetView
-from vdet.streams.service import StreamControl, StreamError
+from vdet.streams.service import StreamChanges, StreamControl, StreamError
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +177,16 @@ class FleetNode:
             if spec is None:
                 await self._drop(stream_id, "released", release=True)
             elif spec != held.spec:
-                await self._stop_local(stream_id)
+                changes = _changes_between(held.spec, spec)
                 held.spec = spec
+                if changes is not None and held.running:
+                    try:
+                        await asyncio.to_thread(self.control.change, stream_id, changes)
+                        self._event("changed", stream_id, "")
+                        continue
+                    except (StreamError, ValueError) as exc:
+                        log.warning("fleet: changing %s in place failed: %s", stream_id, exc)
+                await self._stop_local(stream_id)
                 await self._start(stream_id)
 
     async def _start(self, stream_id: str) -> None:
@@ -221,6 +229,28 @@ class FleetNode:
         log.info("fleet node %s: %s %s %s", self.node_id, kind, stream_id, detail)
         if self._on_event is not None:
             self._on_event(kind, stream_id, detail)
+
+
+def _changes_between(old: bytes, new: bytes) -> StreamChanges | None:
+    """The `StreamChanges` that turn spec `old` into `new`, when only what a running stream
+    can change differs (thresholds, classes, tracking, zones: applied from its next frame,
+    its tracks kept); None when the stream must start again (its URL, say)."""
+    try:
+        before, after = json.loads(old), json.loads(new)
+    except ValueError:
+        return None
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return None
+    changeable = set(StreamChanges.model_fields)
+    for key in set(before) | set(after):
+        if key not in changeable and before.get(key) != after.get(key):
+            return None
+    try:
+        return StreamChanges.model_validate(
+            {k: after.get(k) for k in changeable if before.get(k) != after.get(k)}
+        )
+    except ValueError:
+        return None
 
 
 __all__ = ["FleetNode"]

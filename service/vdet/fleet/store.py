@@ -32,6 +32,8 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import (
     APIError,
     BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
     KeyValueError,
     KeyWrongLastSequenceError,
     ServiceUnavailableError,
@@ -86,7 +88,8 @@ class FleetStore:
         self.reconnected = asyncio.Event()
 
     @classmethod
-    async def open(cls, options: FleetOptions) -> FleetStore:
+    async def open(cls, options: FleetOptions, connect: dict[str, Any] | None = None) -> FleetStore:
+        """Connect (`connect`: nats.connect's credentials and TLS) and open the buckets."""
         reconnected = asyncio.Event()
 
         async def on_reconnect() -> None:
@@ -103,6 +106,7 @@ class FleetStore:
             reconnect_time_wait=0.5,
             reconnected_cb=on_reconnect,
             error_cb=on_error,
+            **(connect or {}),
         )
         js = client.jetstream()
         p, r = options.prefix, options.replicas
@@ -128,8 +132,42 @@ class FleetStore:
     async def put_spec(self, stream_id: str, spec: dict[str, Any]) -> int:
         return int(await self.streams.put(stream_id, json.dumps(spec).encode()))
 
-    async def delete_spec(self, stream_id: str) -> None:
-        await self.streams.delete(stream_id)
+    async def create_spec(self, stream_id: str, spec: dict[str, Any]) -> int | None:
+        """Add a stream to the desired state: its revision, or None when the id is taken."""
+        try:
+            return int(await self.streams.create(stream_id, json.dumps(spec).encode()))
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def get_spec(self, stream_id: str) -> tuple[dict[str, Any], int] | None:
+        """A desired stream's spec and revision; None when there is none."""
+        try:
+            entry = await self.streams.get(stream_id)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        if entry.value is None or entry.revision is None:
+            return None
+        spec = json.loads(entry.value)
+        if not isinstance(spec, dict):
+            return None
+        return spec, int(entry.revision)
+
+    async def update_spec(self, stream_id: str, spec: dict[str, Any], last: int) -> int | None:
+        """Replace a desired stream's spec if it is still at revision `last`: the new
+        revision, or None when someone changed it meanwhile."""
+        try:
+            return int(await self.streams.update(stream_id, json.dumps(spec).encode(), last=last))
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def delete_spec(self, stream_id: str, last: int | None = None) -> bool:
+        """Take a stream out of the desired state (if still at revision `last`, when given);
+        False when it changed meanwhile."""
+        try:
+            await self.streams.delete(stream_id, last=last)
+        except KeyWrongLastSequenceError:
+            return False
+        return True
 
     # -- owner leases --------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ class FleetView:
         # watchers restart: an incomplete view must not be read as "nothing is desired".
         self.synced = False
         self.changed = asyncio.Event()
+        # Called with a stream id when the desired state loses it (removed through any node).
+        self.on_removed: Callable[[str], object] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._watchers: list[Any] = []
 
@@ -99,7 +101,8 @@ class FleetView:
 
     def _on_desired(self, entry: Any) -> None:
         if entry.operation in _GONE:
-            self.desired.pop(entry.key, None)
+            if self.desired.pop(entry.key, None) is not None and self.on_removed is not None:
+                self.on_removed(entry.key)
         else:
             self.desired[entry.key] = bytes(entry.value or b"")
 

@@ -51,6 +51,7 @@ class Notifier:
         *,
         snapshot_of: SnapshotOf | None = None,
         clips: ClipStore | None = None,
+        sends_for: Callable[[str], bool] | None = None,
     ) -> None:
         sinks: list[tuple[str, EventFilterSettings]] = [
             (f"notify.webhooks {spec.id!r}", spec) for spec in settings.webhooks
@@ -67,6 +68,8 @@ class Notifier:
         self._hub = hub
         self._metrics = metrics
         self._names = tuple(class_names)
+        # In a fleet: whether this node notifies for a stream (it holds the stream's lease).
+        self._sends_for = sends_for
         # With event snapshots: bodies name their frame's, and MQTT may publish it.
         self._snapshot_of = snapshot_of
         if settings.mqtt is not None and settings.mqtt.snapshots and snapshot_of is None:
@@ -146,6 +149,8 @@ class Notifier:
         await follow_results(self._hub, self._dispatch, missed, lagging)
 
     def _dispatch(self, result: HubResult) -> None:
+        if self._sends_for is not None and not self._sends_for(result.source_id):
+            return
         body = result_with_events(result, self._names)
         if body is None:
             return

@@ -48,6 +48,11 @@ class EncodedResult:
 # made in this process) or its compact form.
 HubResult = DetectionResult | EncodedResult
 
+# Where a fleet node's hub sends what this process publishes (`ResultsHub.send_to`): the
+# source, the frame index, and the result's wire text after its seq, or the whole result when
+# it was made in this process and not encoded yet.
+Outlet = Callable[[str, int, "str | DetectionResult"], object]
+
 # One kept result: (seq, source_id, frame_index, encoded tail or the whole result). A tuple of
 # int and str only is untracked by the garbage collector after its first young collection.
 _Kept = tuple[int, str, int, str | DetectionResult]
@@ -260,6 +265,7 @@ class ResultsHub:
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}
         self._on_publish: Callable[[DetectionResult], object] | None = None
         self._observers: tuple[Callable[[HubResult], object], ...] = ()
+        self._outlet: Outlet | None = None
 
     def on_publish(self, callback: Callable[[DetectionResult], object] | None) -> None:
         """Call `callback(numbered result)` on the publishing thread, after each publish, while
@@ -280,8 +286,20 @@ class ResultsHub:
             except Exception:
                 log.exception("a results observer failed on result %d", result.seq)
 
+    def send_to(self, outlet: Outlet | None) -> None:
+        """Hand what this process publishes to `outlet` instead of numbering it here: in a
+        fleet the results bus numbers every node's results and brings them back, this node's
+        among them, through `publish_numbered` (vdet.fleet.feed). `remove_source` then only
+        forgets what the fleet says is gone (`forget_source`): a stream stopped here may run
+        on another node."""
+        self._outlet = outlet
+
     def publish(self, result: DetectionResult) -> DetectionResult:
-        """Number `result`, keep it and hand it to subscribers; returns the numbered copy."""
+        """Number `result`, keep it and hand it to subscribers; returns the numbered copy
+        (with an outlet: hands it there and returns it unnumbered, seq 0)."""
+        if (outlet := self._outlet) is not None:
+            outlet(result.source_id, result.frame_index, result.encoded_tail or result)
+            return result
         with self._lock:
             self._seq += 1
             numbered = dataclasses.replace(result, seq=self._seq)
@@ -320,24 +338,48 @@ class ResultsHub:
 
     def publish_encoded(self, source_id: str, frame_index: int, encoded_tail: str) -> int:
         """Number, keep and hand out a result that arrives already encoded (from a stream
-        worker process, which keeps the result itself); returns its seq."""
+        worker process, which keeps the result itself); returns its seq (with an outlet: hands
+        it there and returns 0)."""
+        if (outlet := self._outlet) is not None:
+            outlet(source_id, frame_index, encoded_tail)
+            return 0
         with self._lock:
             self._seq += 1
             seq = self._seq
-            kept: _Kept = (seq, source_id, frame_index, encoded_tail)
-            self._history.append(kept)
-            ring = self._per_source.get(source_id)
-            if ring is None:
-                ring = self._per_source[source_id] = deque()
-            if len(ring) >= self._capacity_per_source:
-                self._evicted_through[source_id] = ring.popleft()[0]
-            ring.append(kept)
-            self._latest[source_id] = _EncodedLatest(seq, frame_index, encoded_tail)
-            for outbox in self._outboxes.values():
-                outbox.put_locked(kept)
+            self._keep_encoded_locked(seq, source_id, frame_index, encoded_tail)
         if self._observers:
             self._observe(EncodedResult(seq, source_id, frame_index, encoded_tail))
         return seq
+
+    def publish_numbered(
+        self, seq: int, source_id: str, frame_index: int, encoded_tail: str
+    ) -> bool:
+        """Keep and hand out an encoded result numbered elsewhere (the fleet's results bus,
+        whose sequence is the fleet's seq); False, and nothing done, for a `seq` not above the
+        last one (a replay of what is here already)."""
+        with self._lock:
+            if seq <= self._seq:
+                return False
+            self._seq = seq
+            self._keep_encoded_locked(seq, source_id, frame_index, encoded_tail)
+        if self._observers:
+            self._observe(EncodedResult(seq, source_id, frame_index, encoded_tail))
+        return True
+
+    def _keep_encoded_locked(
+        self, seq: int, source_id: str, frame_index: int, encoded_tail: str
+    ) -> None:
+        kept: _Kept = (seq, source_id, frame_index, encoded_tail)
+        self._history.append(kept)
+        ring = self._per_source.get(source_id)
+        if ring is None:
+            ring = self._per_source[source_id] = deque()
+        if len(ring) >= self._capacity_per_source:
+            self._evicted_through[source_id] = ring.popleft()[0]
+        ring.append(kept)
+        self._latest[source_id] = _EncodedLatest(seq, frame_index, encoded_tail)
+        for outbox in self._outboxes.values():
+            outbox.put_locked(kept)
 
     @property
     def last_seq(self) -> int:
@@ -455,6 +497,12 @@ class ResultsHub:
             return len(self._all_subscribers_locked())
 
     def remove_source(self, source_id: str) -> None:
+        """A source stopped here: forgotten (`forget_source`), unless an outlet takes this
+        process's results (a fleet node), where the fleet says when a stream is gone."""
+        if self._outlet is None:
+            self.forget_source(source_id)
+
+    def forget_source(self, source_id: str) -> None:
         """Forget a removed source's latest result and history; end its subscriptions.
 
         Results already in the all-sources history stay there: they did happen. A later source

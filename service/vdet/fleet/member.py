@@ -1,0 +1,223 @@
+"""`FleetMember`: everything one `vdet serve` does as a node of a fleet, started and stopped as
+one (by the composition root, vdet.root).
+
+`join` connects to the fleet's NATS servers, makes the buckets and the results stream when the
+fleet is new, seeds the configured sources into the desired state, turns the node's results
+hub into a fleet feed (vdet.fleet.feed) and starts the node's loop (vdet.fleet.node), which
+claims streams and runs them on this node's own stream service (in this process or its worker
+processes). `leave` hands the streams off to the other nodes and disconnects.
+
+Seeding follows the single node's rule for configured sources and the streams file: a
+configured source is written to the desired state once, and again only when its entry in the
+config file changes, so what the API did to it (changed, removed) survives restarts of any
+node. The fleet remembers what it seeded in a fourth bucket, `<prefix>_seeded` (stream id ->
+a hash of the configured spec).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from nats.js.api import KeyValueConfig
+from nats.js.errors import KeyDeletedError, KeyNotFoundError
+
+from vdet.config.cluster import ClusterSettings
+from vdet.config.streams import StreamSpec
+from vdet.core.types import DetectionResult
+from vdet.fleet.feed import ResultsFeed
+from vdet.fleet.node import FleetNode
+from vdet.fleet.placement import NodeState
+from vdet.fleet.results_bus import ResultsRetention, open_results
+from vdet.fleet.store import FleetOptions, FleetStore
+from vdet.results.hub import ResultsHub
+from vdet.streams.service import StreamControl
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    """One node as the fleet sees it (GET /v1/nodes)."""
+
+    node_id: str
+    capacity: int
+    draining: bool
+    streams: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetInfo:
+    """The fleet as this node sees it."""
+
+    node_id: str  # this node
+    nodes: tuple[NodeInfo, ...]
+    unowned: tuple[str, ...]  # desired streams no live lease runs
+    synced: bool  # False while this node's view is being rebuilt (after a reconnect)
+
+
+def options_of(cluster: ClusterSettings, capacity: int) -> FleetOptions:
+    return FleetOptions(
+        servers=tuple(cluster.servers),
+        node_id=cluster.node,
+        capacity=capacity,
+        lease_s=cluster.lease_s,
+        node_ttl_s=cluster.lease_s,
+        replicas=cluster.replicas,
+        prefix=cluster.prefix,
+        connect_timeout_s=cluster.connect_timeout_s,
+    )
+
+
+def connect_options(cluster: ClusterSettings) -> dict[str, Any]:
+    """nats.connect's credentials and TLS from the settings."""
+    found: dict[str, Any] = {}
+    if cluster.username is not None and cluster.password is not None:
+        found["user"] = cluster.username
+        found["password"] = cluster.password.get_secret_value()
+    if cluster.token is not None:
+        found["token"] = cluster.token.get_secret_value()
+    if cluster.creds_file is not None:
+        found["user_credentials"] = str(cluster.creds_file)
+    if cluster.tls_ca_file is not None or cluster.tls_cert_file is not None:
+        import ssl
+
+        context = ssl.create_default_context(
+            cafile=str(cluster.tls_ca_file) if cluster.tls_ca_file else None
+        )
+        if cluster.tls_cert_file is not None and cluster.tls_key_file is not None:
+            context.load_cert_chain(str(cluster.tls_cert_file), str(cluster.tls_key_file))
+        found["tls"] = context
+    return found
+
+
+def seed_hash(spec: StreamSpec) -> bytes:
+    text = json.dumps(spec.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest().encode()
+
+
+class FleetMember:
+    """One node's part in the fleet, joined (module docstring)."""
+
+    def __init__(self, store: FleetStore, node: FleetNode, feed: ResultsFeed) -> None:
+        self.store = store
+        self.node = node
+        self.feed = feed
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def join(
+        cls,
+        cluster: ClusterSettings,
+        capacity: int,
+        local: StreamControl,
+        hub: ResultsHub,
+        encode: Callable[[DetectionResult], str],
+        configured: Iterable[StreamSpec],
+        *,
+        replay: int,
+        on_event: Callable[[str, str, str], None] | None = None,
+    ) -> FleetMember:
+        options = options_of(cluster, capacity)
+        store = await FleetStore.open(options, connect_options(cluster))
+        try:
+            await open_results(
+                store.js,
+                options.prefix,
+                ResultsRetention(
+                    max_age_s=cluster.results_max_age_s,
+                    max_bytes=cluster.results_max_bytes,
+                    replicas=options.replicas,
+                ),
+            )
+            await _seed(store, options.prefix, options.replicas, configured)
+            node = FleetNode(options, store, local, on_event=on_event)
+            loop = asyncio.get_running_loop()
+            feed = ResultsFeed(store.js, options.prefix, hub, node.holds, encode, loop)
+            await feed.start(replay)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await store.close()
+            raise
+        hub.send_to(feed.outlet)
+        node.view.on_removed = hub.forget_source
+        member = cls(store, node, feed)
+        member._task = asyncio.create_task(node.run(), name="fleet-node")
+        log.info(
+            "fleet: node %s joined %s (prefix %s, capacity %d, lease %g s)",
+            options.node_id,
+            ", ".join(options.servers),
+            options.prefix,
+            capacity,
+            store.lease_s,
+        )
+        return member
+
+    def holds(self, stream_id: str) -> bool:
+        return self.node.holds(stream_id)
+
+    def info(self) -> FleetInfo:
+        """What this node knows of the fleet; read it on the event loop."""
+        view = self.node.view
+        owned: dict[str, list[str]] = {}
+        for stream_id, (node_id, _) in view.owners.items():
+            owned.setdefault(node_id, []).append(stream_id)
+        nodes = dict(view.nodes)
+        nodes.setdefault(self.node.node_id, self.node.state())
+        for node_id in owned:  # a lease outliving its node's registry entry
+            nodes.setdefault(node_id, NodeState(node_id, 0))
+        return FleetInfo(
+            node_id=self.node.node_id,
+            nodes=tuple(
+                NodeInfo(n.node_id, n.capacity, n.draining, tuple(sorted(owned.get(n.node_id, []))))
+                for n in sorted(nodes.values(), key=lambda n: n.node_id)
+            ),
+            unowned=tuple(sorted(set(view.desired) - set(view.owners))),
+            synced=view.synced,
+        )
+
+    async def leave(self, handoff: bool = True) -> None:
+        """Hand the streams off (or, without `handoff`, just stop), stop the feed, disconnect."""
+        try:
+            await self.node.stop(handoff=handoff)
+            if self._task is not None:
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(self._task, 10.0)
+            await self.feed.stop()
+        finally:
+            with contextlib.suppress(Exception):
+                await self.store.close()
+
+
+async def _seed(
+    store: FleetStore, prefix: str, replicas: int, configured: Iterable[StreamSpec]
+) -> None:
+    specs = list(configured)
+    if not specs:
+        return
+    js = store.js
+    config = KeyValueConfig(bucket=f"{prefix}_seeded", history=1, replicas=replicas)
+    try:
+        seeded = await js.key_value(config.bucket)
+    except Exception:
+        seeded = await js.create_key_value(config)
+    for spec in specs:
+        digest = seed_hash(spec)
+        try:
+            entry = await seeded.get(spec.id)
+            if entry.value == digest:
+                continue  # seeded before: what the API made of it stands
+        except (KeyNotFoundError, KeyDeletedError):
+            pass
+        await store.put_spec(spec.id, spec.model_dump(mode="json", exclude={"id"}))
+        await seeded.put(spec.id, digest)
+        log.info("fleet: configured source %s written to the desired state", spec.id)
+
+
+__all__ = ["FleetInfo", "FleetMember", "NodeInfo", "connect_options", "options_of"]

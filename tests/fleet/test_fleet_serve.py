@@ -1,0 +1,210 @@
+"""A fleet of real `vdet serve` nodes (settings `cluster`) on a real NATS server: the installed
+entry point on the CPU backend, real H.264 files, each node its own process.
+
+What a user of the fleet sees through any node's API: configured sources seeded once, streams
+added on one node and placed on either within capacity, `/v1/nodes`, the one WebSocket feed
+carrying the whole fleet's results with the bus's sequence (a client resumes on another node
+with no gap and no duplicate), changes and removals through any node, the API's errors
+unchanged, and a node killed with SIGKILL whose streams publish again on the other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.apptest import CLIP_WH, write_tiny_model
+from support.nats_servers import NatsServer, nats_server_binary, single_server
+from support.serve import Service, start_service
+from support.videos import write_h264_clip
+from support.waiting import wait_until
+from websockets.sync.client import connect
+
+pytest.importorskip("nats")
+
+pytestmark = pytest.mark.slow
+
+LEASE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fleet-serve")
+
+
+@pytest.fixture(scope="module")
+def model(folder: Path) -> Path:
+    return write_tiny_model(folder / "tiny.onnx")
+
+
+@pytest.fixture(scope="module")
+def clip(folder: Path) -> Path:
+    return write_h264_clip(folder / "clip.mp4", seconds=2.0, fps=15, size_wh=CLIP_WH)
+
+
+@pytest.fixture(scope="module")
+def nats_server(folder: Path) -> Iterator[NatsServer]:
+    nats_server_binary()
+    server = single_server(folder / "nats")
+    yield server
+    server.stop()
+
+
+def stream(clip: Path, stream_id: str, **fields: Any) -> dict[str, Any]:
+    return {"id": stream_id, "url": str(clip), "loop": True, "realtime": True, **fields}
+
+
+def node(folder: Path, model: Path, server: NatsServer, name: str, clip: Path) -> Service:
+    return start_service(
+        folder,
+        model,
+        cluster={
+            "servers": [server.url],
+            "node_id": name,
+            "capacity": 3,
+            "lease_s": LEASE_S,
+            "prefix": "t",
+        },
+        # Both nodes are configured alike, as a compose file or a StatefulSet would make them.
+        sources=[stream(clip, "cam1")],
+    )
+
+
+def placement(svc: Service) -> dict[str, str]:
+    status, body = svc.get("/v1/nodes")
+    assert status == 200, body
+    return {s: n["id"] for n in body["nodes"] for s in n["streams"]}
+
+
+def results(url: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:
+    """The first `count` result messages of a WebSocket feed."""
+    out: list[dict[str, Any]] = []
+    with connect(url, open_timeout=10) as ws:
+        deadline = time.monotonic() + timeout
+        while len(out) < count:
+            message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message["type"] == "result":
+                out.append(message["result"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    folder: Path, model: Path, nats_server: NatsServer, clip: Path
+) -> Iterator[dict[str, Service]]:
+    nodes = {name: node(folder, model, nats_server, name, clip) for name in ("a", "b")}
+    try:
+        yield nodes
+    finally:
+        for svc in nodes.values():
+            svc.process.stop()
+
+
+def test_the_fleet_places_streams_added_on_any_node_and_feeds_every_node(
+    fleet: dict[str, Service], clip: Path
+) -> None:
+    a, b = fleet["a"], fleet["b"]
+    assert b.send("POST", "/v1/streams", stream(clip, "cam2"))[0] == 201
+    assert a.send("POST", "/v1/streams", stream(clip, "cam3"))[0] == 201
+    wait_until(lambda: len(placement(a)) == 3, 30, what="three streams placed")
+    placed = placement(a)
+    assert placement(b) == placed, "every node sees one placement"
+    # The configured source was seeded once though both nodes have it; within capacity.
+    assert sorted(placed) == ["cam1", "cam2", "cam3"]
+    assert max(list(placed.values()).count(n) for n in ("a", "b")) <= 3
+    status, body = a.get("/v1/nodes")
+    assert status == 200 and body["unowned"] == [] and body["synced"] and body["node"] == "a"
+
+    # The one feed: every stream's results on each node, numbered by the bus, in order.
+    on_a = results(f"{a.ws_base}/v1/events", 45)
+    seqs = [r["seq"] for r in on_a]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert {r["source_id"] for r in on_a} == {"cam1", "cam2", "cam3"}
+    # Resume on the other node after the last seq read here: the next one, nothing twice.
+    on_b = results(f"{b.ws_base}/v1/events?after={seqs[-1]}", 10)
+    assert on_b[0]["seq"] == seqs[-1] + 1, "no gap between the nodes"
+    assert [r["seq"] for r in on_b] == list(range(seqs[-1] + 1, seqs[-1] + 11))
+    # And a replay from before: the same results under the same numbers on both nodes.
+    first = seqs[0]
+    again = results(f"{b.ws_base}/v1/events?after={first - 1}", 20)
+    assert [(r["seq"], r["source_id"], r["frame_index"]) for r in again] == [
+        (r["seq"], r["source_id"], r["frame_index"]) for r in on_a[:20]
+    ]
+
+
+def test_changes_and_errors_through_any_node(fleet: dict[str, Service], clip: Path) -> None:
+    a, b = fleet["a"], fleet["b"]
+    wait_until(lambda: "cam2" in placement(a), 30, what="cam2 placed")
+    owner = fleet[placement(a)["cam2"]]
+    other = b if owner is a else a
+    # A change through the node that does not run it reaches the one that does, in place.
+    status, out = other.send("PATCH", "/v1/streams/cam2", {"conf_threshold": 0.61})
+    assert status == 200, out
+    assert out["spec"]["conf_threshold"] == 0.61
+
+    def applied() -> bool:
+        status, view = owner.get("/v1/streams/cam2")
+        return status == 200 and view["spec"]["conf_threshold"] == 0.61
+
+    wait_until(applied, 20, what="the change applied on the owner")
+    # The API's errors keep their statuses and messages on every node.
+    assert other.send("POST", "/v1/streams", stream(clip, "cam2"))[0] == 409
+    status, out = other.send("POST", "/v1/streams", stream(clip, "x", classes=["nope"]))
+    assert status == 422 and "nope" in json.dumps(out)
+    status, out = other.send("POST", "/v1/streams", stream(clip, ".x"))
+    assert status == 422 and "NATS subject" in out["detail"]
+    assert other.send("PATCH", "/v1/streams/none", {"conf_threshold": 0.5})[0] == 404
+    assert other.send("DELETE", "/v1/streams/none")[0] == 404
+    # Removed through one node: gone from the fleet, its results' subscribers told so.
+    with connect(f"{owner.ws_base}/v1/streams/cam3/events", open_timeout=10) as ws:
+        assert a.send("DELETE", "/v1/streams/cam3")[0] == 204
+        deadline = time.monotonic() + 20
+        ended = None
+        while ended is None and time.monotonic() < deadline:
+            message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message["type"] != "result":
+                ended = message
+    assert ended is not None and ended["type"] == "stream_removed", ended
+    wait_until(lambda: "cam3" not in placement(b), 20, what="cam3 gone from the fleet")
+    assert b.send("POST", "/v1/streams", stream(clip, "cam3"))[0] == 201, "its id is free again"
+
+
+def test_a_killed_node_s_streams_publish_again_on_the_other(fleet: dict[str, Service]) -> None:
+    wait_until(lambda: len(placement(fleet["b"])) == 3, 30, what="three streams placed")
+    victim = "a" if "a" in placement(fleet["b"]).values() else "b"
+    name = "b" if victim == "a" else "a"
+    survivor = fleet[name]
+    moved = sorted(s for s, n in placement(survivor).items() if n == victim)
+    assert moved
+    killed_at = time.monotonic()
+    os.kill(fleet[victim].process.popen.pid, signal.SIGKILL)
+    fleet[victim].process.popen.wait(10)
+    # Its streams are claimed by the survivor once their leases expire...
+    wait_until(
+        lambda: all(placement(survivor).get(s) == name for s in moved),
+        LEASE_S + 10,
+        what=f"{moved} claimed by {name}",
+    )
+    claimed = time.monotonic() - killed_at
+    # ... and publish there: live results of each, after the victim died.
+    seen: set[str] = set()
+    with connect(f"{survivor.ws_base}/v1/events", open_timeout=10) as ws:
+        deadline = time.monotonic() + 20
+        while not set(moved) <= seen and time.monotonic() < deadline:
+            message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message["type"] == "result":
+                seen.add(message["result"]["source_id"])
+    took = time.monotonic() - killed_at
+    assert set(moved) <= seen, f"{moved} not publishing on the survivor ({seen})"
+    status, body = survivor.get("/v1/nodes")
+    assert status == 200 and [n["id"] for n in body["nodes"]] == [name] and body["unowned"] == []
+    print(
+        f"{moved}: claimed {claimed:.1f} s, publishing {took:.1f} s after SIGKILL "
+        f"(lease {LEASE_S} s)"
+    )
