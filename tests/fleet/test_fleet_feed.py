@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-pytest.importorskip("nats")
-
 from vdet.fleet.feed import parse_payload, payload_of
 from vdet.fleet.keys import key_problem
 from vdet.fleet.node import _changes_between

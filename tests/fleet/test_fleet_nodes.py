@@ -27,7 +27,6 @@ from support.tools import REPO
 
 from vdet.fleet.store import FleetOptions, FleetStore
 
-pytest.importorskip("nats")
 TESTS = REPO / "tests"
 LEASE_S = 2.0
 

@@ -9,13 +9,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from support.nats_servers import NatsServer, nats_server_binary, single_server
-
-pytest.importorskip("nats")
-
 import nats
+import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
+from support.nats_servers import NatsServer, nats_server_binary, single_server
 
 from vdet.fleet.node import FleetNode
 from vdet.fleet.results_bus import (
