@@ -46,7 +46,7 @@ from vdet.workers.plan import plan_workers
 from vdet.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
-    from vdet.fleet.member import FleetMember  # nats-py: only where a fleet is configured
+    from vdet.fleet.member import FleetMember  # loaded only where a fleet is configured
     from vdet.gpu.devices import GpuPool  # imports torch: only where a GPU backend runs
 
 log = logging.getLogger(__name__)
@@ -239,8 +239,9 @@ class Service:
                 backend.class_names,
                 snapshot_of=self.event_jpeg if settings.event_snapshots.per_stream else None,
                 clips=ClipStore.of(settings.clips),
-                # In a fleet every node's hub has every result: the lease holder notifies.
-                sends_for=fleet.holds if fleet is not None else None,
+                # In a fleet every node's hub has every result: events go out once per
+                # fleet, from a consumer the nodes share (vdet.fleet.notifications).
+                follow=fleet.follow_notifications if fleet is not None else None,
             )
         except BaseException:
             self.stop()
@@ -277,13 +278,8 @@ class Service:
     def _join_fleet(self, loop: asyncio.AbstractEventLoop | None) -> StreamControl:
         """Join the fleet (settings `cluster`) on `loop`; the API's writes then go to the
         fleet's desired state."""
-        try:
-            from vdet.fleet.control import FleetControl, pending_status
-            from vdet.fleet.member import FleetMember
-        except ImportError as exc:
-            raise RuntimeError(
-                f"cluster.servers needs the NATS client: pip install 'vdet[fleet]' ({exc})"
-            ) from exc
+        from vdet.fleet.control import FleetControl, pending_status
+        from vdet.fleet.member import FleetMember
 
         settings, streams = self.settings, self.streams
         assert streams is not None
@@ -319,6 +315,7 @@ class Service:
             lambda result: encode_result_tail(result, names),
             settings.sources,
             replay=settings.hub.capacity_total,
+            on_event=lambda kind, _stream, _detail: self.metrics.count_lease_event(kind),
         )
         timeout = 6 * cluster.connect_timeout_s
         self.fleet = asyncio.run_coroutine_threadsafe(joining, loop).result(timeout)

@@ -262,10 +262,16 @@ def test_dashboard_queries_run_in_prometheus(prometheus: Prometheus) -> None:
     assert len(webhooks) == 5, empty
     assert "sum by (gpu) (vdet_gpu_memory_used_bytes)" in empty, empty
     clips = "sum by (outcome) (rate(vdet_clips_total[15s]))"
+    # One node, no fleet: the fleet's counters have no series (its gauges say 0).
+    fleet = {
+        "sum by (instance, outcome) (rate(vdet_fleet_results_total[15s]))",
+        "sum by (event) (increase(vdet_fleet_lease_events_total[1m]))",
+    }
     assert set(empty) - webhooks <= {
         "sum by (gpu) (vdet_gpu_memory_used_bytes)",
         crossings,
         clips,
+        *fleet,
     }, empty
 
 
@@ -302,7 +308,7 @@ def test_prometheus_evaluates_the_alert_rules_and_none_fires_on_a_healthy_stack(
         )
 
     rules = wait_until(evaluated, 30, what="the alert rules evaluated")
-    assert len(rules) == 7 and all(r["health"] == "ok" for r in rules), rules
+    assert len(rules) == 9 and all(r["health"] == "ok" for r in rules), rules
     state = {r["name"]: r["state"] for r in rules}
     assert "firing" not in state.values(), state
     # Not even pending: vdet answers and its camera streams.

@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 from support.apptest import CLIP_WH, write_tiny_model
 from support.nats_servers import NatsServer, nats_server_binary, single_server
+from support.procs import http_get
 from support.serve import Service, start_service
 from support.videos import write_h264_clip
 from support.waiting import wait_until
 from websockets.sync.client import connect
-
-pytest.importorskip("nats")
 
 pytestmark = pytest.mark.slow
 
@@ -130,12 +129,54 @@ def test_the_fleet_places_streams_added_on_any_node_and_feeds_every_node(
     on_b = results(f"{b.ws_base}/v1/events?after={seqs[-1]}", 10)
     assert on_b[0]["seq"] == seqs[-1] + 1, "no gap between the nodes"
     assert [r["seq"] for r in on_b] == list(range(seqs[-1] + 1, seqs[-1] + 11))
+    # Each node's metrics: the fleet it sees, its leases, its bus traffic.
+    seen = {name: svc.metrics() for name, svc in fleet.items()}
+    for name, m in seen.items():
+        assert m[("vdet_fleet_nodes", ())] == 2
+        assert m[("vdet_fleet_unowned_streams", ())] == 0
+        assert m[("vdet_fleet_leases_held", ())] == list(placed.values()).count(name)
+        assert m[("vdet_fleet_results_total", (("outcome", "read"),))] > 0
+        claimed = m.get(("vdet_fleet_lease_events_total", (("event", "claimed"),)), 0)
+        assert claimed == list(placed.values()).count(name)
+    published = sum(
+        m.get(("vdet_fleet_results_total", (("outcome", "published"),)), 0) for m in seen.values()
+    )
+    assert published > 0
     # And a replay from before: the same results under the same numbers on both nodes.
     first = seqs[0]
     again = results(f"{b.ws_base}/v1/events?after={first - 1}", 20)
     assert [(r["seq"], r["source_id"], r["frame_index"]) for r in again] == [
         (r["seq"], r["source_id"], r["frame_index"]) for r in on_a[:20]
     ]
+
+
+def test_every_node_reads_every_stream(fleet: dict[str, Service]) -> None:
+    """Reads of a stream on another node are asked of its owner (NATS request/reply)."""
+    a, b = fleet["a"], fleet["b"]
+    wait_until(lambda: len(placement(a)) == 3, 30, what="three streams placed")
+    placed = placement(a)
+    for svc in (a, b):
+        status, listing = svc.get("/v1/streams")
+        assert status == 200
+        shown = {s["id"]: s for s in listing["streams"]}
+        assert sorted(shown) == ["cam1", "cam2", "cam3"]
+        for stream_id, owner in placed.items():
+            assert shown[stream_id]["node"] == owner
+            assert shown[stream_id]["spec"]["url"].endswith("clip.mp4")
+
+            def streaming(svc: Service = svc, stream_id: str = stream_id) -> bool:
+                status, one = svc.get(f"/v1/streams/{stream_id}")
+                return status == 200 and one["status"]["frames_processed"] > 0
+
+            wait_until(streaming, 30, what=f"{stream_id} read through node {svc.base}")
+            status, one = svc.get(f"/v1/streams/{stream_id}")
+            assert one["node"] == owner and one["status"]["state"] == "streaming"
+            # The latest detections come from this node's hub, which has the whole fleet's.
+            status, latest = svc.get(f"/v1/streams/{stream_id}/detections")
+            assert status == 200 and latest["source_id"] == stream_id
+            status, jpeg = http_get(f"{svc.base}/v1/streams/{stream_id}/snapshot.jpg", 10)
+            assert status == 200 and jpeg.startswith(b"\xff\xd8"), stream_id
+    assert a.get("/v1/streams/none")[0] == 404 and b.get("/v1/streams/none/detections")[0] == 404
 
 
 def test_changes_and_errors_through_any_node(fleet: dict[str, Service], clip: Path) -> None:
@@ -185,6 +226,11 @@ def test_a_killed_node_s_streams_publish_again_on_the_other(fleet: dict[str, Ser
     killed_at = time.monotonic()
     os.kill(fleet[victim].process.popen.pid, signal.SIGKILL)
     fleet[victim].process.popen.wait(10)
+    # Before the lease expires, a read of its stream is answered at once, with the reason.
+    asked = time.monotonic()
+    status, one = survivor.get(f"/v1/streams/{moved[0]}")
+    assert status == 200 and time.monotonic() - asked < 4.0
+    assert one["node"] == name or "does not answer" in (one["status"]["last_error"] or ""), one
     # Its streams are claimed by the survivor once their leases expire...
     wait_until(
         lambda: all(placement(survivor).get(s) == name for s in moved),
@@ -202,6 +248,8 @@ def test_a_killed_node_s_streams_publish_again_on_the_other(fleet: dict[str, Ser
                 seen.add(message["result"]["source_id"])
     took = time.monotonic() - killed_at
     assert set(moved) <= seen, f"{moved} not publishing on the survivor ({seen})"
+    status, listing = survivor.get("/v1/streams")
+    assert status == 200 and {s["node"] for s in listing["streams"]} == {name}
     status, body = survivor.get("/v1/nodes")
     assert status == 200 and [n["id"] for n in body["nodes"]] == [name] and body["unowned"] == []
     print(

@@ -10,6 +10,7 @@ then stops every stream. This module only wires the web layer; the routes live i
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vdet.api import (
     docs_pages,
+    fleet_reads,
     limits,
     loop_health,
     methods,
@@ -105,6 +107,8 @@ def create_app(
         service.hub.add_observer(history.add)
         app.state.event_history = history
         try:
+            if service.fleet is not None:  # other nodes read this node's streams
+                await service.fleet.serve_reads(functools.partial(fleet_reads.answer, service))
             if notifier is not None:
                 notifier.start()
             if freeze_startup_objects:

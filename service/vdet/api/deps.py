@@ -36,7 +36,11 @@ def not_ready() -> HTTPException:
 
 
 def get_streams(request: Request) -> StreamService:
-    service = service_of(request)
+    return get_streams_of(service_of(request))
+
+
+def get_streams_of(service: Service) -> StreamService:
+    """The service's streams; 503 while it starts or stops."""
     streams = service.streams
     if not service.ready or streams is None:
         raise not_ready()

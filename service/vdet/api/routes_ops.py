@@ -75,6 +75,14 @@ async def metrics(service: ServiceDep) -> Response:
     if streams is not None:
         # Waits for the worker processes' counts (blocking, little Python): on a thread.
         await run_in_threadpool(streams.sync_metrics)
+    if (fleet := service.fleet) is not None:  # read on the loop, where the fleet's view lives
+        info = fleet.info()
+        service.metrics.sync_fleet(
+            nodes=len(info.nodes),
+            leases=len(fleet.node.held),
+            unowned=len(info.unowned),
+            results=fleet.totals(),
+        )
     # Rendered on the loop a slice at a time, not on a thread (see Metrics.render_pieces).
     loop = asyncio.get_running_loop()
     pieces: list[bytes] = []

@@ -1,10 +1,12 @@
 """REST routes for streams: add, list, inspect, change, delete, latest detections, snapshot.
 
-Handlers are plain `def`: FastAPI runs them in its thread pool, so the manager's locks, thread
-joins and JPEG encoding never run on the event loop. The one exception is the latest
-detections, a dictionary lookup that serves a worker's wire text as it is: on a loop busy with
-thousands of WebSocket messages a second, each hop to the thread pool and back waited for the
-GIL (p99 20-30 ms at 64 streams).
+The stream service's calls (the manager's locks, thread joins, JPEG encoding) never run on the
+event loop: the writes are plain `def` handlers, which FastAPI runs in its thread pool, and the
+reads send them there themselves, because in a fleet a read may instead ask another node
+(vdet.api.fleet_reads), which happens on the loop. The latest detections stay a dictionary
+lookup on the loop that serves a worker's wire text as it is: on a loop busy with thousands of
+WebSocket messages a second, each hop to the thread pool and back waited for the GIL (p99
+20-30 ms at 64 streams).
 """
 
 from __future__ import annotations
@@ -12,82 +14,23 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Response, status
+from starlette.concurrency import run_in_threadpool
 
-from vdet.api.deps import ControlDep, ServiceDep, StreamsDep
-from vdet.api.schemas import EffectiveParams, ErrorOut, StreamListOut, StreamOut, StreamStatusOut
+from vdet.api import fleet_reads
+from vdet.api.deps import ControlDep, ServiceDep, StreamsDep, get_streams_of
+from vdet.api.schemas import ErrorOut, StreamListOut, StreamOut
+from vdet.api.views import stream_out
 from vdet.config.streams import StreamSpec
-from vdet.core.redact import redact
 from vdet.ingest.urls import NETWORK_SCHEMES, is_network_url
 from vdet.results.hub import EncodedResult
 from vdet.results.wire import DetectionResultOut, result_out, result_text
-from vdet.streams.service import PictureRequest, StreamChanges, StreamView, UnknownStreamError
+from vdet.streams.service import PictureRequest, StreamChanges, UnknownStreamError
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 
 _NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorOut, "description": "No stream has this id."}
 }
-
-
-def stream_out(view: StreamView, names: tuple[str, ...]) -> StreamOut:
-    p, s = view.params, view.status
-    return StreamOut(
-        id=view.spec.id,
-        worker=view.worker,
-        spec=view.spec.model_copy(update={"url": redact(view.spec.url)}),
-        effective=EffectiveParams(
-            conf_threshold=p.conf_threshold,
-            iou_threshold=p.iou_threshold,
-            max_det=p.max_det,
-            top_k=p.top_k,
-            classes=None if p.classes is None else [names[i] for i in sorted(p.classes)],
-            class_thresholds=class_thresholds_out(view.spec.class_thresholds, names),
-        ),
-        status=StreamStatusOut(
-            state=s.state,
-            attempts=s.attempts,
-            reconnects=s.reconnects,
-            # Redacted here too, whichever process produced them (vdet.ingest.urls.redact).
-            last_error=_redacted(s.last_error),
-            last_error_time=s.last_error_time,
-            recent_errors=[redact(error) for error in s.recent_errors],
-            pipeline_error=_redacted(view.pipeline_error),
-            last_frame_age_s=view.last_frame_age_s,
-            fps=s.fps,
-            fps_nominal=s.fps_nominal,
-            fps_processed=view.fps_processed,
-            width=s.width,
-            height=s.height,
-            frames_decoded=s.frames_decoded,
-            frames_processed=view.frames_processed,
-            frames_dropped=s.frames_dropped,
-            decode_errors=s.decode_errors,
-            frames_damaged=s.frames_damaged,
-            decode_path="nvdec" if s.decode_path == "nvdec" else "cpu" if s.decode_path else None,
-            decode_reason=_redacted(s.decode_reason),
-            frames_skipped=s.frames_skipped,
-        ),
-    )
-
-
-def class_thresholds_out(
-    thresholds: dict[str, float] | None, names: tuple[str, ...]
-) -> dict[str, float] | None:
-    """The spec's per-class thresholds keyed by class name (an id given as "2" shows as its
-    name)."""
-    if not thresholds:
-        return None
-
-    def name(ref: str) -> str:
-        if ref in names or not ref.isdigit() or int(ref) >= len(names):
-            return ref
-        return names[int(ref)]
-
-    return {name(ref): threshold for ref, threshold in thresholds.items()}
-
-
-def _redacted(text: str | None) -> str | None:
-    return None if text is None else redact(text)
 
 
 @router.post(
@@ -128,9 +71,13 @@ def add_stream(
 
 
 @router.get("", response_model=StreamListOut, summary="List streams, sorted by id")
-def list_streams(streams: StreamsDep) -> StreamListOut:
+async def list_streams(service: ServiceDep) -> StreamListOut:
+    if service.fleet is not None:  # every node's streams (vdet.api.fleet_reads)
+        return StreamListOut(streams=await fleet_reads.list_streams(service))
+    streams = get_streams_of(service)
     names = streams.backend_info.class_names
-    return StreamListOut(streams=[stream_out(v, names) for v in streams.list()])
+    views = await run_in_threadpool(streams.list)
+    return StreamListOut(streams=[stream_out(v, names) for v in views])
 
 
 @router.get(
@@ -139,8 +86,12 @@ def list_streams(streams: StreamsDep) -> StreamListOut:
     summary="A stream's spec, effective thresholds and source status",
     responses=_NOT_FOUND,
 )
-def get_stream(stream_id: str, streams: StreamsDep) -> StreamOut:
-    return stream_out(streams.get(stream_id), streams.backend_info.class_names)
+async def get_stream(stream_id: str, service: ServiceDep) -> StreamOut:
+    if service.fleet is not None:
+        return await fleet_reads.get_stream(service, stream_id)
+    streams = get_streams_of(service)
+    view = await run_in_threadpool(streams.get, stream_id)
+    return stream_out(view, streams.backend_info.class_names)
 
 
 @router.patch(
@@ -186,7 +137,9 @@ def delete_stream(stream_id: str, control: ControlDep) -> Response:
 async def latest_detections(
     stream_id: str, streams: StreamsDep, service: ServiceDep
 ) -> DetectionResultOut | Response:
-    if stream_id not in streams:  # both stream services answer from memory, without waiting
+    # Both stream services answer from memory, without waiting; in a fleet the hub has every
+    # node's results, so any of the fleet's streams is answered here.
+    if not service.has_stream(stream_id):
         raise UnknownStreamError(f"no stream {stream_id!r}")
     latest = service.hub.latest_encoded(stream_id)
     if latest is None:
@@ -209,8 +162,12 @@ async def latest_detections(
         **_NOT_FOUND,
     },
 )
-def snapshot(stream_id: str, streams: StreamsDep) -> Response:
-    frame = streams.picture(stream_id, PictureRequest())
+async def snapshot(stream_id: str, service: ServiceDep) -> Response:
+    if service.fleet is not None:  # from the node that runs it
+        frame = await fleet_reads.picture(service, stream_id, PictureRequest())
+    else:
+        streams = get_streams_of(service)
+        frame = await run_in_threadpool(streams.picture, stream_id, PictureRequest())
     if frame is None:
         return Response(status_code=status.HTTP_204_NO_CONTENT)
     return Response(

@@ -109,8 +109,14 @@ class StreamStatusOut(BaseModel):
 
 class StreamOut(BaseModel):
     id: str
+    node: str | None = Field(
+        default=None,
+        description="In a fleet (settings `cluster`): the node running it; null on a server "
+        "that is one node, and for a stream no node runs now (`status.last_error` says why).",
+    )
     worker: str | None = Field(
-        default=None, description="The worker process running it; null: the API process."
+        default=None,
+        description="The worker process running it (on its node); null: the API process.",
     )
     spec: StreamSpec = Field(description="The stream as added, with any PATCHed changes.")
     effective: EffectiveParams

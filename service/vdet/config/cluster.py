@@ -65,7 +65,7 @@ class ClusterSettings(Strict):
         "one server lost). Fixed by the first node that creates them.",
     )
     lease_s: float = Field(
-        default=10.0,
+        default=6.0,
         ge=2.0,
         le=300.0,
         description="How long a node may go without renewing a stream's lease before another "

@@ -95,6 +95,7 @@ class ResultsFeed:
         self.dropped = 0
         self.ignored = 0
         self.gaps = 0
+        self.read = 0  # results read off the bus (every node's)
         self.read_through = 0  # the last bus sequence handed to the hub
 
     # -- out -----------------------------------------------------------------------------
@@ -148,6 +149,7 @@ class ResultsFeed:
                         continue
                     after = item.seq
                     self.read_through = item.seq
+                    self.read += 1
                     parsed = parse_payload(item.payload)
                     if parsed is None or key_problem(item.stream_id) is not None:
                         self.ignored += 1
@@ -160,6 +162,19 @@ class ResultsFeed:
                 await asyncio.sleep(0.2)
             finally:
                 await reader.close()
+
+    def totals(self) -> dict[str, int]:
+        """Running totals by outcome (vdet_fleet_results_total)."""
+        publisher = self.publisher
+        return {
+            "published": publisher.published,
+            "fenced": publisher.fenced,
+            "failed": publisher.failed,
+            "dropped": self.dropped,
+            "read": self.read,
+            "ignored": self.ignored,
+            "gap": self.gaps,
+        }
 
     # -- lifecycle -----------------------------------------------------------------------
 

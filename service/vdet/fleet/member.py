@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from nats.js.api import KeyValueConfig
@@ -33,10 +33,11 @@ from vdet.config.streams import StreamSpec
 from vdet.core.types import DetectionResult
 from vdet.fleet.feed import ResultsFeed
 from vdet.fleet.node import FleetNode
+from vdet.fleet.notifications import follow_notifications
 from vdet.fleet.placement import NodeState
 from vdet.fleet.results_bus import ResultsRetention, open_results
 from vdet.fleet.store import FleetOptions, FleetStore
-from vdet.results.hub import ResultsHub
+from vdet.results.hub import EncodedResult, ResultsHub
 from vdet.streams.service import StreamControl
 
 log = logging.getLogger(__name__)
@@ -102,14 +103,41 @@ def seed_hash(spec: StreamSpec) -> bytes:
     return hashlib.sha256(text.encode()).hexdigest().encode()
 
 
+# A read asked of another node (`FleetMember.ask`), and its answer: one JSON line, then any
+# bytes (a JPEG). Both bounded: a request is a few fields, an answer fits a NATS message.
+_MAX_REQUEST_BYTES = 16 << 10
+ReadAnswer = Callable[[str, dict[str, Any]], Awaitable[tuple[dict[str, Any], bytes]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """What another node answered: its JSON head and the bytes after it; `error` (and its
+    HTTP `status`) when it refused, or did not answer (status 503)."""
+
+    head: dict[str, Any]
+    body: bytes = b""
+
+    @property
+    def error(self) -> str | None:
+        value = self.head.get("error")
+        return str(value) if value is not None else None
+
+    @property
+    def status(self) -> int:
+        value = self.head.get("status", 200)
+        return value if isinstance(value, int) and 100 <= value <= 599 else 502
+
+
 class FleetMember:
     """One node's part in the fleet, joined (module docstring)."""
 
-    def __init__(self, store: FleetStore, node: FleetNode, feed: ResultsFeed) -> None:
+    def __init__(self, store: FleetStore, node: FleetNode, feed: ResultsFeed, prefix: str) -> None:
         self.store = store
         self.node = node
         self.feed = feed
+        self.prefix = prefix
         self._task: asyncio.Task[None] | None = None
+        self._reads: Any = None  # the subscription answering other nodes' reads
 
     @classmethod
     async def join(
@@ -147,7 +175,7 @@ class FleetMember:
             raise
         hub.send_to(feed.outlet)
         node.view.on_removed = hub.forget_source
-        member = cls(store, node, feed)
+        member = cls(store, node, feed, options.prefix)
         member._task = asyncio.create_task(node.run(), name="fleet-node")
         log.info(
             "fleet: node %s joined %s (prefix %s, capacity %d, lease %g s)",
@@ -161,6 +189,69 @@ class FleetMember:
 
     def holds(self, stream_id: str) -> bool:
         return self.node.holds(stream_id)
+
+    async def follow_notifications(self, dispatch: Callable[[EncodedResult], object]) -> None:
+        """Results to notify, each once per fleet (vdet.fleet.notifications)."""
+        await follow_notifications(self.store.js, self.prefix, dispatch)
+
+    def totals(self) -> dict[str, int]:
+        """The results feed's running totals by outcome."""
+        return self.feed.totals()
+
+    # -- reads between nodes (NATS request/reply) ------------------------------------------
+
+    def _read_subject(self, node_id: str) -> str:
+        return f"{self.prefix}.read.{node_id}"
+
+    async def serve_reads(self, answer: ReadAnswer) -> None:
+        """Answer other nodes' reads of the streams this node runs with `answer(op, args)`
+        (the API's, which knows its schemas)."""
+
+        async def handle(msg: Any) -> None:
+            try:
+                if len(msg.data) > _MAX_REQUEST_BYTES:
+                    raise ValueError("request too large")
+                request = json.loads(msg.data)
+                op, args = request["op"], request.get("args", {})
+                if not isinstance(op, str) or not isinstance(args, dict):
+                    raise ValueError("not a read request")
+            except (ValueError, KeyError, TypeError) as exc:
+                head, body = {"error": f"bad request: {exc}", "status": 400}, b""
+            else:
+                try:
+                    head, body = await answer(op, args)
+                except Exception as exc:  # answered, whatever went wrong here
+                    log.exception("fleet: answering %s failed", op)
+                    head, body = {"error": str(exc), "status": 500}, b""
+            with contextlib.suppress(Exception):
+                await msg.respond(json.dumps(head).encode() + b"\n" + body)
+
+        self._reads = await self.store.client.subscribe(
+            self._read_subject(self.node.node_id), cb=handle
+        )
+
+    async def ask(
+        self, node_id: str, op: str, args: dict[str, Any], timeout: float = 3.0
+    ) -> Answer:
+        """Ask `node_id` for a read; an `Answer` with status 503 when it does not answer
+        within `timeout` (gone, or too busy)."""
+        request = json.dumps({"op": op, "args": args}).encode()
+        try:
+            reply = await self.store.client.request(
+                self._read_subject(node_id), request, timeout=timeout
+            )
+        except Exception as exc:  # no responders, timeout, disconnected
+            why = str(exc) or type(exc).__name__
+            return Answer({"error": f"node {node_id} does not answer ({why})", "status": 503})
+        data = bytes(reply.data)
+        line, _, body = data.partition(b"\n")
+        try:
+            head = json.loads(line)
+        except ValueError:
+            head = None
+        if not isinstance(head, dict):
+            return Answer({"error": f"node {node_id} answered what is not a reply", "status": 502})
+        return Answer(head, body)
 
     def info(self) -> FleetInfo:
         """What this node knows of the fleet; read it on the event loop."""
@@ -185,6 +276,9 @@ class FleetMember:
     async def leave(self, handoff: bool = True) -> None:
         """Hand the streams off (or, without `handoff`, just stop), stop the feed, disconnect."""
         try:
+            if self._reads is not None:
+                with contextlib.suppress(Exception):
+                    await self._reads.unsubscribe()
             await self.node.stop(handoff=handoff)
             if self._task is not None:
                 with contextlib.suppress(Exception, asyncio.CancelledError):
@@ -220,4 +314,12 @@ async def _seed(
         log.info("fleet: configured source %s written to the desired state", spec.id)
 
 
-__all__ = ["FleetInfo", "FleetMember", "NodeInfo", "connect_options", "options_of"]
+__all__ = [
+    "Answer",
+    "FleetInfo",
+    "FleetMember",
+    "NodeInfo",
+    "ReadAnswer",
+    "connect_options",
+    "options_of",
+]

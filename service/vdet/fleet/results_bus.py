@@ -92,6 +92,7 @@ class ResultsPublisher:
         self._holds = holds
         self.fenced = 0
         self.failed = 0
+        self.published = 0
 
     async def publish(self, stream_id: str, payload: bytes) -> int | None:
         """Publish and wait for the servers' acknowledgement: the result's fleet-wide
@@ -103,6 +104,7 @@ class ResultsPublisher:
         ack = await self._js.publish(
             subject_of(self._prefix, stream_id), payload, stream=self._stream
         )
+        self.published += 1
         return int(ack.seq)
 
     async def publish_nowait(self, stream_id: str, payload: bytes) -> bool:
@@ -117,6 +119,7 @@ class ResultsPublisher:
             subject_of(self._prefix, stream_id), payload, stream=self._stream
         )
         future.add_done_callback(self._acknowledged)
+        self.published += 1
         return True
 
     async def flush(self) -> None:

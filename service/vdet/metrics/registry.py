@@ -391,6 +391,40 @@ class Metrics:
             buckets=LOOP_LAG_BUCKETS_SECONDS,
             registry=r,
         )
+        self.fleet_nodes = Gauge(
+            "vdet_fleet_nodes",
+            "Live nodes of the fleet as this node sees them (settings `cluster`).",
+            registry=r,
+        )
+        self.fleet_leases = Gauge(
+            "vdet_fleet_leases_held",
+            "Streams whose lease this node holds (the streams it runs for the fleet).",
+            registry=r,
+        )
+        self.fleet_unowned = Gauge(
+            "vdet_fleet_unowned_streams",
+            "Desired streams of the fleet that no node runs now (waiting for room, or for a "
+            "dead node's lease to expire).",
+            registry=r,
+        )
+        self.fleet_lease_events = Counter(
+            "vdet_fleet_lease_events_total",
+            "What this node did with leases: claimed, started, changed (in place), released "
+            "(handed off or removed), lost (taken by another), fenced (not renewed in time: "
+            "stopped here), failed (could not start the stream).",
+            ["event"],
+            registry=r,
+        )
+        self.fleet_results = Counter(
+            "vdet_fleet_results_total",
+            "This node's results and the results bus: published, fenced (no lease: not "
+            "published), failed (not acknowledged), dropped (the outgoing queue was full), read "
+            "(off the bus, every node's), ignored (off the bus, not a result), gap (no longer "
+            "on the servers when asked for).",
+            ["outcome"],
+            registry=r,
+        )
+        self._fleet_results_seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self._totals: dict[str, _SourceTotals] = {}
         self._class_names: tuple[str, ...] = ()
@@ -704,6 +738,22 @@ class Metrics:
         self.clips.labels(source_id, outcome).inc()
         if size:
             self.clip_bytes.labels(source_id).inc(size)
+
+    def count_lease_event(self, event: str) -> None:
+        self.fleet_lease_events.labels(event).inc()
+
+    def sync_fleet(self, *, nodes: int, leases: int, unowned: int, results: dict[str, int]) -> None:
+        """The fleet's gauges, and the results counters from the running totals in
+        `results` (outcome -> count so far)."""
+        self.fleet_nodes.set(nodes)
+        self.fleet_leases.set(leases)
+        self.fleet_unowned.set(unowned)
+        with self._lock:
+            for outcome, total in results.items():
+                delta = total - self._fleet_results_seen.get(outcome, 0)
+                if delta > 0:
+                    self.fleet_results.labels(outcome).inc(delta)
+                    self._fleet_results_seen[outcome] = total
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         self.gc_pause.labels(str(generation)).observe(seconds)

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import httpx
@@ -34,6 +34,10 @@ from vdet.results.wire import result_with_events
 from vdet.streams.event_snapshots import snapshot_path
 
 log = logging.getLogger(__name__)
+
+# Reads results and hands each to the given callable until cancelled (a fleet's shared
+# consumer, vdet.fleet.notifications).
+Follow = Callable[[Callable[[HubResult], object]], Awaitable[None]]
 
 # (stream id, frame index) -> that frame's event snapshot as JPEG, None when there is none.
 SnapshotOf = Callable[[str, int], bytes | None]
@@ -51,7 +55,7 @@ class Notifier:
         *,
         snapshot_of: SnapshotOf | None = None,
         clips: ClipStore | None = None,
-        sends_for: Callable[[str], bool] | None = None,
+        follow: Follow | None = None,
     ) -> None:
         sinks: list[tuple[str, EventFilterSettings]] = [
             (f"notify.webhooks {spec.id!r}", spec) for spec in settings.webhooks
@@ -68,8 +72,9 @@ class Notifier:
         self._hub = hub
         self._metrics = metrics
         self._names = tuple(class_names)
-        # In a fleet: whether this node notifies for a stream (it holds the stream's lease).
-        self._sends_for = sends_for
+        # In a fleet: where the results to notify come from (each once per fleet), instead of
+        # this node's hub, which has every node's results (vdet.fleet.notifications).
+        self._follow = follow
         # With event snapshots: bodies name their frame's, and MQTT may publish it.
         self._snapshot_of = snapshot_of
         if settings.mqtt is not None and settings.mqtt.snapshots and snapshot_of is None:
@@ -146,11 +151,12 @@ class Notifier:
         def lagging(after: int) -> None:
             log.warning("notify: the results reader fell behind; resuming after %d", after)
 
+        if self._follow is not None:
+            await self._follow(self._dispatch)
+            return
         await follow_results(self._hub, self._dispatch, missed, lagging)
 
     def _dispatch(self, result: HubResult) -> None:
-        if self._sends_for is not None and not self._sends_for(result.source_id):
-            return
         body = result_with_events(result, self._names)
         if body is None:
             return
