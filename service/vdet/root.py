@@ -42,7 +42,7 @@ from vdet.streams.service import (
 from vdet.streams.startup import Started, start_streams
 from vdet.tracking.compiled import warm_up as warm_up_tracking
 from vdet.tracking.zones import resolve_zones
-from vdet.workers.plan import plan_workers
+from vdet.workers.plan import plan_workers, stream_capacity
 from vdet.workers.pool import WorkerPool
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ class Service:
                 selection=backend.selection,
             )
             if settings.cluster.enabled:
-                self.control = self._join_fleet(loop)
+                self.control = self._join_fleet(loop, stream_capacity(settings, plan))
             else:
                 self.started = start_streams(
                     self.streams,
@@ -275,7 +275,7 @@ class Service:
 
     # -- a fleet node ----------------------------------------------------------------------
 
-    def _join_fleet(self, loop: asyncio.AbstractEventLoop | None) -> StreamControl:
+    def _join_fleet(self, loop: asyncio.AbstractEventLoop | None, capacity: int) -> StreamControl:
         """Join the fleet (settings `cluster`) on `loop`; the API's writes then go to the
         fleet's desired state."""
         from vdet.fleet.control import FleetControl, pending_status
@@ -306,7 +306,8 @@ class Service:
         for spec in settings.sources:
             check(spec)  # a configured source this node could not run stops the start here
         cluster = settings.cluster
-        capacity = cluster.capacity if cluster.capacity is not None else settings.max_streams
+        if cluster.capacity is not None:
+            capacity = cluster.capacity
         joining = FleetMember.join(
             cluster,
             capacity,
@@ -315,6 +316,7 @@ class Service:
             lambda result: encode_result_tail(result, names),
             settings.sources,
             replay=settings.hub.capacity_total,
+            notifies=bool(settings.notify.webhooks) or settings.notify.mqtt is not None,
             on_event=lambda kind, _stream, _detail: self.metrics.count_lease_event(kind),
         )
         timeout = 6 * cluster.connect_timeout_s

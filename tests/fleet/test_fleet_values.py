@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from vdet.fleet.placement import NodeState
-from vdet.fleet.store import node_state_of, owner_of
+from vdet.fleet.store import FleetStore, node_state_of, owner_of
+from vdet.fleet.view import FleetView
 
 
 def test_a_node_state_round_trips() -> None:
@@ -27,3 +28,15 @@ def test_node_states_that_do_not_parse_are_none(value: bytes) -> None:
 def test_owner_values_that_do_not_parse_are_none(value: bytes) -> None:
     assert owner_of(value) is None
     assert owner_of(b'{"node": "b", "at": 1.0}') == "b"
+
+
+def test_a_lease_not_seen_renewed_for_a_period_counts_as_expired() -> None:
+    """A bucket that changed leader while keys expired may drop them without the purge marker
+    the watchers see: the view ages leases out itself (the servers' compare-and-set still
+    decides who gets the stream)."""
+    view = FleetView(FleetStore.__new__(FleetStore))
+    view.owners = {"cam0": ("a", 3), "cam1": ("b", 4)}
+    view.owner_seen = {"cam0": 100.0, "cam1": 95.0}
+    assert view.live_owners(6.0, now=101.0) == {"cam0": "a", "cam1": "b"}
+    assert view.live_owners(6.0, now=101.5) == {"cam0": "a"}
+    assert view.live_owners(6.0, now=107.0) == {}

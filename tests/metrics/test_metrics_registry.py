@@ -92,6 +92,11 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_tracks_started": "counter",
         "vdet_api_event_loop_lag_seconds": "histogram",
         "vdet_api_gc_pause_seconds": "histogram",
+        "vdet_fleet_nodes": "gauge",
+        "vdet_fleet_leases_held": "gauge",
+        "vdet_fleet_unowned_streams": "gauge",
+        "vdet_fleet_lease_events": "counter",
+        "vdet_fleet_results": "counter",
     }
     info = samples(metrics)
     labels = (("backend", "onnxruntime"), ("data_path", "cpu"), ("device", "cpu"))

@@ -10,11 +10,30 @@ import pytest
 from vdet.config.base import ConfigError
 from vdet.config.settings import Settings, load_settings
 from vdet.workers import mps
-from vdet.workers.plan import child_visible_devices, plan_workers
+from vdet.workers.plan import child_visible_devices, plan_workers, stream_capacity
 
 
 def settings(**values: object) -> Settings:
     return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("values", "gpus", "expected"),
+    [
+        # One process: max_streams.
+        ({"max_streams": 12}, 0, 12),
+        # Worker processes: their shares, when smaller.
+        ({"max_streams": 12, "workers": {"processes": 2, "streams_per_process": 4}}, 0, 8),
+        ({"max_streams": 6, "workers": {"processes": 2, "streams_per_process": 4}}, 0, 6),
+        # GPUs: the per-GPU cap over the GPUs the workers use.
+        ({"max_streams": 64, "gpu": {"max_streams_per_gpu": 20}}, 2, 40),
+        ({"max_streams": 64, "gpu": {"max_streams_per_gpu": 20}}, 4, 64),
+    ],
+)
+def test_what_a_server_can_run(values: dict[str, object], gpus: int, expected: int) -> None:
+    """A fleet node offers the fleet this many streams unless cluster.capacity says."""
+    plan = plan_workers(settings(**values), gpu_count=lambda: gpus)
+    assert stream_capacity(settings(**values), plan) == expected
 
 
 @pytest.mark.parametrize(

@@ -48,8 +48,9 @@ class ClusterSettings(Strict):
         default=None,
         ge=0,
         le=100_000,
-        description="Streams this node takes from the fleet at most; null: max_streams. 0: "
-        "the node serves the API and runs no stream.",
+        description="Streams this node takes from the fleet at most; null: what it can run "
+        "(max_streams, less where its worker processes' shares or gpu.max_streams_per_gpu "
+        "over its GPUs are smaller). 0: the node serves the API and runs no stream.",
     )
     prefix: str = Field(
         default="vdet",

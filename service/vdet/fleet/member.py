@@ -33,7 +33,7 @@ from vdet.config.streams import StreamSpec
 from vdet.core.types import DetectionResult
 from vdet.fleet.feed import ResultsFeed
 from vdet.fleet.node import FleetNode
-from vdet.fleet.notifications import follow_notifications
+from vdet.fleet.notifications import ensure_consumer, follow_notifications
 from vdet.fleet.placement import NodeState
 from vdet.fleet.results_bus import ResultsRetention, open_results
 from vdet.fleet.store import FleetOptions, FleetStore
@@ -150,8 +150,11 @@ class FleetMember:
         configured: Iterable[StreamSpec],
         *,
         replay: int,
+        notifies: bool = False,
         on_event: Callable[[str, str, str], None] | None = None,
     ) -> FleetMember:
+        """Join (module docstring). `notifies`: this node sends webhooks or MQTT, so the
+        fleet's shared notification consumer must exist before its streams start."""
         options = options_of(cluster, capacity)
         store = await FleetStore.open(options, connect_options(cluster))
         try:
@@ -164,6 +167,8 @@ class FleetMember:
                     replicas=options.replicas,
                 ),
             )
+            if notifies:
+                await ensure_consumer(store.js, options.prefix)
             await _seed(store, options.prefix, options.replicas, configured)
             node = FleetNode(options, store, local, on_event=on_event)
             loop = asyncio.get_running_loop()

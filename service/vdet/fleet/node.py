@@ -150,7 +150,10 @@ class FleetNode:
 
     async def _claim(self) -> None:
         view = self.view
-        owners = {s: node for s, (node, _) in view.owners.items()}
+        await self._take_back()
+        # A lease not seen renewed for a whole period has expired (FleetView.owner_seen): its
+        # stream is claimable; the servers' compare-and-set still decides.
+        owners = view.live_owners(self.store.lease_s)
         owners.update({s: self.node_id for s in self.held})
         nodes = dict(view.nodes)
         nodes[self.node_id] = self.state()  # this node, whatever the registry shows yet
@@ -167,6 +170,27 @@ class FleetNode:
                 continue  # another node was first
             self.held[stream_id] = _Held(revision, time.monotonic(), spec, running=False)
             self._event("claimed", stream_id, str(revision))
+            await self._start(stream_id)
+
+    async def _take_back(self) -> None:
+        """Streams this node fenced whose lease still names it at the revision the view shows
+        (its renewals failed, say while the bucket elected a leader, but nobody took them):
+        taken back with compare-and-set on that revision, and started again here."""
+        for stream_id, (node, revision) in list(self.view.owners.items()):
+            if node != self.node_id or stream_id in self.held:
+                continue
+            spec = self.view.desired.get(stream_id)
+            if spec is None:
+                continue
+            try:
+                renewed = await self.store.renew(stream_id, self.node_id, revision)
+            except Exception as exc:
+                log.warning("fleet: taking %s back failed: %s", stream_id, exc)
+                return
+            if renewed is None:
+                continue  # expired or taken meanwhile: the placement decides
+            self.held[stream_id] = _Held(renewed, time.monotonic(), spec, running=False)
+            self._event("claimed", stream_id, f"{renewed} (taken back)")
             await self._start(stream_id)
 
     # -- the streams ---------------------------------------------------------------------

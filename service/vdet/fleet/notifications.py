@@ -7,7 +7,8 @@ events (vdet.notify) and acknowledges it. A node that dies with results fetched 
 acknowledged leaves them to be delivered again to another node after `ack_wait_s`, so a
 crash loses no event; an event whose result was acknowledged and whose webhook delivery was
 still queued on the dead node is lost with it (the notifier's queues are in memory). Created
-by the first node that needs it, it starts with the results published from then on.
+by the first node with `notify` settings as it joins, before it starts any stream, it starts
+with the results published from then on.
 
 Every node should carry the same `notify` settings: the consumer splits the fleet's results
 between the nodes that fetch, whatever each would do with them.
@@ -20,6 +21,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.client import JetStreamContext
@@ -33,6 +35,27 @@ from vdet.results.hub import EncodedResult
 log = logging.getLogger(__name__)
 
 DURABLE = "notify"
+_MAX_ACK_PENDING = 4096
+
+
+async def ensure_consumer(js: JetStreamContext, prefix: str, ack_wait_s: float = 30.0) -> None:
+    """Make the shared consumer when the fleet has none yet: before this node starts any
+    stream (FleetMember.join), so that no result of its streams comes before it."""
+    name = stream_name(prefix)
+    try:
+        await js.consumer_info(name, DURABLE)
+    except NotFoundError:
+        with contextlib.suppress(Exception):  # another node made it meanwhile
+            await js.add_consumer(
+                name,
+                ConsumerConfig(
+                    durable_name=DURABLE,
+                    deliver_policy=DeliverPolicy.NEW,
+                    ack_policy=AckPolicy.EXPLICIT,
+                    ack_wait=ack_wait_s,
+                    max_ack_pending=_MAX_ACK_PENDING,
+                ),
+            )
 
 
 async def follow_notifications(
@@ -41,26 +64,13 @@ async def follow_notifications(
     dispatch: Callable[[EncodedResult], object],
     *,
     batch: int = 256,
-    ack_wait_s: float = 30.0,
 ) -> None:
     """Hand every result this node gets from the shared consumer to `dispatch`, then
-    acknowledge it; runs until cancelled. `dispatch` must not block (the notifier queues)."""
+    acknowledge it; runs until cancelled or the connection is closed. `dispatch` must not
+    block (the notifier queues)."""
     name = stream_name(prefix)
     skip = len(f"{prefix}.results.")
-    try:
-        await js.consumer_info(name, DURABLE)
-    except NotFoundError:
-        with contextlib.suppress(Exception):  # another node made it meanwhile: bind below
-            await js.add_consumer(
-                name,
-                ConsumerConfig(
-                    durable_name=DURABLE,
-                    deliver_policy=DeliverPolicy.NEW,
-                    ack_policy=AckPolicy.EXPLICIT,
-                    ack_wait=ack_wait_s,
-                    max_ack_pending=16 * batch,
-                ),
-            )
+    await ensure_consumer(js, prefix)
     subscription = await js.pull_subscribe_bind(DURABLE, stream=name)
     try:
         while True:
@@ -68,6 +78,8 @@ async def follow_notifications(
                 messages = await subscription.fetch(batch, timeout=1.0)
             except NatsTimeoutError:
                 continue
+            except ConnectionClosedError:
+                return  # the node left the fleet
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a server gone: the client reconnects; fetch again
@@ -90,4 +102,4 @@ async def follow_notifications(
             await subscription.unsubscribe()
 
 
-__all__ = ["DURABLE", "follow_notifications"]
+__all__ = ["DURABLE", "ensure_consumer", "follow_notifications"]

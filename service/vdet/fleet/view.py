@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,11 @@ class FleetView:
         self.store = store
         self.desired: dict[str, bytes] = {}
         self.owners: dict[str, tuple[str, int]] = {}
+        # When this view last saw each lease written (monotonic): a lease renewed every third
+        # of its period and not seen for longer than the period has expired, whether or not
+        # the servers said so (a bucket that changed leader while keys expired can drop them
+        # without the purge marker the watchers see).
+        self.owner_seen: dict[str, float] = {}
         self.nodes: dict[str, NodeState] = {}
         self.ignored = 0  # values that did not parse
         # False until every watcher has delivered what its bucket held, and again while the
@@ -78,6 +84,7 @@ class FleetView:
         await self.stop()
         self.desired.clear()
         self.owners.clear()
+        self.owner_seen.clear()
         self.nodes.clear()
         try:
             await self.start()
@@ -88,6 +95,15 @@ class FleetView:
     def owner(self, stream_id: str) -> str | None:
         found = self.owners.get(stream_id)
         return None if found is None else found[0]
+
+    def live_owners(self, lease_s: float, now: float | None = None) -> dict[str, str]:
+        """stream id -> node id of the leases seen written within `lease_s` (see `owner_seen`)."""
+        now = time.monotonic() if now is None else now
+        return {
+            stream_id: node
+            for stream_id, (node, _) in self.owners.items()
+            if now - self.owner_seen.get(stream_id, now) <= lease_s
+        }
 
     async def _follow(
         self, watcher: Any, apply: Callable[[Any], None], initial: asyncio.Event
@@ -109,12 +125,14 @@ class FleetView:
     def _on_owner(self, entry: Any) -> None:
         if entry.operation in _GONE:
             self.owners.pop(entry.key, None)
+            self.owner_seen.pop(entry.key, None)
             return
         node = owner_of(bytes(entry.value or b""))
         if node is None:
             self.ignored += 1
             return
         self.owners[entry.key] = (node, int(entry.revision))
+        self.owner_seen[entry.key] = time.monotonic()
 
     def _on_node(self, entry: Any) -> None:
         if entry.operation in _GONE:

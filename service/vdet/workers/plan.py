@@ -113,6 +113,19 @@ def plan_workers(
     )
 
 
+def stream_capacity(settings: Settings, plan: WorkerPlan) -> int:
+    """How many streams this server can run: `max_streams`, less where the worker processes'
+    shares (processes x streams_per_process) or the GPUs' caps (`gpu.max_streams_per_gpu` x
+    the GPUs the workers use) are smaller. What a fleet node offers the fleet by default."""
+    capacity = settings.max_streams
+    if plan.processes:
+        capacity = min(capacity, plan.processes * plan.streams_per_process)
+    per_gpu = settings.gpu.max_streams_per_gpu
+    if per_gpu is not None and plan.gpu_indices:
+        capacity = min(capacity, per_gpu * len(plan.gpu_indices))
+    return capacity
+
+
 def _spares(settings: Settings, workers: int) -> int:
     """Spares per GPU (or in all on the CPU) beside `workers` worker processes."""
     if workers == 0 or not settings.workers.restart:
