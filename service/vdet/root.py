@@ -319,8 +319,16 @@ class Service:
             notifies=bool(settings.notify.webhooks) or settings.notify.mqtt is not None,
             on_event=lambda kind, _stream, _detail: self.metrics.count_lease_event(kind),
         )
-        timeout = 6 * cluster.connect_timeout_s
-        self.fleet = asyncio.run_coroutine_threadsafe(joining, loop).result(timeout)
+        # Connecting and opening the buckets each wait up to four connect timeouts.
+        timeout = 10 * cluster.connect_timeout_s
+        future = asyncio.run_coroutine_threadsafe(joining, loop)
+        try:
+            self.fleet = future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise ConnectionError(
+                f"joining the fleet at {', '.join(cluster.servers)} took over {timeout:g} s"
+            ) from None
         self._loop = loop
         return FleetControl(self.fleet.store, loop, streams, check, pending)
 

@@ -40,6 +40,8 @@ class NatsServer:
     port: int
     cluster_port: int | None = None
     routes: list[int] = field(default_factory=list)
+    # More lines of the server's config (authorization, tls, ...).
+    extra_config: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,6 +61,7 @@ class NatsServer:
                 f"cluster {{ name: vdet, listen: 127.0.0.1:{self.cluster_port}, "
                 f"routes: [{routes}] }}"
             )
+        lines += self.extra_config
         config = self.folder / "server.conf"
         config.write_text("\n".join(lines) + "\n")
         with (self.folder / "server.log").open("ab") as log:
@@ -90,8 +93,8 @@ class NatsServer:
         self.process = None
 
 
-def single_server(folder: Path) -> NatsServer:
-    server = NatsServer("n1", folder / "n1", free_port())
+def single_server(folder: Path, extra_config: list[str] | None = None) -> NatsServer:
+    server = NatsServer("n1", folder / "n1", free_port(), extra_config=extra_config or [])
     server.start()
     return server
 

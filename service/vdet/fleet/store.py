@@ -91,23 +91,39 @@ class FleetStore:
     async def open(cls, options: FleetOptions, connect: dict[str, Any] | None = None) -> FleetStore:
         """Connect (`connect`: nats.connect's credentials and TLS) and open the buckets."""
         reconnected = asyncio.Event()
+        errors: list[str] = []
 
         async def on_reconnect() -> None:
             reconnected.set()
 
         async def on_error(exc: Exception) -> None:  # the client's default prints a traceback
-            log.warning("fleet: NATS connection: %s", exc or type(exc).__name__)
+            errors.append(str(exc) or type(exc).__name__)
+            log.warning("fleet: NATS connection: %s", errors[-1])
 
-        client = await nats.connect(
-            list(options.servers),
-            name=f"vdet {options.node_id}",
-            connect_timeout=options.connect_timeout_s,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            reconnected_cb=on_reconnect,
-            error_cb=on_error,
-            **(connect or {}),
-        )
+        # The servers may come up after this node (compose, a rolling start): connecting is
+        # retried, for four connect timeouts, then the start fails naming the last error (a
+        # refused token or certificate is retried too, and said).
+        wait_s = 4 * options.connect_timeout_s
+        try:
+            client = await asyncio.wait_for(
+                nats.connect(
+                    list(options.servers),
+                    name=f"vdet {options.node_id}",
+                    connect_timeout=options.connect_timeout_s,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    reconnected_cb=on_reconnect,
+                    error_cb=on_error,
+                    **(connect or {}),
+                ),
+                wait_s,
+            )
+        except TimeoutError:
+            last = errors[-1] if errors else "no answer"
+            raise ConnectionError(
+                f"no NATS server of {', '.join(options.servers)} accepted this node within "
+                f"{wait_s:g} s (last error: {last})"
+            ) from None
         js = client.jetstream()
         p, r = options.prefix, options.replicas
         # A NATS cluster answers JetStream calls once it has elected its leaders: a node that
