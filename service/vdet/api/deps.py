@@ -9,13 +9,15 @@ changes to them (which, with a streams file, are also written down).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from starlette.requests import HTTPConnection
 
+from vdet.config.streams import StreamSpec
 from vdet.root import Service
-from vdet.streams.service import StreamControl, StreamService
+from vdet.streams.service import StreamControl, StreamService, UnknownStreamError
 
 
 def service_of(conn: HTTPConnection) -> Service:
@@ -55,6 +57,25 @@ def get_control(request: Request) -> StreamControl:
     return control
 
 
+def get_specs(request: Request) -> Callable[[str], StreamSpec]:
+    """What a stream is asked to be, by id (UnknownStreamError: 404): from the streams of this
+    server, or in a fleet from the fleet's desired state, so that any node edits any stream."""
+    service = service_of(request)
+    streams = get_streams_of(service)
+    fleet = service.fleet
+    if fleet is None:
+        return lambda stream_id: streams.get(stream_id).spec
+
+    def desired(stream_id: str) -> StreamSpec:
+        spec = fleet.spec(stream_id)
+        if spec is None:
+            raise UnknownStreamError(f"no stream {stream_id!r}")
+        return spec
+
+    return desired
+
+
 ServiceDep = Annotated[Service, Depends(get_service)]
 StreamsDep = Annotated[StreamService, Depends(get_streams)]
 ControlDep = Annotated[StreamControl, Depends(get_control)]
+SpecsDep = Annotated[Callable[[str], StreamSpec], Depends(get_specs)]

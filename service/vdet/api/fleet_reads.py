@@ -14,7 +14,6 @@ service's calls, which may block, go to the thread pool.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vdet.api.deps import not_ready
 from vdet.api.schemas import StreamOut
+from vdet.api.schemas_tracking import CountsOut
 from vdet.api.views import stream_out
 from vdet.config.streams import StreamSpec
 from vdet.core.types import SourceState, SourceStatus
@@ -31,6 +31,7 @@ from vdet.streams.service import (
     EncodedFrame,
     PictureRequest,
     StreamService,
+    StreamUnavailableError,
     StreamView,
     UnknownStreamError,
 )
@@ -57,14 +58,7 @@ def _names(service: Service) -> tuple[str, ...]:
 
 
 def _desired_spec(fleet: FleetMember, stream_id: str) -> StreamSpec | None:
-    raw = fleet.node.view.desired.get(stream_id)
-    if raw is None:
-        return None
-    try:
-        return StreamSpec.model_validate({**json.loads(raw), "id": stream_id})
-    except (ValueError, TypeError):
-        log.warning("fleet: the desired spec of %s is not a stream spec", stream_id)
-        return None
+    return fleet.spec(stream_id)
 
 
 def _unrun(service: Service, spec: StreamSpec, why: str) -> StreamOut:
@@ -177,6 +171,26 @@ async def picture(service: Service, stream_id: str, request: PictureRequest) -> 
         return None
 
 
+async def counts(service: Service, stream_id: str) -> CountsOut:
+    """A stream's zone counts from the node that runs it (its metrics have them)."""
+    fleet, streams = _parts(service)
+    if stream_id in streams:
+        found = service.metrics.zone_counts(stream_id)
+        return CountsOut(objects=found.objects, crossings=found.crossings)
+    if _desired_spec(fleet, stream_id) is None:
+        raise UnknownStreamError(f"no stream {stream_id!r}")
+    owner = fleet.node.view.owner(stream_id)
+    if owner is None or owner == fleet.node.node_id:
+        raise StreamUnavailableError(f"no node runs stream {stream_id!r} now; retry shortly")
+    answer = await fleet.ask(owner, "counts", {"id": stream_id}, ASK_TIMEOUT_S)
+    if answer.error is None:
+        try:
+            return CountsOut.model_validate(answer.head.get("counts"))
+        except ValidationError:
+            raise StreamUnavailableError(f"node {owner} answered what are not counts") from None
+    raise StreamUnavailableError(answer.error)
+
+
 async def answer(service: Service, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
     """This node's answer to another node's read (`FleetMember.serve_reads`)."""
     streams = service.streams
@@ -193,6 +207,10 @@ async def answer(service: Service, op: str, args: dict[str, Any]) -> tuple[dict[
     if op == "stream":
         view = await run_in_threadpool(streams.get, stream_id)
         return {"stream": stream_out(view, names, me).model_dump(mode="json")}, b""
+    if op == "counts":
+        found = service.metrics.zone_counts(stream_id)
+        out = CountsOut(objects=found.objects, crossings=found.crossings)
+        return {"counts": out.model_dump(mode="json")}, b""
     if op == "picture":
         try:
             request = PictureRequest(

@@ -17,11 +17,12 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Response, status
 from pydantic import ValidationError
 
-from vdet.api.deps import ControlDep, ServiceDep, StreamsDep
+from vdet.api import fleet_reads
+from vdet.api.deps import ControlDep, ServiceDep, SpecsDep, get_streams_of
 from vdet.api.schemas import ErrorOut
 from vdet.api.schemas_tracking import CountsOut, ZonesIn, ZonesOut
 from vdet.config.tracking import ZoneBody, ZoneSpec
-from vdet.streams.service import StreamChanges
+from vdet.streams.service import StreamChanges, UnknownStreamError
 
 router = APIRouter(prefix="/v1/streams/{stream_id}/zones", tags=["streams"])
 
@@ -53,11 +54,12 @@ def _unprocessable(exc: Exception) -> HTTPException:
 
 
 def _edit(
-    streams: StreamsDep, control: ControlDep, stream_id: str, change: ZoneChange
+    spec_of: SpecsDep, control: ControlDep, stream_id: str, change: ZoneChange
 ) -> list[ZoneSpec]:
-    """The stream's zones after `change`; 422 for what the streams refuse, 404 as usual."""
+    """The stream's zones after `change`; 422 for what the streams refuse, 404 as usual. (In
+    a fleet two nodes may edit one stream's zones at once: the later write wins whole.)"""
     with _EDITS:
-        zones = change(list(streams.get(stream_id).spec.zones))
+        zones = change(list(spec_of(stream_id).zones))
         try:
             view = control.change(stream_id, StreamChanges(zones=zones))
         except ValueError as exc:  # pydantic's ValidationError is one
@@ -76,8 +78,8 @@ def _no_zone(stream_id: str, zone_id: str) -> HTTPException:
 
 
 @router.get("", response_model=ZonesOut, summary="A stream's zones and lines", responses=_NOT_FOUND)
-def list_zones(stream_id: str, streams: StreamsDep) -> ZonesOut:
-    return _zones_out(streams.get(stream_id).spec.zones)
+def list_zones(stream_id: str, spec_of: SpecsDep) -> ZonesOut:
+    return _zones_out(spec_of(stream_id).zones)
 
 
 @router.put(
@@ -87,9 +89,9 @@ def list_zones(stream_id: str, streams: StreamsDep) -> ZonesOut:
     responses={**_NOT_FOUND, **_INVALID},
 )
 def replace_zones(
-    stream_id: str, body: ZonesIn, streams: StreamsDep, control: ControlDep
+    stream_id: str, body: ZonesIn, spec_of: SpecsDep, control: ControlDep
 ) -> ZonesOut:
-    return _zones_out(_edit(streams, control, stream_id, lambda _: list(body.zones)))
+    return _zones_out(_edit(spec_of, control, stream_id, lambda _: list(body.zones)))
 
 
 @router.delete(
@@ -99,8 +101,8 @@ def replace_zones(
     summary="Remove all of a stream's zones and lines",
     responses=_NOT_FOUND,
 )
-def delete_zones(stream_id: str, streams: StreamsDep, control: ControlDep) -> Response:
-    _edit(streams, control, stream_id, lambda _: [])
+def delete_zones(stream_id: str, spec_of: SpecsDep, control: ControlDep) -> Response:
+    _edit(spec_of, control, stream_id, lambda _: [])
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
@@ -113,15 +115,19 @@ counts_router = APIRouter(prefix="/v1/streams/{stream_id}", tags=["streams"])
     summary="A stream's zone occupancy and line crossings, by class",
     responses=_NOT_FOUND,
 )
-def zone_counts(stream_id: str, streams: StreamsDep, service: ServiceDep) -> CountsOut:
-    streams.get(stream_id)  # 404 for an unknown stream
+async def zone_counts(stream_id: str, service: ServiceDep) -> CountsOut:
+    # Async: in a fleet the counts of a stream on another node are asked of that node.
+    if service.fleet is not None:
+        return await fleet_reads.counts(service, stream_id)
+    if stream_id not in get_streams_of(service):  # from memory, without waiting
+        raise UnknownStreamError(f"no stream {stream_id!r}")
     counts = service.metrics.zone_counts(stream_id)
     return CountsOut(objects=counts.objects, crossings=counts.crossings)
 
 
 @router.get("/{zone_id}", response_model=ZoneSpec, summary="One zone or line", responses=_NOT_FOUND)
-def get_zone(stream_id: str, zone_id: str, streams: StreamsDep) -> ZoneSpec:
-    for zone in streams.get(stream_id).spec.zones:
+def get_zone(stream_id: str, zone_id: str, spec_of: SpecsDep) -> ZoneSpec:
+    for zone in spec_of(stream_id).zones:
         if zone.id == zone_id:
             return zone
     raise _no_zone(stream_id, zone_id)
@@ -138,7 +144,7 @@ def put_zone(
     zone_id: str,
     body: ZoneBody,
     response: Response,
-    streams: StreamsDep,
+    spec_of: SpecsDep,
     control: ControlDep,
 ) -> ZoneSpec:
     try:
@@ -152,7 +158,7 @@ def put_zone(
         added = all(z.id != zone_id for z in zones)
         return [*zones, zone] if added else [zone if z.id == zone_id else z for z in zones]
 
-    _edit(streams, control, stream_id, change)
+    _edit(spec_of, control, stream_id, change)
     if added:
         response.status_code = status.HTTP_201_CREATED
         response.headers["Location"] = f"/v1/streams/{stream_id}/zones/{zone_id}"
@@ -166,11 +172,11 @@ def put_zone(
     summary="Remove one zone or line",
     responses=_NOT_FOUND,
 )
-def delete_zone(stream_id: str, zone_id: str, streams: StreamsDep, control: ControlDep) -> Response:
+def delete_zone(stream_id: str, zone_id: str, spec_of: SpecsDep, control: ControlDep) -> Response:
     def change(zones: list[ZoneSpec]) -> list[ZoneSpec]:
         if all(z.id != zone_id for z in zones):
             raise _no_zone(stream_id, zone_id)
         return [z for z in zones if z.id != zone_id]
 
-    _edit(streams, control, stream_id, change)
+    _edit(spec_of, control, stream_id, change)
     return Response(status_code=status.HTTP_204_NO_CONTENT)

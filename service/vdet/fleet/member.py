@@ -195,6 +195,18 @@ class FleetMember:
     def holds(self, stream_id: str) -> bool:
         return self.node.holds(stream_id)
 
+    def spec(self, stream_id: str) -> StreamSpec | None:
+        """A stream of the fleet as desired (what any node's API shows and edits); None when
+        the fleet has no such stream, or its stored spec is not one."""
+        raw = self.node.view.desired.get(stream_id)
+        if raw is None:
+            return None
+        try:
+            return StreamSpec.model_validate({**json.loads(raw), "id": stream_id})
+        except (ValueError, TypeError):
+            log.warning("fleet: the desired spec of %s is not a stream spec", stream_id)
+            return None
+
     async def follow_notifications(self, dispatch: Callable[[EncodedResult], object]) -> None:
         """Results to notify, each once per fleet (vdet.fleet.notifications)."""
         await follow_notifications(self.store.js, self.prefix, dispatch)
