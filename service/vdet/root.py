@@ -38,6 +38,7 @@ from vdet.streams.service import (
     StreamError,
     StreamService,
     StreamView,
+    view_of_spec,
 )
 from vdet.streams.startup import Started, start_streams
 from vdet.tracking.compiled import warm_up as warm_up_tracking
@@ -294,14 +295,7 @@ class Service:
             resolve_zones(spec.zones, lambda refs: resolve_classes(refs, names))
 
         def pending(spec: StreamSpec) -> StreamView:
-            return StreamView(
-                spec=spec,
-                params=stream_params(spec, settings.detection, names),
-                status=pending_status(),
-                frames_processed=0,
-                last_frame_age_s=None,
-                pipeline_error=None,
-            )
+            return view_of_spec(spec, settings.detection, names, pending_status())
 
         for spec in settings.sources:
             check(spec)  # a configured source this node could not run stops the start here

@@ -26,14 +26,13 @@ from vdet.api.schemas_tracking import CountsOut
 from vdet.api.views import stream_out
 from vdet.config.streams import StreamSpec
 from vdet.core.types import SourceState, SourceStatus
-from vdet.streams.params import stream_params
 from vdet.streams.service import (
     EncodedFrame,
     PictureRequest,
     StreamService,
     StreamUnavailableError,
-    StreamView,
     UnknownStreamError,
+    view_of_spec,
 )
 
 if TYPE_CHECKING:
@@ -57,19 +56,9 @@ def _names(service: Service) -> tuple[str, ...]:
     return service.class_names
 
 
-def _desired_spec(fleet: FleetMember, stream_id: str) -> StreamSpec | None:
-    return fleet.spec(stream_id)
-
-
 def _unrun(service: Service, spec: StreamSpec, why: str) -> StreamOut:
-    view = StreamView(
-        spec=spec,
-        params=stream_params(spec, service.settings.detection, _names(service)),
-        status=SourceStatus(state=SourceState.CONNECTING, last_error=why),
-        frames_processed=0,
-        last_frame_age_s=None,
-        pipeline_error=None,
-    )
+    status = SourceStatus(state=SourceState.CONNECTING, last_error=why)
+    view = view_of_spec(spec, service.settings.detection, _names(service), status)
     return stream_out(view, _names(service))
 
 
@@ -113,7 +102,7 @@ async def list_streams(service: Service) -> list[StreamOut]:
     for stream_id, owner in owners.items():
         if stream_id in found:
             result[stream_id] = found[stream_id]
-        elif (spec := _desired_spec(fleet, stream_id)) is not None:
+        elif (spec := fleet.spec(stream_id)) is not None:
             error = errors.get(owner or "") or f"node {owner} does not list it"
             result[stream_id] = _unrun(service, spec, _why_unrun(owner, error))
     return [result[k] for k in sorted(result)]
@@ -125,7 +114,7 @@ async def get_stream(service: Service, stream_id: str) -> StreamOut:
     if stream_id in streams:
         with_local = await run_in_threadpool(streams.get, stream_id)
         return stream_out(with_local, _names(service), me)
-    spec = _desired_spec(fleet, stream_id)
+    spec = fleet.spec(stream_id)
     if spec is None:
         raise UnknownStreamError(f"no stream {stream_id!r}")
     owner = fleet.node.view.owner(stream_id)
@@ -143,7 +132,7 @@ async def picture(service: Service, stream_id: str, request: PictureRequest) -> 
     fleet, streams = _parts(service)
     if stream_id in streams:
         return await run_in_threadpool(streams.picture, stream_id, request)
-    if _desired_spec(fleet, stream_id) is None:
+    if fleet.spec(stream_id) is None:
         raise UnknownStreamError(f"no stream {stream_id!r}")
     owner = fleet.node.view.owner(stream_id)
     if owner is None or owner == fleet.node.node_id:
@@ -177,7 +166,7 @@ async def counts(service: Service, stream_id: str) -> CountsOut:
     if stream_id in streams:
         found = service.metrics.zone_counts(stream_id)
         return CountsOut(objects=found.objects, crossings=found.crossings)
-    if _desired_spec(fleet, stream_id) is None:
+    if fleet.spec(stream_id) is None:
         raise UnknownStreamError(f"no stream {stream_id!r}")
     owner = fleet.node.view.owner(stream_id)
     if owner is None or owner == fleet.node.node_id:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 from pydantic import ConfigDict, Field
@@ -24,6 +25,7 @@ from vdet.config.streams import (
     ClassThresholdMap,
     ConfThreshold,
     DetectFps,
+    DetectionDefaults,
     IouThreshold,
     MaxDet,
     StreamSpec,
@@ -32,6 +34,7 @@ from vdet.config.tracking import TrackingSpec, ZoneList
 from vdet.core.contract import PostprocessParams
 from vdet.core.types import Detections, ImageArray, SourceStatus, StageTimings
 from vdet.streams.event_snapshots import EventSnapshot, EventSnapshotCounts, EventSnapshotInfo
+from vdet.streams.params import stream_params
 
 
 class StreamError(Exception):
@@ -70,6 +73,21 @@ class StreamView:
     pipeline_error: str | None
     fps_processed: float | None = None  # published per second, over the last seconds
     worker: str | None = None  # the worker process running it; None: this process
+
+
+def view_of_spec(
+    spec: StreamSpec, defaults: DetectionDefaults, names: Sequence[str], status: SourceStatus
+) -> StreamView:
+    """The view of a stream that does not run here (yet): its spec, its effective parameters
+    and `status` (why it does not run, or that it is starting)."""
+    return StreamView(
+        spec=spec,
+        params=stream_params(spec, defaults, names),
+        status=status,
+        frames_processed=0,
+        last_frame_age_s=None,
+        pipeline_error=None,
+    )
 
 
 class StreamChanges(Strict):

@@ -69,6 +69,7 @@ from vdet.streams.service import (
     StreamUnavailableError,
     StreamView,
     UnknownStreamError,
+    view_of_spec,
 )
 from vdet.workers import child
 from vdet.workers.channel import (
@@ -638,19 +639,10 @@ class WorkerPool:
         return dataclasses.replace(view, worker=worker.name)
 
     def _failed_view(self, stream: _RemoteStream, worker: _Worker, reason: str) -> StreamView:
-        params = stream_params(
-            stream.spec, self._settings.detection, self._backend_info.class_names
-        )
         status = SourceStatus(state=SourceState.FAILED, last_error=reason)
-        return StreamView(
-            spec=stream.spec,
-            params=params,
-            status=status,
-            frames_processed=0,
-            last_frame_age_s=None,
-            pipeline_error=None,
-            worker=worker.name,
-        )
+        names = self._backend_info.class_names
+        view = view_of_spec(stream.spec, self._settings.detection, names, status)
+        return dataclasses.replace(view, worker=worker.name)
 
     def _place(self, spec: StreamSpec) -> _Worker:
         """The worker for a new stream (caller holds the lock); PlacementError or LimitError."""
