@@ -52,7 +52,13 @@ def test_an_rtsp_camera_s_event_clip_is_written_listed_served_in_ranges_and_dele
         with av.open(str(video)) as container:
             frames = list(container.decode(video=0))
         assert frames[0].key_frame and len(frames) == first["frames"]
-        assert abs(first["duration_s"] - (first["end_time"] - first["start_time"])) <= 0.1
+        # The duration is the video's own (within one frame of what the file decodes to); the
+        # arrival times of its first and last packets span about as much, give or take how a
+        # loaded machine delivers a live camera's packets (0.43 s once on two busy cores).
+        step = float(frames[1].time - frames[0].time)
+        decoded = float(frames[-1].time - frames[0].time) + step
+        assert abs(first["duration_s"] - decoded) <= step + 1e-6, (first["duration_s"], decoded)
+        assert abs(first["duration_s"] - (first["end_time"] - first["start_time"])) <= 1.0
 
         part = client.get(first["url"], headers={"Range": "bytes=0-99"})
         assert part.status_code == 206 and part.content == whole.content[:100]
