@@ -95,10 +95,20 @@ def _cases() -> dict[str, tuple[Maker, tuple[int, int]]]:
             ),
             FULL,
         ),
+        "h264 display rotation 90 (metadata only)": (
+            enc("libx264", "yuv420p", options=fast, rotation=90),
+            FULL,
+        ),
         "hevc 8-bit": (enc("libx265", "yuv420p", options=x265), FULL),
         "hevc 10-bit (Main10)": (enc("libx265", "yuv420p10le", options=x265), FULL),
         "hevc 4:4:4": (enc("libx265", "yuv444p", options=x265), FULL),
         "mpeg4 part 2": (enc("mpeg4", "yuv420p", options={"qscale": "4"}), FULL),
+        "mpeg-2": (enc("mpeg2video", "yuv420p", options={"qscale": "4"}), FULL),
+        "vp9": (
+            enc("libvpx-vp9", "yuv420p", options={"deadline": "realtime", "cpu-used": "8"}),
+            FULL,
+        ),
+        "av1": (enc("libsvtav1", "yuv420p", options={"preset": "12"}), FULL),
         "mjpeg": (
             enc("mjpeg", "yuvj420p", options={"qscale": "4"}, container_format="matroska"),
             FULL,
@@ -111,7 +121,7 @@ def _suffix(name: str) -> str:
         ".ts"
         if "mpeg-ts" in name or "size change" in name
         else ".mkv"
-        if "mjpeg" in name
+        if "mjpeg" in name or "vp9" in name
         else ".mp4"
     )
 

@@ -41,9 +41,12 @@ def reencode(
     frames: int | None = None,
     options: dict[str, str] | None = None,
     container_format: str | None = None,
+    rotation: int = 0,
 ) -> Path:
     """`source` encoded again with `encoder` at `pix_fmt` (and `size`, scaled), 30 fps, its
-    picture types the encoder's own choice (`options` set GOP and B-frames)."""
+    picture types the encoder's own choice (`options` set GOP and B-frames); `rotation`
+    (degrees counter-clockwise) written as the container's display matrix, the pictures
+    themselves stored as they are."""
     with av.open(str(target), "w", format=container_format) as out:
         stream: Any = None
         for i, frame in enumerate(sample_frames(source, frames)):
@@ -52,6 +55,8 @@ def reencode(
                 stream.width, stream.height = size or (frame.width, frame.height)
                 stream.pix_fmt = pix_fmt
                 stream.options = dict(options or {})
+                if rotation:
+                    stream.set_display_rotation(rotation)
             image = frame.reformat(width=stream.width, height=stream.height, format=pix_fmt)
             image.pts, image.time_base = i, Fraction(1, 30)
             # The decoder's picture types would force the source's GOP (IPPP) on the encoder:
