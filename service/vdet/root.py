@@ -312,6 +312,7 @@ class Service:
             replay=settings.hub.capacity_total,
             notifies=bool(settings.notify.webhooks) or settings.notify.mqtt is not None,
             on_event=lambda kind, _stream, _detail: self.metrics.count_lease_event(kind),
+            on_ack=self.metrics.fleet_bus_ack.observe,
         )
         # Connecting and opening the buckets each wait up to four connect timeouts.
         timeout = 10 * cluster.connect_timeout_s

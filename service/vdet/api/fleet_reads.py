@@ -17,12 +17,15 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from fastapi import HTTPException
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from vdet.api.deps import not_ready
 from vdet.api.schemas import StreamOut
+from vdet.api.schemas_snapshots import EventSnapshotsOut, event_snapshots_out
 from vdet.api.schemas_tracking import CountsOut
+from vdet.api.schemas_workers import WorkersOut, workers_out
 from vdet.api.views import stream_out
 from vdet.config.streams import StreamSpec
 from vdet.core.types import SourceState, SourceStatus
@@ -36,7 +39,7 @@ from vdet.streams.service import (
 )
 
 if TYPE_CHECKING:
-    from vdet.fleet.member import FleetMember
+    from vdet.fleet.member import Answer, FleetMember
     from vdet.root import Service
 
 log = logging.getLogger(__name__)
@@ -127,24 +130,66 @@ async def get_stream(service: Service, stream_id: str) -> StreamOut:
     return _unrun(service, spec, _why_unrun(owner, error))
 
 
-async def picture(service: Service, stream_id: str, request: PictureRequest) -> EncodedFrame | None:
-    """A stream's latest frame as JPEG from the node that runs it; None before its first."""
-    fleet, streams = _parts(service)
-    if stream_id in streams:
-        return await run_in_threadpool(streams.picture, stream_id, request)
+async def _owner_answer(
+    service: Service, stream_id: str, op: str, args: dict[str, Any] | None = None
+) -> Answer | None:
+    """What the node that runs `stream_id` answers to `op`; None when no other node runs it
+    now. UnknownStreamError when the fleet has no such stream."""
+    fleet, _ = _parts(service)
     if fleet.spec(stream_id) is None:
         raise UnknownStreamError(f"no stream {stream_id!r}")
     owner = fleet.node.view.owner(stream_id)
     if owner is None or owner == fleet.node.node_id:
         return None
-    args = {
-        "id": stream_id,
+    return await fleet.ask(owner, op, {**(args or {}), "id": stream_id}, ASK_TIMEOUT_S)
+
+
+def _refused(answer: Answer) -> Exception:
+    """The API's error for an owner's refusal: its 404 as a 404 (no such snapshot), anything
+    else (gone, moving, starting) as 503, to retry."""
+    if answer.status == 404:
+        return HTTPException(404, answer.error or "not found")
+    return StreamUnavailableError(answer.error or "the node running the stream did not answer")
+
+
+def _unrun_error(stream_id: str) -> StreamUnavailableError:
+    return StreamUnavailableError(f"no node runs stream {stream_id!r} now; retry shortly")
+
+
+def _picture_args(request: PictureRequest) -> dict[str, Any]:
+    return {
         "boxes": request.boxes,
         "quality": request.quality,
         "max_width": request.max_width,
+        "newest": request.newest,
+        "unless": None if request.unless is None else list(request.unless),
     }
-    answer = await fleet.ask(owner, "picture", args, ASK_TIMEOUT_S)
-    if answer.error is not None or answer.status == 204 or not answer.body:
+
+
+def _picture_request(args: dict[str, Any]) -> PictureRequest:
+    """The PictureRequest another node sent; ValueError or TypeError when it is not one."""
+    unless = args.get("unless")
+    if unless is not None:
+        frame, result = unless
+        unless = (int(frame), None if result is None else int(result))
+    max_width = args.get("max_width")
+    return PictureRequest(
+        boxes=bool(args.get("boxes", True)),
+        quality=min(95, max(10, int(args.get("quality", 85)))),
+        max_width=None if max_width is None else min(7680, max(16, int(max_width))),
+        newest=bool(args.get("newest", False)),
+        unless=unless,
+    )
+
+
+async def picture(service: Service, stream_id: str, request: PictureRequest) -> EncodedFrame | None:
+    """A stream's latest frame as JPEG from the node that runs it; None before its first,
+    while no node runs it, or when its owner does not answer."""
+    _, streams = _parts(service)
+    if stream_id in streams:
+        return await run_in_threadpool(streams.picture, stream_id, request)
+    answer = await _owner_answer(service, stream_id, "picture", _picture_args(request))
+    if answer is None or answer.error is not None or answer.status == 204 or not answer.body:
         return None
     head = answer.head
     try:
@@ -155,29 +200,96 @@ async def picture(service: Service, stream_id: str, request: PictureRequest) -> 
             height=int(head["height"]),
             source_width=int(head["source_width"]),
             source_height=int(head["source_height"]),
+            frame_index=int(head.get("frame_index", 0)),
+            result_frame_index=int(head.get("result_frame_index", 0)),
+            boxes_drawn=bool(head.get("boxes_drawn", False)),
         )
     except (KeyError, TypeError, ValueError):
         return None
 
 
+class OwnerPictures:
+    """The live view's pictures (vdet.api.live.Pictures) of streams other nodes run: each
+    asked of the stream's owner when the viewer's next frame is due, from the live view's
+    encoder threads, which wait here for the event loop. The live view's sharing and pacing
+    apply as to a stream of this node: one request per new picture and key, at most
+    `live.max_fps` a second."""
+
+    def __init__(self, service: Service, loop: asyncio.AbstractEventLoop) -> None:
+        self._service = service
+        self._loop = loop
+
+    def picture(self, stream_id: str, request: PictureRequest) -> EncodedFrame | None:
+        asked = asyncio.run_coroutine_threadsafe(
+            picture(self._service, stream_id, request), self._loop
+        )
+        return asked.result(ASK_TIMEOUT_S + 5.0)
+
+
+async def event_snapshots(service: Service, stream_id: str) -> EventSnapshotsOut:
+    """A stream's event snapshots, listed by the node that runs it."""
+    answer = await _owner_answer(service, stream_id, "snapshots")
+    if answer is None:
+        raise _unrun_error(stream_id)
+    if answer.error is not None:
+        raise _refused(answer)
+    try:
+        return EventSnapshotsOut.model_validate(answer.head.get("snapshots"))
+    except ValidationError:
+        raise StreamUnavailableError("the node running the stream answered no listing") from None
+
+
+async def event_snapshot(service: Service, stream_id: str, frame_index: int) -> bytes | None:
+    """The JPEG of one event snapshot from the node that runs the stream; None when it has
+    none of that frame."""
+    answer = await _owner_answer(service, stream_id, "snapshot", {"frame_index": frame_index})
+    if answer is None:
+        raise _unrun_error(stream_id)
+    if answer.status == 404:
+        return None
+    if answer.error is not None:
+        raise _refused(answer)
+    return answer.body if answer.body.startswith(b"\xff\xd8") else None
+
+
 async def counts(service: Service, stream_id: str) -> CountsOut:
     """A stream's zone counts from the node that runs it (its metrics have them)."""
-    fleet, streams = _parts(service)
+    _, streams = _parts(service)
     if stream_id in streams:
         found = service.metrics.zone_counts(stream_id)
         return CountsOut(objects=found.objects, crossings=found.crossings)
-    if fleet.spec(stream_id) is None:
-        raise UnknownStreamError(f"no stream {stream_id!r}")
-    owner = fleet.node.view.owner(stream_id)
-    if owner is None or owner == fleet.node.node_id:
-        raise StreamUnavailableError(f"no node runs stream {stream_id!r} now; retry shortly")
-    answer = await fleet.ask(owner, "counts", {"id": stream_id}, ASK_TIMEOUT_S)
-    if answer.error is None:
+    answer = await _owner_answer(service, stream_id, "counts")
+    if answer is None:
+        raise _unrun_error(stream_id)
+    if answer.error is not None:
+        raise _refused(answer)
+    try:
+        return CountsOut.model_validate(answer.head.get("counts"))
+    except ValidationError:
+        raise StreamUnavailableError("the node running the stream answered no counts") from None
+
+
+async def workers(service: Service) -> WorkersOut:
+    """Every live node's worker processes, each named with its node; the nodes that did not
+    answer in time are named in `unanswered`."""
+    fleet, _ = _parts(service)
+    me = fleet.node.node_id
+    others = sorted(n for n in fleet.node.view.nodes if n != me)
+    answers = await asyncio.gather(
+        *(fleet.ask(node, "workers", {}, ASK_TIMEOUT_S) for node in others)
+    )
+    here = await run_in_threadpool(workers_out, service.worker_pool, me)
+    found, unanswered = list(here.workers), []
+    for node, answer in zip(others, answers, strict=True):
         try:
-            return CountsOut.model_validate(answer.head.get("counts"))
-        except ValidationError:
-            raise StreamUnavailableError(f"node {owner} answered what are not counts") from None
-    raise StreamUnavailableError(answer.error)
+            if answer.error is not None:
+                raise ValueError(answer.error)
+            theirs = WorkersOut.model_validate(answer.head.get("workers"))
+        except (ValueError, ValidationError):
+            unanswered.append(node)
+            continue
+        found += [w.model_copy(update={"node": node}) for w in theirs.workers]
+    return WorkersOut(mps=here.mps, workers=found, unanswered=unanswered)
 
 
 async def answer(service: Service, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
@@ -190,9 +302,13 @@ async def answer(service: Service, op: str, args: dict[str, Any]) -> tuple[dict[
     if op == "streams":
         views = await run_in_threadpool(streams.list)
         return {"streams": [stream_out(v, names, me).model_dump(mode="json") for v in views]}, b""
+    if op == "workers":
+        mine = await run_in_threadpool(workers_out, service.worker_pool)
+        return {"workers": mine.model_dump(mode="json")}, b""
     stream_id = args.get("id")
     if not isinstance(stream_id, str) or stream_id not in streams:
-        return {"error": f"no stream {stream_id!r} on this node", "status": 404}, b""
+        # Moving between nodes, most likely: the asking node answers 503, to retry.
+        return {"error": f"stream {stream_id!r} does not run on node {me}", "status": 503}, b""
     if op == "stream":
         view = await run_in_threadpool(streams.get, stream_id)
         return {"stream": stream_out(view, names, me).model_dump(mode="json")}, b""
@@ -200,13 +316,21 @@ async def answer(service: Service, op: str, args: dict[str, Any]) -> tuple[dict[
         found = service.metrics.zone_counts(stream_id)
         out = CountsOut(objects=found.objects, crossings=found.crossings)
         return {"counts": out.model_dump(mode="json")}, b""
+    if op == "snapshots":
+        kept = await run_in_threadpool(streams.event_snapshots, stream_id)
+        listing = event_snapshots_out(stream_id, kept, names)
+        return {"snapshots": listing.model_dump(mode="json")}, b""
+    if op == "snapshot":
+        frame_index = args.get("frame_index")
+        if not isinstance(frame_index, int) or frame_index < 0:
+            return {"error": "bad snapshot request", "status": 400}, b""
+        snapshot = await run_in_threadpool(streams.event_snapshot, stream_id, frame_index)
+        if snapshot is None:
+            return {"error": f"no snapshot of frame {frame_index}", "status": 404}, b""
+        return {"frame_index": frame_index}, snapshot.jpeg
     if op == "picture":
         try:
-            request = PictureRequest(
-                boxes=bool(args.get("boxes", True)),
-                quality=min(95, max(10, int(args.get("quality", 85)))),
-                max_width=None if args.get("max_width") is None else int(args["max_width"]),
-            )
+            request = _picture_request(args)
         except (TypeError, ValueError):
             return {"error": "bad picture request", "status": 400}, b""
         frame = await run_in_threadpool(streams.picture, stream_id, request)
@@ -218,6 +342,9 @@ async def answer(service: Service, op: str, args: dict[str, Any]) -> tuple[dict[
             "height": frame.height,
             "source_width": frame.source_width,
             "source_height": frame.source_height,
+            "frame_index": frame.frame_index,
+            "result_frame_index": frame.result_frame_index,
+            "boxes_drawn": frame.boxes_drawn,
         }
         return head, frame.jpeg
     return {"error": f"unknown read {op!r}", "status": 400}, b""

@@ -5,7 +5,7 @@ A viewer (one open MJPEG response) holds a `ViewerSlot` from `LiveVideo.admit`; 
 open, at most once per new picture per (stream, boxes, width, newest or processed frames) and
 at most live.max_fps times a second: viewers asking for the same picture share one encode, and
 encodes run on at most `live.encoder_threads` worker threads, never on the event loop. Frames
-come from `StreamReads.picture` (vdet.streams.service) and nowhere else.
+come from `Pictures.picture` and nowhere else.
 
 This module owns admission, sharing and the multipart framing; it does not pace viewers
 (the route does) or decide where frames come from (frames.py does).
@@ -17,16 +17,25 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import anyio.to_thread
 
 from vdet.config.live import LiveSettings
 from vdet.metrics.registry import Metrics
-from vdet.streams.service import EncodedFrame, Picture, PictureRequest, StreamReads
+from vdet.streams.service import EncodedFrame, Picture, PictureRequest
 
 BOUNDARY = "vdetframe"
 MEDIA_TYPE = f"multipart/x-mixed-replace; boundary={BOUNDARY}"
+
+
+class Pictures(Protocol):
+    """Where a viewer's frames come from: the stream service (`StreamReads.picture`), or in a
+    fleet the node that runs the stream (vdet.api.fleet_reads.OwnerPictures). Called on an
+    encoder thread; raises UnknownStreamError once the stream is gone."""
+
+    def picture(self, stream_id: str, request: PictureRequest) -> EncodedFrame | None: ...
 
 
 class ViewerLimitError(Exception):
@@ -92,7 +101,7 @@ class LiveVideo:
             self._latest.pop(key, None)  # nobody watches: keep nothing
 
     async def next_frame(
-        self, streams: StreamReads, key: PictureKey, last: Picture | None
+        self, streams: Pictures, key: PictureKey, last: Picture | None
     ) -> EncodedFrame | None:
         """The newest frame of `key` unless it shows `last` (the viewer's last picture).
 
@@ -121,7 +130,7 @@ class LiveVideo:
         return frame if frame is not None and frame.picture != last else None
 
     async def _encode(
-        self, streams: StreamReads, key: PictureKey, last: Picture | None, asked_at: float
+        self, streams: Pictures, key: PictureKey, last: Picture | None, asked_at: float
     ) -> EncodedFrame | None:
         """Encode `key`'s picture unless it is the last one encoded (or, before any, `last`);
         keep what is newest for the viewers still watching. One runs per key at a time."""
@@ -141,7 +150,7 @@ class LiveVideo:
         return fresh
 
     def _encode_in_thread(
-        self, streams: StreamReads, key: PictureKey, unless: Picture | None
+        self, streams: Pictures, key: PictureKey, unless: Picture | None
     ) -> EncodedFrame | None:
         started = time.perf_counter()
         request = PictureRequest(

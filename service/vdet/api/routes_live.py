@@ -4,6 +4,8 @@ Each part is the stream's latest frame at the time of a tick (at most `fps` tick
 only frames not sent yet): the newest decoded one with the newest result, or on request the
 last processed one with its own result; optionally with the result's boxes drawn. Admission,
 shared encodes and framing live in `vdet.api.live`; this module paces one viewer and speaks HTTP.
+In a fleet, a stream another node runs is watched through its owner (each picture asked of it,
+vdet.api.fleet_reads.OwnerPictures), under this node's viewer cap and rate.
 """
 
 from __future__ import annotations
@@ -17,11 +19,19 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
+from vdet.api import fleet_reads
 from vdet.api.deps import ServiceDep, StreamsDep
-from vdet.api.live import MEDIA_TYPE, LiveVideo, PictureKey, ViewerLimitError, multipart_part
+from vdet.api.live import (
+    MEDIA_TYPE,
+    LiveVideo,
+    PictureKey,
+    Pictures,
+    ViewerLimitError,
+    multipart_part,
+)
 from vdet.api.schemas import ErrorOut
 from vdet.root import Service
-from vdet.streams.service import Picture, StreamService, UnknownStreamError
+from vdet.streams.service import Picture, UnknownStreamError
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 log = logging.getLogger(__name__)
@@ -129,8 +139,11 @@ async def live_mjpeg(
     ] = "newest",
 ) -> StreamingResponse:
     live = live_video_of(request)
+    source: Pictures = streams
     if stream_id not in streams:
-        raise UnknownStreamError(f"no stream {stream_id!r}")
+        if service.fleet is None or not service.has_stream(stream_id):
+            raise UnknownStreamError(f"no stream {stream_id!r}")
+        source = fleet_reads.OwnerPictures(service, asyncio.get_running_loop())
     width = min(max_width or live.settings.max_width, live.settings.max_width)
     key = PictureKey(stream_id=stream_id, boxes=boxes, max_width=width, newest=frames == "newest")
     try:
@@ -140,7 +153,7 @@ async def live_mjpeg(
             status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc), headers={"Retry-After": "5"}
         ) from exc
     return _ViewerResponse(
-        _frames(service, live, streams, key, min(fps, live.settings.max_fps)),
+        _frames(service, live, source, key, min(fps, live.settings.max_fps)),
         slot.release,
         live.settings.send_timeout_s,
         media_type=MEDIA_TYPE,
@@ -151,7 +164,7 @@ async def live_mjpeg(
 async def _frames(
     service: Service,
     live: LiveVideo,
-    streams: StreamService,
+    streams: Pictures,
     key: PictureKey,
     fps: float,
 ) -> AsyncIterator[bytes]:

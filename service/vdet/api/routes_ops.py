@@ -82,6 +82,8 @@ async def metrics(service: ServiceDep) -> Response:
             leases=len(fleet.node.held),
             unowned=len(info.unowned),
             results=fleet.totals(),
+            lag=fleet.feed.lag,
+            notify_pending=fleet.notify_pending,
         )
     # Rendered on the loop a slice at a time, not on a thread (see Metrics.render_pieces).
     loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -67,7 +68,9 @@ class ResultsFeed:
     docstring). `encode(result)`: a result made in this process as its wire text after the seq.
     Counters: `dropped` (the outgoing queue was full: NATS slower than the streams),
     `ignored` (messages off the bus that were not results), `gaps` (results the servers no
-    longer kept when the reader asked for them)."""
+    longer kept when the reader asked for them); `lag`: results on the bus after the last one
+    read (how far this node's feed is behind the fleet). `on_ack(seconds)`: each published
+    result's time from the outlet to the servers' acknowledgement."""
 
     def __init__(
         self,
@@ -79,15 +82,16 @@ class ResultsFeed:
         loop: asyncio.AbstractEventLoop,
         *,
         max_outgoing: int = 16384,
+        on_ack: Callable[[float], object] | None = None,
     ) -> None:
         self._js = js
         self._prefix = prefix
         self._hub = hub
         self._encode = encode
         self._loop = loop
-        self.publisher = ResultsPublisher(js, prefix, holds)
+        self.publisher = ResultsPublisher(js, prefix, holds, on_ack)
         self._max_outgoing = max_outgoing
-        self._outgoing: deque[tuple[str, bytes]] = deque()
+        self._outgoing: deque[tuple[str, bytes, float]] = deque()
         self._lock = threading.Lock()
         self._woken = False
         self._wake = asyncio.Event()
@@ -97,13 +101,14 @@ class ResultsFeed:
         self.gaps = 0
         self.read = 0  # results read off the bus (every node's)
         self.read_through = 0  # the last bus sequence handed to the hub
+        self.lag = 0
 
     # -- out -----------------------------------------------------------------------------
 
     def outlet(self, source_id: str, frame_index: int, result: str | DetectionResult) -> None:
         """The hub's outlet (`ResultsHub.send_to`); called on publishing threads."""
         tail = result if isinstance(result, str) else self._encode(result)
-        item = (source_id, payload_of(frame_index, tail))
+        item = (source_id, payload_of(frame_index, tail), time.monotonic())
         with self._lock:
             if len(self._outgoing) >= self._max_outgoing:
                 self.dropped += 1
@@ -121,9 +126,9 @@ class ResultsFeed:
                 batch = list(self._outgoing)
                 self._outgoing.clear()
                 self._woken = False
-            for stream_id, payload in batch:
+            for stream_id, payload, queued_at in batch:
                 try:
-                    await self.publisher.publish_nowait(stream_id, payload)
+                    await self.publisher.publish_nowait(stream_id, payload, queued_at)
                 except Exception as exc:  # disconnected past the client's buffer, say
                     self.publisher.failed += 1
                     log.warning("fleet: publishing a result of %s failed: %s", stream_id, exc)
@@ -149,6 +154,7 @@ class ResultsFeed:
                         continue
                     after = item.seq
                     self.read_through = item.seq
+                    self.lag = item.pending
                     self.read += 1
                     parsed = parse_payload(item.payload)
                     if parsed is None or key_problem(item.stream_id) is not None:

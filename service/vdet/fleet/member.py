@@ -138,6 +138,7 @@ class FleetMember:
         self.prefix = prefix
         self._task: asyncio.Task[None] | None = None
         self._reads: Any = None  # the subscription answering other nodes' reads
+        self.notify_pending = 0  # the shared notification consumer's backlog, last seen
 
     @classmethod
     async def join(
@@ -152,9 +153,11 @@ class FleetMember:
         replay: int,
         notifies: bool = False,
         on_event: Callable[[str, str, str], None] | None = None,
+        on_ack: Callable[[float], object] | None = None,
     ) -> FleetMember:
         """Join (module docstring). `notifies`: this node sends webhooks or MQTT, so the
-        fleet's shared notification consumer must exist before its streams start."""
+        fleet's shared notification consumer must exist before its streams start; `on_ack`:
+        each published result's seconds to the servers' acknowledgement."""
         options = options_of(cluster, capacity)
         store = await FleetStore.open(options, connect_options(cluster))
         try:
@@ -172,7 +175,9 @@ class FleetMember:
             await _seed(store, options.prefix, options.replicas, configured)
             node = FleetNode(options, store, local, on_event=on_event)
             loop = asyncio.get_running_loop()
-            feed = ResultsFeed(store.js, options.prefix, hub, node.holds, encode, loop)
+            feed = ResultsFeed(
+                store.js, options.prefix, hub, node.holds, encode, loop, on_ack=on_ack
+            )
             await feed.start(replay)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -209,7 +214,12 @@ class FleetMember:
 
     async def follow_notifications(self, dispatch: Callable[[EncodedResult], object]) -> None:
         """Results to notify, each once per fleet (vdet.fleet.notifications)."""
-        await follow_notifications(self.store.js, self.prefix, dispatch)
+        await follow_notifications(
+            self.store.js, self.prefix, dispatch, on_pending=self._note_pending
+        )
+
+    def _note_pending(self, pending: int) -> None:
+        self.notify_pending = pending
 
     def totals(self) -> dict[str, int]:
         """The results feed's running totals by outcome."""
@@ -240,8 +250,17 @@ class FleetMember:
                 except Exception as exc:  # answered, whatever went wrong here
                     log.exception("fleet: answering %s failed", op)
                     head, body = {"error": str(exc), "status": 500}, b""
+            reply = json.dumps(head).encode() + b"\n" + body
+            limit = self.store.client.max_payload
+            if len(reply) > limit:
+                too_large = {
+                    "error": f"the answer ({len(reply)} bytes) is larger than NATS carries "
+                    f"({limit} bytes: the servers' max_payload)",
+                    "status": 502,
+                }
+                reply = json.dumps(too_large).encode() + b"\n"
             with contextlib.suppress(Exception):
-                await msg.respond(json.dumps(head).encode() + b"\n" + body)
+                await msg.respond(reply)
 
         self._reads = await self.store.client.subscribe(
             self._read_subject(self.node.node_id), cb=handle

@@ -64,10 +64,12 @@ async def follow_notifications(
     dispatch: Callable[[EncodedResult], object],
     *,
     batch: int = 256,
+    on_pending: Callable[[int], object] | None = None,
 ) -> None:
     """Hand every result this node gets from the shared consumer to `dispatch`, then
     acknowledge it; runs until cancelled or the connection is closed. `dispatch` must not
-    block (the notifier queues)."""
+    block (the notifier queues). `on_pending(n)`: after each fetch, the results the consumer
+    has not handed to any node yet (the fleet's notification backlog)."""
     name = stream_name(prefix)
     skip = len(f"{prefix}.results.")
     await ensure_consumer(js, prefix)
@@ -77,6 +79,8 @@ async def follow_notifications(
             try:
                 messages = await subscription.fetch(batch, timeout=1.0)
             except NatsTimeoutError:
+                if on_pending is not None:
+                    on_pending(0)  # nothing came in a second: nothing waits
                 continue
             except ConnectionClosedError:
                 return  # the node left the fleet
@@ -86,6 +90,8 @@ async def follow_notifications(
                 log.warning("fleet: fetching results to notify failed: %s", exc)
                 await asyncio.sleep(0.5)
                 continue
+            if on_pending is not None and messages:
+                on_pending(int(messages[-1].metadata.num_pending or 0))
             for message in messages:
                 stream_id = message.subject[skip:]
                 parsed = parse_payload(bytes(message.data))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,7 @@ class BusResult:
     seq: int
     stream_id: str
     payload: bytes
+    pending: int = 0  # results on the bus after this one (the reader's lag behind the bus)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,13 +85,21 @@ async def open_results(js: JetStreamContext, prefix: str, retention: ResultsRete
 class ResultsPublisher:
     """Publishes one node's results; `holds(stream_id)` says whether the node may (its
     lease). `fenced` counts results refused for want of a lease, `failed` those the servers
-    did not acknowledge."""
+    did not acknowledge. `on_ack(seconds)`: called with the time from a result's queueing to
+    the servers' acknowledgement of it (`publish_nowait`), on the event loop."""
 
-    def __init__(self, js: JetStreamContext, prefix: str, holds: Callable[[str], bool]) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        prefix: str,
+        holds: Callable[[str], bool],
+        on_ack: Callable[[float], object] | None = None,
+    ) -> None:
         self._js = js
         self._prefix = prefix
         self._stream = stream_name(prefix)
         self._holds = holds
+        self._on_ack = on_ack
         self.fenced = 0
         self.failed = 0
         self.published = 0
@@ -107,27 +117,33 @@ class ResultsPublisher:
         self.published += 1
         return int(ack.seq)
 
-    async def publish_nowait(self, stream_id: str, payload: bytes) -> bool:
+    async def publish_nowait(
+        self, stream_id: str, payload: bytes, queued_at: float | None = None
+    ) -> bool:
         """Publish without waiting for the acknowledgement (a stream's results go out in
         order; their sequences come back through a `ResultsReader`): about a sixth of the CPU
         of `publish` (bench/fleet_bus.py). False when fenced. A result the servers do not
-        acknowledge is counted in `failed`; `flush` waits for every acknowledgement."""
+        acknowledge is counted in `failed`; `flush` waits for every acknowledgement.
+        `queued_at`: when the result was queued (time.monotonic), for `on_ack`."""
         if not self._holds(stream_id):
             self.fenced += 1
             return False
         future = await self._js.publish_async(
             subject_of(self._prefix, stream_id), payload, stream=self._stream
         )
-        future.add_done_callback(self._acknowledged)
+        started = time.monotonic() if queued_at is None else queued_at
+        future.add_done_callback(lambda done: self._acknowledged(done, started))
         self.published += 1
         return True
 
     async def flush(self) -> None:
         await self._js.publish_async_completed()
 
-    def _acknowledged(self, future: Any) -> None:
+    def _acknowledged(self, future: Any, started: float) -> None:
         if future.cancelled() or future.exception() is not None:
             self.failed += 1
+        elif self._on_ack is not None:
+            self._on_ack(time.monotonic() - started)
 
 
 class ResultsReader:
@@ -180,8 +196,10 @@ class ResultsReader:
             gap, self._gap = self._gap, None
             return gap
         msg = await self._subscription.next_msg(timeout=timeout)
-        seq = int(msg.metadata.sequence.stream)
-        return BusResult(seq, msg.subject[self._skip :], bytes(msg.data))
+        metadata = msg.metadata
+        seq = int(metadata.sequence.stream)
+        pending = int(metadata.num_pending or 0)
+        return BusResult(seq, msg.subject[self._skip :], bytes(msg.data), pending)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -424,6 +424,25 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.fleet_bus_ack = Histogram(
+            "vdet_fleet_bus_ack_seconds",
+            "Each result this node published: from its hand-off to the results bus to the NATS "
+            "servers' acknowledgement (the bus's publish latency).",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=r,
+        )
+        self.fleet_results_lag = Gauge(
+            "vdet_fleet_results_lag",
+            "Results on the bus after the last one this node read (its feed's lag behind the "
+            "fleet; WebSocket clients of this node see the fleet this far behind).",
+            registry=r,
+        )
+        self.fleet_notify_pending = Gauge(
+            "vdet_fleet_notify_pending",
+            "Results the fleet's shared notification consumer has not handed to a node yet "
+            "(webhooks and MQTT behind by this many results), as this node last saw it.",
+            registry=r,
+        )
         self._fleet_results_seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self._totals: dict[str, _SourceTotals] = {}
@@ -742,12 +761,23 @@ class Metrics:
     def count_lease_event(self, event: str) -> None:
         self.fleet_lease_events.labels(event).inc()
 
-    def sync_fleet(self, *, nodes: int, leases: int, unowned: int, results: dict[str, int]) -> None:
+    def sync_fleet(
+        self,
+        *,
+        nodes: int,
+        leases: int,
+        unowned: int,
+        results: dict[str, int],
+        lag: int = 0,
+        notify_pending: int = 0,
+    ) -> None:
         """The fleet's gauges, and the results counters from the running totals in
         `results` (outcome -> count so far)."""
         self.fleet_nodes.set(nodes)
         self.fleet_leases.set(leases)
         self.fleet_unowned.set(unowned)
+        self.fleet_results_lag.set(lag)
+        self.fleet_notify_pending.set(notify_pending)
         with self._lock:
             for outcome, total in results.items():
                 delta = total - self._fleet_results_seen.get(outcome, 0)
