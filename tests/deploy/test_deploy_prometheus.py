@@ -266,6 +266,8 @@ def test_dashboard_queries_run_in_prometheus(prometheus: Prometheus) -> None:
     fleet = {
         "sum by (instance, outcome) (rate(vdet_fleet_results_total[15s]))",
         "sum by (event) (increase(vdet_fleet_lease_events_total[1m]))",
+        "histogram_quantile(0.99, sum by (instance, le) "
+        "(rate(vdet_fleet_bus_ack_seconds_bucket[15s])))",
     }
     assert set(empty) - webhooks <= {
         "sum by (gpu) (vdet_gpu_memory_used_bytes)",

@@ -96,16 +96,20 @@ def test_publishing_without_waiting_keeps_order_and_counts_acks(server: NatsServ
         js = nc.jetstream()
         await open_results(js, "vdet", ResultsRetention())
         held = {"cam1"}
-        publisher = ResultsPublisher(js, "vdet", holds=lambda s: s in held)
+        acks: list[float] = []
+        publisher = ResultsPublisher(js, "vdet", holds=lambda s: s in held, on_ack=acks.append)
         for i in range(500):
             assert await publisher.publish_nowait("cam1", b"%d" % i)
         assert not await publisher.publish_nowait("cam9", b"not ours")
         await publisher.flush()
         assert (publisher.failed, publisher.fenced) == (0, 1)
+        # Each acknowledged result's latency, from its hand-off: one each, none negative.
+        assert len(acks) == 500 and min(acks) >= 0 and max(acks) < 10
         items = await _read_all(await ResultsReader.open(js, "vdet", after=0))
-        assert [i.payload for i in items if isinstance(i, BusResult)] == [
-            b"%d" % i for i in range(500)
-        ]
+        results = [i for i in items if isinstance(i, BusResult)]
+        assert [i.payload for i in results] == [b"%d" % i for i in range(500)]
+        # What the reader still had to read after each: the last one, nothing.
+        assert results[0].pending == 499 and results[-1].pending == 0
         await nc.close()
 
     asyncio.run(run())

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,9 @@ def stream(clip: Path, stream_id: str, **fields: Any) -> dict[str, Any]:
     return {"id": stream_id, "url": str(clip), "loop": True, "realtime": True, **fields}
 
 
-def node(folder: Path, model: Path, server: NatsServer, name: str, clip: Path) -> Service:
+def node(
+    folder: Path, model: Path, server: NatsServer, name: str, clip: Path, **settings: Any
+) -> Service:
     return start_service(
         folder,
         model,
@@ -72,6 +75,7 @@ def node(folder: Path, model: Path, server: NatsServer, name: str, clip: Path) -
         },
         # Both nodes are configured alike, as a compose file or a StatefulSet would make them.
         sources=[stream(clip, "cam1")],
+        **settings,
     )
 
 
@@ -97,7 +101,12 @@ def results(url: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:
 def fleet(
     folder: Path, model: Path, nats_server: NatsServer, clip: Path
 ) -> Iterator[dict[str, Service]]:
-    nodes = {name: node(folder, model, nats_server, name, clip) for name in ("a", "b")}
+    # Node b runs its streams in a worker process, as a GPU node would.
+    workers = {"b": {"workers": {"processes": 1, "streams_per_process": 4}}}
+    nodes = {
+        name: node(folder, model, nats_server, name, clip, **workers.get(name, {}))
+        for name in ("a", "b")
+    }
     try:
         yield nodes
     finally:
@@ -177,6 +186,69 @@ def test_every_node_reads_every_stream(fleet: dict[str, Service]) -> None:
             status, jpeg = http_get(f"{svc.base}/v1/streams/{stream_id}/snapshot.jpg", 10)
             assert status == 200 and jpeg.startswith(b"\xff\xd8"), stream_id
     assert a.get("/v1/streams/none")[0] == 404 and b.get("/v1/streams/none/detections")[0] == 404
+
+
+WHOLE_FRAME = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
+
+
+def live_part(svc: Service, stream_id: str, timeout: float = 20) -> tuple[dict[str, str], bytes]:
+    """The first part of a stream's live MJPEG view through `svc`: its headers and JPEG."""
+    url = f"{svc.base}/v1/streams/{stream_id}/live.mjpeg?fps=5&max_width=320"
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        assert response.status == 200
+        assert response.headers["content-type"].startswith("multipart/x-mixed-replace")
+        data = b""
+        while data.count(b"\r\n\r\n") < 1 or b"\xff\xd9" not in data:
+            chunk = response.read1(65536)
+            assert chunk, "the live view ended"
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    headers = dict(
+        line.split(": ", 1) for line in head.decode().split("\r\n") if ": " in line
+    )
+    return headers, body[: body.index(b"\xff\xd9") + 2]
+
+
+def test_event_snapshots_live_view_and_workers_through_any_node(
+    fleet: dict[str, Service], clip: Path
+) -> None:
+    """What only the owner has (event snapshot JPEGs, decoded frames, its worker processes) is
+    asked of it by the node a client calls."""
+    a, b = fleet["a"], fleet["b"]
+    assert a.send("POST", "/v1/streams", stream(clip, "gate", zones=[WHOLE_FRAME]))[0] == 201
+    try:
+        wait_until(lambda: "gate" in placement(a), 30, what="gate placed")
+        owner_name = placement(a)["gate"]
+        for svc in (a, b):
+
+            def kept(svc: Service = svc) -> list[dict[str, Any]]:
+                status, body = svc.get("/v1/streams/gate/snapshots")
+                assert status == 200, body
+                return list(body["snapshots"])
+
+            first = wait_until(kept, 30, what=f"an event snapshot through {svc.base}")[0]
+            assert {e["zone"] for e in first["events"]} == {"all"}
+            status, jpeg = http_get(f"{svc.base}{first['url']}", 10)
+            assert status == 200 and jpeg.startswith(b"\xff\xd8") and len(jpeg) == first["bytes"]
+            status, _ = http_get(f"{svc.base}/v1/streams/gate/snapshots/999999.jpg", 10)
+            assert status == 404
+            headers, frame = live_part(svc, "gate")
+            assert frame.startswith(b"\xff\xd8") and int(headers["X-Vdet-Seq"]) > 0
+            assert headers["X-Vdet-Source-Size"] == f"{CLIP_WH[0]}x{CLIP_WH[1]}"
+        assert a.get("/v1/streams/none/snapshots")[0] == 404
+        assert http_get(f"{b.base}/v1/streams/none/live.mjpeg", 10)[0] == 404
+        # Every node lists the fleet's workers: b's one process, from either node.
+        for svc in (a, b):
+            status, body = svc.get("/v1/workers")
+            assert status == 200 and body["unanswered"] == [], body
+            shown = [(w["node"], w["role"], w["alive"]) for w in body["workers"]]
+            assert ("b", "worker", True) in shown and all(n == "b" for n, _, _ in shown)
+        # The bus's cost, seen by the node that publishes gate's results.
+        metrics = fleet[owner_name].metrics()
+        assert metrics[("vdet_fleet_bus_ack_seconds_count", ())] > 0
+        assert ("vdet_fleet_results_lag", ()) in metrics
+    finally:
+        assert a.send("DELETE", "/v1/streams/gate")[0] == 204
 
 
 def test_changes_and_errors_through_any_node(fleet: dict[str, Service], clip: Path) -> None:
