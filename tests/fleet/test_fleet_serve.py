@@ -203,9 +203,7 @@ def live_part(svc: Service, stream_id: str, timeout: float = 20) -> tuple[dict[s
             assert chunk, "the live view ended"
             data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
-    headers = dict(
-        line.split(": ", 1) for line in head.decode().split("\r\n") if ": " in line
-    )
+    headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n") if ": " in line)
     return headers, body[: body.index(b"\xff\xd9") + 2]
 
 
