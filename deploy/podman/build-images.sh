@@ -2,13 +2,14 @@
 # Build the compose stack's images with Podman from Debian packages, with no container
 # registry: for hosts without Docker, or that cannot reach Docker Hub. From the repository root:
 #   deploy/podman/build-images.sh          # then see deploy/README.md, "With Podman"
-# Four images, in this order:
+# Five images, in this order:
 #   localhost/vdet-base:bookworm        Debian 12 with Python 3.11 and venv (mmdebstrap), standing in
 #                                       for python:3.11-slim-bookworm, Dockerfile.cpu's base
 #   vdet:cpu                            deploy/Dockerfile.cpu, unchanged, on that base
 #   localhost/vdet-camera:bookworm      the demo camera: GStreamer's RTSP server (camera.Containerfile)
 #   localhost/vdet-prometheus:bookworm  Debian's Prometheus (prometheus.Containerfile)
-# The camera and Prometheus build while vdet's image does; each build's output goes to
+#   localhost/vdet-nats:2.15.1          the fleet stack's NATS server (nats.Containerfile)
+# The camera, Prometheus and NATS build while vdet's image does; each build's output goes to
 # $VDET_PODMAN_LOG_DIR (default: a new temporary folder), and a failed build's is printed.
 # Needs root (or mmdebstrap's unshare mode), podman, runc and mmdebstrap; pip and apt inside
 # the builds reach PyPI and Debian through the host's network and trust its CA bundle.
@@ -19,6 +20,7 @@ cd "$(dirname "$0")/../.."
 
 SUITE=bookworm
 BASE_IMAGE=localhost/vdet-base:$SUITE
+NATS_VERSION=2.15.1  # nats.Containerfile's default, docker-compose.fleet.yml's nats tag
 LOG_DIR=${VDET_PODMAN_LOG_DIR:-$(mktemp -d -t vdet-podman-build.XXXXXX)}
 mkdir -p "$LOG_DIR"
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
@@ -77,6 +79,9 @@ stack_parts() {
     -t "localhost/vdet-camera:$SUITE" "$context"
   "${BUILD[@]}" --build-arg "BASE_IMAGE=$BASE_IMAGE" -f deploy/podman/prometheus.Containerfile \
     -t "localhost/vdet-prometheus:$SUITE" "$context"
+  "${BUILD[@]}" --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "NATS_VERSION=$NATS_VERSION" \
+    -f deploy/podman/nats.Containerfile \
+    -t "localhost/vdet-nats:$NATS_VERSION" "$context"
   rm -rf "$context"
 }
 
@@ -86,7 +91,7 @@ stack_parts() {
 prune_dangling() { podman image prune -f >/dev/null; }
 prune_dangling
 step base base
-step camera-prometheus stack_parts &
+step camera-prometheus-nats stack_parts &
 parts=$!
 step vdet-cpu vdet_cpu || { wait "$parts" || true; exit 1; }
 wait "$parts"

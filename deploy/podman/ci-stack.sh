@@ -13,7 +13,11 @@
 #   the image's own HEALTHCHECK passes (`podman healthcheck run`);
 #   vdet's process runs as uid 10001, not root;
 #   `podman stop` ends vdet within 10 s with exit status 0;
-#   started again, vdet has the zone the first check added over the API (the `state` volume).
+#   started again, vdet has the zone the first check added over the API (the `state` volume);
+#   then the fleet (docker-compose.fleet.yml with deploy/podman/compose.fleet.override.yml):
+#   three NATS servers and two vdet nodes; both ready and seeing each other, the demo camera
+#   placed on one and read through either, Prometheus scraping both (check_fleet.py); the node
+#   running the camera killed (SIGKILL), the other runs it and its detections go on.
 # Where Podman is missing or unusable it says SKIP and exits 0, unless CI_STACK_REQUIRED=1
 # (scripts/test.sh sets it when it installed the system packages, as in CI). On failure every
 # container's log and state is printed and kept in $CI_STACK_LOG_DIR (default build/stack-logs).
@@ -61,7 +65,8 @@ if [[ $what != run ]]; then
   if [[ $what == build ]]; then exit 0; fi
 fi
 
-for image in vdet:cpu localhost/vdet-camera:bookworm localhost/vdet-prometheus:bookworm; do
+for image in vdet:cpu localhost/vdet-camera:bookworm localhost/vdet-prometheus:bookworm \
+  localhost/vdet-nats:2.15.1; do
   if ! podman image exists "$image"; then
     echo "ci-stack: FAIL: no image $image; deploy/podman/build-images.sh builds it" >&2
     exit 1
@@ -76,13 +81,18 @@ export DOCKER_HOST=unix://$PWD/$SOCKET
 COMPOSE=(docker-compose -p vdetstack -f docker-compose.yml -f deploy/podman/compose.override.yml
   --profile cpu)
 SERVICES=(vdet-cpu camera prometheus)
+FLEET=(docker-compose -p vdetfleet -f docker-compose.fleet.yml
+  -f deploy/podman/compose.fleet.override.yml)
+FLEET_SERVICES=(nats-1 nats-2 nats-3 camera vdet-1 vdet-2 prometheus)
 
-collect_logs() {
-  local id name
-  for service in "${SERVICES[@]}"; do
-    id=$("${COMPOSE[@]}" ps -q "$service" 2>/dev/null || true)
+collect_logs() { # collect_logs PROJECT SERVICE...: each running service's log and state
+  local id name project=$1
+  shift
+  local -n compose=$project
+  for service in "$@"; do
+    id=$("${compose[@]}" ps -q "$service" 2>/dev/null || true)
     [[ -n $id ]] || continue
-    name=$LOG_DIR/$service
+    name=$LOG_DIR/$project-$service
     podman logs "$id" >"$name.log" 2>&1 || true
     podman inspect "$id" >"$name.inspect.json" 2>&1 || true
     echo "----- $service: $(podman inspect --format '{{.State.Status}} exit={{.State.ExitCode}}' "$id" 2>&1); last lines of its log:"
@@ -94,9 +104,11 @@ finish() {
   local status=$?
   if ((status != 0)); then
     echo "ci-stack: FAILED; logs kept in $LOG_DIR" >&2
-    collect_logs >&2
+    collect_logs COMPOSE "${SERVICES[@]}" >&2
+    collect_logs FLEET "${FLEET_SERVICES[@]}" >&2
   fi
   "${COMPOSE[@]}" down -v --remove-orphans >"$LOG_DIR/compose-down.log" 2>&1 || true
+  "${FLEET[@]}" down -v --remove-orphans >"$LOG_DIR/fleet-down.log" 2>&1 || true
   kill "$service_pid" 2>/dev/null || true
   wait "$service_pid" 2>/dev/null || true
   rm -f "$SOCKET"
@@ -139,4 +151,24 @@ echo "ci-stack: ok   podman stop ended vdet in $stop_ms ms with exit status 0"
 podman start "$vdet" >/dev/null
 python3 deploy/podman/check_stack.py --after-restart --timeout "${CI_STACK_TIMEOUT:-120}"
 echo "ci-stack: ok   the zone added over the API came back after a restart"
-echo "ci-stack: passed in $((SECONDS - start_all)) s (stack up and checked in $((SECONDS - start_up)) s)"
+echo "ci-stack: the single-node stack up and checked in $((SECONDS - start_up)) s"
+"${COMPOSE[@]}" down -v --remove-orphans >"$LOG_DIR/compose-down.log" 2>&1
+
+fleet_up=$SECONDS
+"${FLEET[@]}" up -d --no-build "${FLEET_SERVICES[@]}"
+checked=$(python3 deploy/podman/check_fleet.py --vdet http://127.0.0.1:8000 \
+  --vdet http://127.0.0.1:8001 --timeout "${CI_STACK_TIMEOUT:-120}" | tee /dev/stderr)
+owner=$(sed -n 's/^owner=//p' <<<"$checked")  # the node (its host name) running the camera
+case $owner in
+  vdet-1) survivor=http://127.0.0.1:8001 ;;
+  vdet-2) survivor=http://127.0.0.1:8000 ;;
+  *)
+    echo "ci-stack: FAIL no node named as running the camera ('$owner')" >&2
+    exit 1
+    ;;
+esac
+podman kill --signal KILL "$("${FLEET[@]}" ps -q "$owner")" >/dev/null
+python3 deploy/podman/check_fleet.py --vdet "$survivor" --after-kill "$owner" \
+  --timeout "${CI_STACK_TIMEOUT:-120}"
+echo "ci-stack: ok   the fleet: two nodes on three NATS servers, the camera moved off a killed node"
+echo "ci-stack: passed in $((SECONDS - start_all)) s (the fleet up and checked in $((SECONDS - fleet_up)) s)"
