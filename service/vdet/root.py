@@ -73,9 +73,12 @@ def open_local_streams(
     *,
     detector_factory: DetectorFactory = open_configured_detector,
     max_streams: int | None = None,
+    numbered_by: ResultsHub | None = None,
 ) -> LocalStreams:
     """Streams that run in this process: the detector, the GPU devices where the backend feeds
-    the GPU data path, and the stream manager, whose results go to `sink`."""
+    the GPU data path, and the stream manager, whose results go to `sink`; `numbered_by`: the
+    hub whose numbers a picture's result gets, when it numbers results after `publish` (a
+    fleet node's)."""
     use_cache_dir(settings.gpu.kernel_cache_dir)  # before a GPU backend compiles any kernel
     detector = detector_factory(settings)
     # Tracking is on by default and its per-frame code is compiled (Numba): compiled or loaded
@@ -103,7 +106,15 @@ def open_local_streams(
             gpu.close()
         detector.close()
         raise
-    return LocalStreams(detector, gpu, manager)
+    seq_of = None
+    if numbered_by is not None:
+        hub = numbered_by
+
+        def seq_of(stream_id: str, frame_index: int) -> int | None:
+            found = hub.find(stream_id, frame_index, wait_s=0.1)
+            return None if found is None else found.seq
+
+    return LocalStreams(detector, gpu, manager, seq_of)
 
 
 def open_worker_streams(
@@ -206,7 +217,11 @@ class Service:
             plan = plan_workers(settings)
             if plan.processes == 0:
                 self.streams = open_local_streams(
-                    settings, self.hub, self.metrics, detector_factory=self.detector_factory
+                    settings,
+                    self.hub,
+                    self.metrics,
+                    detector_factory=self.detector_factory,
+                    numbered_by=self.hub if settings.cluster.servers else None,
                 )
             else:
                 self.streams = WorkerPool.start(

@@ -10,6 +10,8 @@ stream worker process (vdet.workers.child).
 from __future__ import annotations
 
 import builtins
+import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from vdet.config.streams import StreamSpec
@@ -34,10 +36,20 @@ if TYPE_CHECKING:
 
 
 class LocalStreams:
-    """The streams of this process (module docstring); closing it closes what it holds."""
+    """The streams of this process (module docstring); closing it closes what it holds.
+    `seq_of(stream id, frame index)`: the seq of a published result, where the results hub
+    numbers them later than `publish` (a fleet node's hub numbers its results as they come
+    back off the bus, vdet.fleet.feed); None where `publish` numbers them."""
 
-    def __init__(self, detector: Detector, gpu: GpuPool | None, manager: StreamManager) -> None:
+    def __init__(
+        self,
+        detector: Detector,
+        gpu: GpuPool | None,
+        manager: StreamManager,
+        seq_of: Callable[[str, int], int | None] | None = None,
+    ) -> None:
         self.detector = detector
+        self._seq_of = seq_of
         self.gpu = gpu
         self.manager = manager
         info, backend = detector.info, detector.backend
@@ -80,7 +92,14 @@ class LocalStreams:
         return stream_id in self.manager
 
     def picture(self, stream_id: str, request: PictureRequest) -> EncodedFrame | None:
-        return encode_picture(self.manager, stream_id, request)
+        frame = encode_picture(self.manager, stream_id, request)
+        if frame is not None and frame.seq == 0 and self._seq_of is not None:
+            # Its result is unnumbered until it comes back off the bus (as a worker's is,
+            # vdet.workers.pool.WorkerPool.picture); 0 stays when it has not yet.
+            seq = self._seq_of(stream_id, frame.result_frame_index)
+            if seq is not None:
+                frame = dataclasses.replace(frame, seq=seq)
+        return frame
 
     def event_snapshots(self, stream_id: str) -> EventSnapshotList:
         return self.manager.event_snapshots(stream_id)
