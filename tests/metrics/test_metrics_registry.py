@@ -97,6 +97,9 @@ def test_every_metric_is_exposed_with_its_type() -> None:
         "vdet_fleet_unowned_streams": "gauge",
         "vdet_fleet_lease_events": "counter",
         "vdet_fleet_results": "counter",
+        "vdet_fleet_bus_ack_seconds": "histogram",
+        "vdet_fleet_results_lag": "gauge",
+        "vdet_fleet_notify_pending": "gauge",
     }
     info = samples(metrics)
     labels = (("backend", "onnxruntime"), ("data_path", "cpu"), ("device", "cpu"))
