@@ -40,3 +40,14 @@ def test_a_lease_not_seen_renewed_for_a_period_counts_as_expired() -> None:
     assert view.live_owners(6.0, now=101.0) == {"cam0": "a", "cam1": "b"}
     assert view.live_owners(6.0, now=101.5) == {"cam0": "a"}
     assert view.live_owners(6.0, now=107.0) == {}
+
+
+def test_a_node_not_seen_heartbeating_for_its_ttl_counts_as_gone() -> None:
+    """The same for the node registry: a paused or dead node whose entry's expiry did not
+    reach this view is planned nothing (else its streams would wait for it)."""
+    view = FleetView(FleetStore.__new__(FleetStore))
+    view.nodes = {"a": NodeState("a", 2), "b": NodeState("b", 2)}
+    view.node_seen = {"a": 100.0, "b": 95.0}
+    assert sorted(view.live_nodes(6.0, now=101.0)) == ["a", "b"]
+    assert sorted(view.live_nodes(6.0, now=101.5)) == ["a"]
+    assert view.live_nodes(6.0, now=107.0) == {}

@@ -274,7 +274,8 @@ async def workers(service: Service) -> WorkersOut:
     answer in time are named in `unanswered`."""
     fleet, _ = _parts(service)
     me = fleet.node.node_id
-    others = sorted(n for n in fleet.node.view.nodes if n != me)
+    live = fleet.node.view.live_nodes(fleet.store.node_ttl_s)
+    others = sorted(n for n in live if n != me)
     answers = await asyncio.gather(
         *(fleet.ask(node, "workers", {}, ASK_TIMEOUT_S) for node in others)
     )

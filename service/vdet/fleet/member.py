@@ -295,7 +295,7 @@ class FleetMember:
         owned: dict[str, list[str]] = {}
         for stream_id, (node_id, _) in view.owners.items():
             owned.setdefault(node_id, []).append(stream_id)
-        nodes = dict(view.nodes)
+        nodes = view.live_nodes(self.store.node_ttl_s)
         nodes.setdefault(self.node.node_id, self.node.state())
         for node_id in owned:  # a lease outliving its node's registry entry
             nodes.setdefault(node_id, NodeState(node_id, 0))

@@ -66,6 +66,8 @@ class FleetNode:
         self.control = control
         self._on_event = on_event
         self.held: dict[str, _Held] = {}
+        # Streams dropped here whose local stop is still under way: not claimed again meanwhile.
+        self._removing: set[str] = set()
         self.draining = False
         self._stopping = asyncio.Event()
         self._last_heartbeat = float("-inf")
@@ -91,13 +93,25 @@ class FleetNode:
     async def run(self) -> None:
         """Join and work until `stop`."""
         await self.view.start()
+        # Fencing runs on its own as well: a tick can wait seconds on NATS (a renewal, the
+        # watchers restarting while a server is gone), and no stream may run that long on a
+        # stale lease meanwhile.
+        fencer = asyncio.create_task(self._fence_every_tick(), name="fleet-fence")
         try:
             while not self._stopping.is_set():
                 await self.tick()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), self.options.tick_s)
         finally:
+            fencer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fencer
             await self.view.stop()
+
+    async def _fence_every_tick(self) -> None:
+        while not self._stopping.is_set():
+            await self._fence(time.monotonic())
+            await asyncio.sleep(self.options.tick_s)
 
     async def tick(self) -> None:
         now = time.monotonic()
@@ -138,6 +152,8 @@ class FleetNode:
             except Exception as exc:  # NATS unreachable: fencing decides when to give up
                 log.warning("fleet: renewing %s failed: %s", stream_id, exc)
                 continue
+            if self.held.get(stream_id) is not held:
+                continue  # fenced while this renewal waited: a lease renewed now is taken back
             if revision is None:
                 await self._drop(stream_id, "lost", release=False)
             else:
@@ -145,7 +161,7 @@ class FleetNode:
 
     async def _fence(self, now: float) -> None:
         for stream_id, held in list(self.held.items()):
-            if now - held.renewed >= self._fence_after:
+            if now - held.renewed >= self._fence_after and self.held.get(stream_id) is held:
                 await self._drop(stream_id, "fenced", release=False)
 
     async def _claim(self) -> None:
@@ -155,11 +171,12 @@ class FleetNode:
         # stream is claimable; the servers' compare-and-set still decides.
         owners = view.live_owners(self.store.lease_s)
         owners.update({s: self.node_id for s in self.held})
-        nodes = dict(view.nodes)
+        # Likewise a node not seen heartbeating for its TTL: nothing is planned for it.
+        nodes = view.live_nodes(self.store.node_ttl_s)
         nodes[self.node_id] = self.state()  # this node, whatever the registry shows yet
         for stream_id in to_claim(self.node_id, view.desired, owners, nodes):
             spec = view.desired.get(stream_id)
-            if spec is None:
+            if spec is None or stream_id in self._removing:
                 continue
             try:
                 revision = await self.store.claim(stream_id, self.node_id)
@@ -177,7 +194,7 @@ class FleetNode:
         (its renewals failed, say while the bucket elected a leader, but nobody took them):
         taken back with compare-and-set on that revision, and started again here."""
         for stream_id, (node, revision) in list(self.view.owners.items()):
-            if node != self.node_id or stream_id in self.held:
+            if node != self.node_id or stream_id in self.held or stream_id in self._removing:
                 continue
             spec = self.view.desired.get(stream_id)
             if spec is None:
@@ -235,9 +252,20 @@ class FleetNode:
             await asyncio.to_thread(self.control.remove, stream_id)
 
     async def _drop(self, stream_id: str, why: str, *, release: bool) -> None:
-        await self._stop_local(stream_id)
+        # Out of `held` first: nothing of it is published from here on (`holds`), and a
+        # second drop (the fencing task and the tick) finds nothing to do.
         held = self.held.pop(stream_id, None)
-        if held is not None and release:
+        if held is None:
+            return
+        if held.running:
+            held.running = False
+            self._removing.add(stream_id)
+            try:
+                with contextlib.suppress(StreamError):
+                    await asyncio.to_thread(self.control.remove, stream_id)
+            finally:
+                self._removing.discard(stream_id)
+        if release:
             await self._guard(self.store.release(stream_id, held.revision), "release")
         self._event(why, stream_id, "")
 

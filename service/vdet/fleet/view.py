@@ -37,6 +37,7 @@ class FleetView:
         # without the purge marker the watchers see).
         self.owner_seen: dict[str, float] = {}
         self.nodes: dict[str, NodeState] = {}
+        self.node_seen: dict[str, float] = {}  # as `owner_seen`, for the nodes' heartbeats
         self.ignored = 0  # values that did not parse
         # False until every watcher has delivered what its bucket held, and again while the
         # watchers restart: an incomplete view must not be read as "nothing is desired".
@@ -86,6 +87,7 @@ class FleetView:
         self.owners.clear()
         self.owner_seen.clear()
         self.nodes.clear()
+        self.node_seen.clear()
         try:
             await self.start()
         except BaseException:
@@ -103,6 +105,16 @@ class FleetView:
             stream_id: node
             for stream_id, (node, _) in self.owners.items()
             if now - self.owner_seen.get(stream_id, now) <= lease_s
+        }
+
+    def live_nodes(self, ttl_s: float, now: float | None = None) -> dict[str, NodeState]:
+        """The nodes seen heartbeating within `ttl_s` (a node heartbeats every third of it):
+        a node gone quiet is gone, whether or not its entry's expiry reached this view."""
+        now = time.monotonic() if now is None else now
+        return {
+            node_id: state
+            for node_id, state in self.nodes.items()
+            if now - self.node_seen.get(node_id, now) <= ttl_s
         }
 
     async def _follow(
@@ -137,12 +149,14 @@ class FleetView:
     def _on_node(self, entry: Any) -> None:
         if entry.operation in _GONE:
             self.nodes.pop(entry.key, None)
+            self.node_seen.pop(entry.key, None)
             return
         state = node_state_of(bytes(entry.value or b""))
         if state is None or state.node_id != entry.key:
             self.ignored += 1
             return
         self.nodes[entry.key] = state
+        self.node_seen[entry.key] = time.monotonic()
 
 
 __all__ = ["FleetView"]
