@@ -124,8 +124,9 @@ ceiling)
   ;;
 tenbit)
   # $VDET_TENBIT_STREAMS: the stream counts (default 64,112), each step 10 s, 2 clients.
-  counts=${VDET_TENBIT_STREAMS:-64,112}
-  unset VDET_TENBIT_STREAMS
+  # $VDET_TENBIT_BUDGET_S: the seconds the phase may take (default 570).
+  counts=${VDET_TENBIT_STREAMS:-64,112} budget=${VDET_TENBIT_BUDGET_S:-570}
+  unset VDET_TENBIT_STREAMS VDET_TENBIT_BUDGET_S
   install_venv
   for depth in 8 10; do
     fmt=yuv420p; [ "$depth" = 10 ] && fmt=yuv420p10le
@@ -140,8 +141,8 @@ reencode(sample_clip(), Path(sys.argv[1]), 'libx265', sys.argv[2],
     echo "encoded hevc$depth ($((SECONDS - started)) s)"
   done
   for depth in 8 10; do
-    # Half of what is left of 570 s to the 8-bit run, the rest to the 10-bit one.
-    left=$((570 - (SECONDS - started)))
+    # Half of what is left of the budget to the 8-bit run, the rest to the 10-bit one.
+    left=$((budget - (SECONDS - started)))
     [ "$depth" = 8 ] && left=$((left / 2))
     timeout "$left" /tmp/venv/bin/vdet bench serve --backend torch \
       --clip "/tmp/hevc$depth.mp4" --streams "$counts" --duration 10 --clients 2 \

@@ -156,9 +156,10 @@ echo "ci-stack: the single-node stack up and checked in $((SECONDS - start_up)) 
 
 fleet_up=$SECONDS
 "${FLEET[@]}" up -d --no-build "${FLEET_SERVICES[@]}"
-checked=$(python3 deploy/podman/check_fleet.py --vdet http://127.0.0.1:8000 \
-  --vdet http://127.0.0.1:8001 --timeout "${CI_STACK_TIMEOUT:-120}" | tee /dev/stderr)
-owner=$(sed -n 's/^owner=//p' <<<"$checked")  # the node (its host name) running the camera
+# Shown as it runs and kept (not `tee /dev/stderr`: reopening a log file truncates it).
+python3 deploy/podman/check_fleet.py --vdet http://127.0.0.1:8000 \
+  --vdet http://127.0.0.1:8001 --timeout "${CI_STACK_TIMEOUT:-120}" | tee "$LOG_DIR/check-fleet.log"
+owner=$(sed -n 's/^owner=//p' "$LOG_DIR/check-fleet.log")  # the node running the camera
 case $owner in
   vdet-1) survivor=http://127.0.0.1:8001 ;;
   vdet-2) survivor=http://127.0.0.1:8000 ;;
