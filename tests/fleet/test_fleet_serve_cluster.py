@@ -55,6 +55,17 @@ def streaming(svc: Service, stream_id: str) -> bool:
     return status == 200 and one["status"]["state"] == "streaming"
 
 
+def read_everywhere(nodes: dict[str, Service], streams: list[str], when: str) -> None:
+    """Every stream streaming, as each node shows it."""
+    for svc in nodes.values():
+        for stream_id in streams:
+            wait_until(
+                lambda svc=svc, s=stream_id: streaming(svc, s),
+                60,
+                what=f"{stream_id} streaming, read through {svc.base} {when}",
+            )
+
+
 def test_a_fleet_on_a_nats_cluster_goes_on_when_a_server_dies(
     tmp_path: Path, rtsp_server_factory: Any
 ) -> None:
@@ -88,13 +99,7 @@ def test_a_fleet_on_a_nats_cluster_goes_on_when_a_server_dies(
             )
         a, b = nodes["a"], nodes["b"]
         wait_until(lambda: len(placement(a)) == 3, 60, what="every stream placed")
-        for svc in nodes.values():
-            for stream_id in streams:
-                wait_until(
-                    lambda svc=svc, s=stream_id: streaming(svc, s),
-                    60,
-                    what=f"{stream_id} streaming, read through {svc.base}",
-                )
+        read_everywhere(nodes, streams, "at the start")
         before = results_until(
             f"{a.ws_base}/v1/events", lambda got: {r["source_id"] for r in got} >= set(streams)
         )
@@ -120,13 +125,7 @@ def test_a_fleet_on_a_nats_cluster_goes_on_when_a_server_dies(
         seqs = [r["seq"] for r in after]
         # Resumed on the other node across the server's death: no gap, no duplicate.
         assert seqs == list(range(last + 1, last + 1 + len(seqs))), seqs[:10]
-        for svc in nodes.values():
-            for stream_id in streams:
-                wait_until(
-                    lambda svc=svc, s=stream_id: streaming(svc, s),
-                    60,
-                    what=f"{stream_id} read through {svc.base} after the server died",
-                )
+        read_everywhere(nodes, streams, "after the server died")
 
         def whole() -> bool:  # every node seen again by a (its watchers may restart)
             status, body = a.get("/v1/nodes")

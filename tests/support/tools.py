@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,3 +35,18 @@ def require_tool(name: str, *, provided_by: str) -> str:
             pytest.fail(problem)
         pytest.skip(problem)
     return path
+
+
+def docker_compose(compose_file: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Debian's docker-compose on `compose_file` (the repository as the project directory),
+    with no COMPOSE_* or DOCKER_* variables of the caller: `config` needs no engine."""
+    exe = require_tool("docker-compose", provided_by="Debian package docker-compose")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMPOSE_", "DOCKER_"))}
+    return subprocess.run(
+        [exe, "--project-directory", str(REPO), "-f", str(compose_file), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
