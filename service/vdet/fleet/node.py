@@ -243,13 +243,19 @@ class FleetNode:
         held.running = True
         self._event("started", stream_id, "")
 
-    async def _stop_local(self, stream_id: str) -> None:
-        held = self.held.get(stream_id)
+    async def _stop_local(self, stream_id: str, held: _Held | None = None) -> None:
+        """Stop the stream here if it runs (`held`: its entry, when already out of `held`);
+        meanwhile it is not claimed again."""
+        held = self.held.get(stream_id) if held is None else held
         if held is None or not held.running:
             return
         held.running = False
-        with contextlib.suppress(StreamError):
-            await asyncio.to_thread(self.control.remove, stream_id)
+        self._removing.add(stream_id)
+        try:
+            with contextlib.suppress(StreamError):
+                await asyncio.to_thread(self.control.remove, stream_id)
+        finally:
+            self._removing.discard(stream_id)
 
     async def _drop(self, stream_id: str, why: str, *, release: bool) -> None:
         # Out of `held` first: nothing of it is published from here on (`holds`), and a
@@ -257,14 +263,7 @@ class FleetNode:
         held = self.held.pop(stream_id, None)
         if held is None:
             return
-        if held.running:
-            held.running = False
-            self._removing.add(stream_id)
-            try:
-                with contextlib.suppress(StreamError):
-                    await asyncio.to_thread(self.control.remove, stream_id)
-            finally:
-                self._removing.discard(stream_id)
+        await self._stop_local(stream_id, held)
         if release:
             await self._guard(self.store.release(stream_id, held.revision), "release")
         self._event(why, stream_id, "")
