@@ -10,12 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import av
+import pytest
 from support.apptest import MakeSettings, TestClient, stream_body
 from support.rtsp import RtspServer
 from support.waiting import wait_until
 from support.webhooks import Receiver
 
 from vdet.api.app import create_app
+from vdet.api.routes_clips import byte_range
+from vdet.clips.store import ClipStore
 
 WHOLE_FRAME = {"id": "all", "kind": "polygon", "points": [[0, 0], [1, 0], [1, 1], [0, 1]]}
 
@@ -108,3 +111,42 @@ def test_webhooks_name_a_clip_once_it_is_complete(
         assert {e["type"] for e in first["events"]} == {"zone_enter"}
     finally:
         receiver.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, (0, 1000)),
+        ("bytes=0-99", (0, 100)),
+        ("bytes=900-", (900, 1000)),
+        ("bytes=-10", (990, 1000)),
+        ("bytes=-5000", (0, 1000)),
+        ("bytes=990-5000", (990, 1000)),
+        ("bytes=0-1,5-9", (0, 1000)),  # several ranges: answered whole
+        ("items=0-5", (0, 1000)),  # another unit: answered whole
+    ],
+)
+def test_a_range_header_names_the_bytes_served(
+    header: str | None, expected: tuple[int, int]
+) -> None:
+    assert byte_range(header, 1000) == expected
+
+
+@pytest.mark.parametrize(
+    "header", ["bytes=1000-", "bytes=5-2", "bytes=-0", "bytes=x-5", "bytes=-", "bytes=1e3-"]
+)
+def test_a_range_past_the_end_or_malformed_is_not_satisfiable(header: str) -> None:
+    with pytest.raises(ValueError, match="range"):
+        byte_range(header, 1000)
+
+
+@pytest.mark.parametrize("stream_id", ["..", ".", "a/b", "", "x" * 65])
+def test_the_clips_folder_is_never_left_by_a_stream_id(tmp_path: Path, stream_id: str) -> None:
+    (tmp_path / "1000000000000.json").write_text("{}")  # what '..' would find from a subfolder
+    store = ClipStore(tmp_path / "clips", 1 << 20, 3600.0)
+    assert store.clips(stream_id) == []
+    assert store.get(stream_id, "1000000000000") is None
+    assert not store.delete(stream_id, "1000000000000")
+    assert (tmp_path / "1000000000000.json").exists()
+    with pytest.raises(ValueError, match="not a stream id"):
+        store.stream_folder(stream_id)

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,8 @@ from websockets.sync.client import connect
 pytestmark = pytest.mark.slow
 
 LEASE_S = 2.0
+MAX_PAYLOAD = 16384
+PART = MAX_PAYLOAD - 4096  # what of a clip one answer carries (vdet.api.fleet_clips)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +54,8 @@ def clip(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def nats_server(folder: Path) -> Iterator[NatsServer]:
     nats_server_binary()
-    server = single_server(folder / "nats")
+    # A small max_payload: a clip crosses from node to node in several parts.
+    server = single_server(folder / "nats", extra_config=[f"max_payload: {MAX_PAYLOAD}"])
     yield server
     server.stop()
 
@@ -75,6 +79,13 @@ def node(
         },
         # Both nodes are configured alike, as a compose file or a StatefulSet would make them.
         sources=[stream(clip, "cam1")],
+        # Each node its own disk.
+        clips={
+            "folder": str(folder / f"clips-{name}"),
+            "pre_roll_s": 0.5,
+            "post_roll_s": 0.5,
+            "max_clip_s": 1.5,
+        },
         **settings,
     )
 
@@ -251,6 +262,80 @@ def test_event_snapshots_live_view_and_workers_through_any_node(
         assert ("vdet_fleet_results_lag", ()) in metrics
     finally:
         assert a.send("DELETE", "/v1/streams/gate")[0] == 204
+
+
+def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return int(response.status), dict(response.headers), bytes(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), dict(exc.headers), bytes(exc.read())
+
+
+def test_clips_are_listed_served_and_deleted_through_any_node(
+    fleet: dict[str, Service], folder: Path
+) -> None:
+    """A clip stays on the disk of the node that recorded it; any node lists it, serves it
+    (whole, or the byte range asked for, in parts of a NATS message) and deletes it, also
+    after its stream is removed."""
+    a, b = fleet["a"], fleet["b"]
+    # Larger frames than the other streams': clips of several NATS messages.
+    video_file = write_h264_clip(folder / "door.mp4", seconds=2.0, fps=15, size_wh=(1280, 720))
+    assert a.send("POST", "/v1/streams", stream(video_file, "door", zones=[WHOLE_FRAME]))[0] == 201
+    removed = False
+    try:
+        wait_until(lambda: "door" in placement(a), 30, what="door placed")
+        owner_name = placement(a)["door"]
+        owner, other = fleet[owner_name], b if owner_name == "a" else a
+
+        def listed(svc: Service = other) -> list[dict[str, Any]]:
+            status, body = svc.get("/v1/streams/door/clips")
+            assert status == 200, body
+            assert body["unanswered"] == []
+            return [c for c in body["clips"] if c["bytes"] > 2 * PART] or []
+
+        kept = wait_until(listed, 40, what="a clip larger than two NATS messages")[0]
+        assert kept["node"] == owner_name and kept["url"].startswith("/v1/streams/door/clips/")
+        on_disk = folder / f"clips-{owner_name}" / "door"
+        video = (on_disk / f"{kept['clip_id']}.mp4").read_bytes()
+        assert len(video) == kept["bytes"]
+        assert fetch(f"{owner.base}{kept['url']}")[2] == video
+        status, headers, whole = fetch(f"{other.base}{kept['url']}")
+        assert status == 200 and whole == video, (status, len(whole), len(video))
+        assert headers["content-type"] == kept["media_type"]
+        assert headers["accept-ranges"] == "bytes"
+        # A range across parts, an open one and a suffix, as a browser seeking asks them.
+        size = len(video)
+        for asked, want in (
+            (f"bytes=100-{PART + 200}", video[100 : PART + 201]),
+            (f"bytes={size - 10}-", video[-10:]),
+            ("bytes=-700", video[-700:]),
+        ):
+            status, headers, part = fetch(f"{other.base}{kept['url']}", {"Range": asked})
+            assert status == 206 and part == want, (asked, status, len(part))
+            assert headers["content-range"].endswith(f"/{size}")
+        status, headers, _ = fetch(f"{other.base}{kept['url']}", {"Range": f"bytes={size}-"})
+        assert status == 416 and headers["content-range"] == f"bytes */{size}"
+        assert fetch(f"{other.base}/v1/streams/door/clips/1000000000000")[0] == 404
+        # The stream removed, its clips stay listed and served through either node.
+        assert a.send("DELETE", "/v1/streams/door")[0] == 204
+        removed = True
+        wait_until(lambda: "door" not in placement(other), 20, what="door gone")
+        for svc in (a, b):
+            ids = [c["clip_id"] for c in listed(svc)]
+            assert kept["clip_id"] in ids
+        # Deleted through the node that does not keep it: gone from its disk and every listing.
+        assert other.send("DELETE", kept["url"])[0] == 204
+        assert not (on_disk / f"{kept['clip_id']}.mp4").exists()
+        for svc in (a, b):  # a removed stream with no clip left is no stream at all
+            status, body = svc.get("/v1/streams/door/clips")
+            assert status == 404 or kept["clip_id"] not in [c["clip_id"] for c in body["clips"]]
+        assert other.send("DELETE", kept["url"])[0] == 404
+        assert a.get("/v1/streams/none/clips")[0] == 404
+    finally:
+        if not removed:
+            a.send("DELETE", "/v1/streams/door")
 
 
 def test_changes_and_errors_through_any_node(fleet: dict[str, Service], clip: Path) -> None:

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 
 from vdet.api import (
     docs_pages,
+    fleet_clips,
     fleet_reads,
     limits,
     loop_health,
@@ -50,7 +51,7 @@ from vdet.config.settings import Settings
 from vdet.inference.factory import DetectorFactory, open_configured_detector
 from vdet.results.history import EventHistory
 from vdet.results.wire import ResultEventEncoder
-from vdet.root import build
+from vdet.root import Service, build
 from vdet.streams.service import (
     DuplicateStreamError,
     LimitError,
@@ -108,7 +109,7 @@ def create_app(
         app.state.event_history = history
         try:
             if service.fleet is not None:  # other nodes read this node's streams
-                await service.fleet.serve_reads(functools.partial(fleet_reads.answer, service))
+                await service.fleet.serve_reads(functools.partial(_answer_read, service))
             if notifier is not None:
                 notifier.start()
             if freeze_startup_objects:
@@ -184,6 +185,15 @@ def create_app(
     routes = [route for router in routers for route in router.routes] + app.router.routes
     app.add_middleware(methods.AllowedMethods, routes=routes)
     return app
+
+
+async def _answer_read(
+    service: Service, op: str, args: dict[str, Any]
+) -> tuple[dict[str, Any], bytes]:
+    """This node's answer to another node's read: of its clips folder, or of a stream it runs."""
+    if op in fleet_clips.OPS:
+        return await fleet_clips.answer(service, op, args)
+    return await fleet_reads.answer(service, op, args)
 
 
 def _add_exception_handlers(app: FastAPI) -> None:

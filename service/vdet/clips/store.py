@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from vdet.config.clips import ClipSettings
+from vdet.config.streams import STREAM_ID_PATTERN
 
 CLIP_ID_PATTERN = r"^[0-9]{13}(-[0-9]{1,3})?$"  # start time in ms, and a counter if taken
 _CLIP_ID_RE = re.compile(CLIP_ID_PATTERN)
+_STREAM_ID_RE = re.compile(STREAM_ID_PATTERN)
 SUFFIX = {"mp4": ".mp4", "matroska": ".mkv"}
 MEDIA_TYPE = {".mp4": "video/mp4", ".mkv": "video/x-matroska"}
 
@@ -87,6 +89,10 @@ class ClipStore:
         return cls(settings.folder, settings.max_total_bytes, settings.max_age_s)
 
     def stream_folder(self, source_id: str) -> Path:
+        """The stream's subfolder; ValueError for what is not a stream id ('..' above all: a
+        path from a request never leaves the clips folder)."""
+        if source_id in {".", ".."} or not _STREAM_ID_RE.match(source_id):
+            raise ValueError(f"not a stream id: {source_id!r}")
         return self.folder / source_id
 
     def new_clip_id(self, source_id: str, start_time: float) -> str:
@@ -116,8 +122,12 @@ class ClipStore:
             raise
 
     def clips(self, source_id: str) -> list[ClipInfo]:
-        """The stream's clips, oldest first."""
-        return sorted(self._infos(self.stream_folder(source_id)), key=lambda c: c.start_time)
+        """The stream's clips, oldest first (none for what is not a stream id)."""
+        try:
+            folder = self.stream_folder(source_id)
+        except ValueError:
+            return []
+        return sorted(self._infos(folder), key=lambda c: c.start_time)
 
     def streams(self) -> list[str]:
         with contextlib.suppress(OSError):
@@ -127,7 +137,10 @@ class ClipStore:
     def get(self, source_id: str, clip_id: str) -> tuple[ClipInfo, Path] | None:
         if not _CLIP_ID_RE.match(clip_id):
             return None
-        folder = self.stream_folder(source_id)
+        try:
+            folder = self.stream_folder(source_id)
+        except ValueError:
+            return None
         try:
             info = ClipInfo.from_json(json.loads((folder / f"{clip_id}.json").read_text()))
         except (OSError, ValueError, TypeError):
@@ -182,7 +195,7 @@ class ClipStore:
         for source_id in self.streams():
             try:
                 entries = list(os.scandir(self.stream_folder(source_id)))
-            except OSError:
+            except (OSError, ValueError):
                 continue
             videos: dict[str, tuple[str, int]] = {}
             sidecars: set[str] = set()
