@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 # A lease this close to its expiry without a renewal is given up here first (fencing).
 _FENCE_MARGIN_FRACTION = 0.25
+# The longest the watchers of the three buckets may take to start again after a reconnect.
+_REWATCH_TIMEOUT_S = 15.0
 
 
 @dataclass
@@ -72,6 +74,7 @@ class FleetNode:
         self._stopping = asyncio.Event()
         self._last_heartbeat = float("-inf")
         self._last_renewal = float("-inf")
+        self._rewatch: asyncio.Task[None] | None = None
 
     @property
     def node_id(self) -> str:
@@ -103,9 +106,11 @@ class FleetNode:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), self.options.tick_s)
         finally:
-            fencer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await fencer
+            for task in (fencer, self._rewatch):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await self.view.stop()
 
     async def _fence_every_tick(self) -> None:
@@ -116,12 +121,12 @@ class FleetNode:
     async def tick(self) -> None:
         now = time.monotonic()
         await self._fence(now)  # first: after a pause, nothing runs on a stale lease
-        if self.store.reconnected.is_set() or not self.view.synced:
+        rewatching = self._rewatch is not None and not self._rewatch.done()
+        if (self.store.reconnected.is_set() or not self.view.synced) and not rewatching:
+            # On its own task: heartbeats and renewals go on while the watchers restart (a
+            # bucket electing a leader can take seconds), and reads keep the view they had.
             self.store.reconnected.clear()
-            try:
-                await self.view.restart()
-            except Exception as exc:  # NATS not answering yet: the next tick tries again
-                log.warning("fleet: watching the fleet again failed: %s", exc)
+            self._rewatch = asyncio.create_task(self._watch_again(), name="fleet-rewatch")
         if now - self._last_heartbeat >= self.store.node_ttl_s / 3:
             await self._guard(self.store.heartbeat(self.state()), "heartbeat")
             self._last_heartbeat = now
@@ -132,6 +137,12 @@ class FleetNode:
             await self._follow_desired()
             if not self.draining:
                 await self._claim()
+
+    async def _watch_again(self) -> None:
+        try:
+            await self.view.restart(_REWATCH_TIMEOUT_S)
+        except Exception as exc:  # NATS not answering yet: the next tick tries again
+            log.warning("fleet: watching the fleet again failed: %s", exc or type(exc).__name__)
 
     async def stop(self, handoff: bool = True) -> None:
         """Leave the fleet: with `handoff`, stop every stream and release its lease first."""

@@ -78,21 +78,46 @@ class FleetView:
         self._tasks.clear()
         self._watchers.clear()
 
-    async def restart(self) -> None:
+    async def restart(self, timeout_s: float) -> None:
         """Watch again from what the buckets hold now (after a reconnect: a watcher's consumer
-        may have lived on a server that is gone). Not `synced` until that is done; raises
-        when the buckets do not answer (the caller tries again later)."""
-        await self.stop()
-        self.desired.clear()
-        self.owners.clear()
-        self.owner_seen.clear()
-        self.nodes.clear()
-        self.node_seen.clear()
+        may have lived on a server that is gone). The new watchers fill a view of their own;
+        until it has everything the buckets held, this view goes on answering reads from what
+        it had (not `synced`: nothing is claimed from it meanwhile), then takes the new one's
+        content in one step, telling `on_removed` of the streams removed meanwhile. Raises
+        when the buckets do not answer within `timeout_s` (the caller tries again later)."""
+        self.synced = False
+        fresh = FleetView(self.store)
+        fresh.changed = self.changed
         try:
-            await self.start()
+            await asyncio.wait_for(fresh.start(), timeout_s)
         except BaseException:
-            await self.stop()
+            await fresh.stop()
             raise
+        gone = set(self.desired) - set(fresh.desired)
+        old_tasks, old_watchers = self._tasks, self._watchers
+        self.desired, self.owners, self.owner_seen = fresh.desired, fresh.owners, fresh.owner_seen
+        self.nodes, self.node_seen = fresh.nodes, fresh.node_seen
+        self.ignored += fresh.ignored
+        self._tasks, self._watchers = fresh._tasks, fresh._watchers
+        # The new watchers go on applying changes to `fresh`, whose dicts are now this view's:
+        # removals are told from here on.
+        fresh.on_removed = self._removed
+        self.synced = True
+        self.changed.set()
+        for stream_id in sorted(gone):
+            self._removed(stream_id)
+        for task in old_tasks:
+            task.cancel()
+        for task in old_tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for watcher in old_watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+
+    def _removed(self, stream_id: str) -> None:
+        if self.on_removed is not None:
+            self.on_removed(stream_id)
 
     def owner(self, stream_id: str) -> str | None:
         found = self.owners.get(stream_id)
