@@ -34,4 +34,5 @@ def test_every_process_of_the_run_is_sampled_by_role(tmp_path: Path) -> None:
     assert {"api", "client 0", "client 1", "bench"} <= set(by_role)
     api = by_role["api"]
     assert api.samples >= 4 and api.rss_end_mib > 50 and api.rss_slope_mib_per_min is not None
+    assert api.rss_late_slope_mib_per_min is not None
     assert api.gpu_start_mib is None  # no GPU here

@@ -6,7 +6,8 @@ server's tree, of each WebSocket client process and of the benchmark itself, and
 memory (`nvidia-smi --query-compute-apps`, absent without a GPU). Processes are named by role:
 `api` (the server's root), `worker w0` / `spare0` (from GET /v1/workers), `child PID` (any
 other descendant), `client N`, `bench`. The slope is the least-squares line through a
-process's samples, in MiB per minute; a soak is one long step (`--duration 1800`).
+process's samples, in MiB per minute, over the whole window and over its second half (what
+still grows after warm-up); a soak is one long step (`--duration 1800`).
 """
 
 from __future__ import annotations
@@ -108,10 +109,22 @@ def _trend(pid: int, s: _Series) -> ProcessTrend:
         rss_start_mib=round(s.rss[0][1], 1),
         rss_end_mib=round(s.rss[-1][1], 1),
         rss_slope_mib_per_min=rounded(slope_per_minute(s.rss)),
+        rss_late_slope_mib_per_min=rounded(slope_per_minute(_second_half(s.rss))),
         gpu_start_mib=round(s.gpu[0][1], 1) if s.gpu else None,
         gpu_end_mib=round(s.gpu[-1][1], 1) if s.gpu else None,
         gpu_slope_mib_per_min=rounded(slope_per_minute(s.gpu)) if s.gpu else None,
+        gpu_late_slope_mib_per_min=(
+            rounded(slope_per_minute(_second_half(s.gpu))) if s.gpu else None
+        ),
     )
+
+
+def _second_half(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points of the second half of the time they span."""
+    if not points:
+        return []
+    middle = (points[0][0] + points[-1][0]) / 2
+    return [p for p in points if p[0] >= middle]
 
 
 __all__ = ["gpu_mib_by_pid", "rss_mib", "sample_window", "slope_per_minute"]

@@ -221,9 +221,15 @@ class ProcessTrend(_Model):
     rss_start_mib: float
     rss_end_mib: float
     rss_slope_mib_per_min: float | None = Field(description="Least-squares slope of the RSS.")
+    rss_late_slope_mib_per_min: float | None = Field(
+        default=None,
+        description="The same over the window's second half: growth that goes on after "
+        "warm-up (caches and arenas filling) shows here, growth that settles does not.",
+    )
     gpu_start_mib: float | None
     gpu_end_mib: float | None
     gpu_slope_mib_per_min: float | None
+    gpu_late_slope_mib_per_min: float | None = None
 
 
 class StepResult(_Model):
