@@ -1,6 +1,8 @@
 """The decode-only ceiling of this machine for a clip, beside `vdet bench serve --find-ceiling`:
 the clip looped unpaced in `sessions` readers (the same `select_reader` `vdet serve` uses, so
-NVDEC where it takes the clip), spread over processes, for `seconds`; no detection.
+NVDEC where it takes the clip), spread over processes, for `seconds`; no detection. The
+search asks for as many sessions as its largest step has streams, since NVDEC's throughput
+grows with the sessions it interleaves.
 
 The figure says how many such cameras this machine could decode at all, so the serve
 steps' ceiling reads against it (the serve ceiling over the decode ceiling is the share of
