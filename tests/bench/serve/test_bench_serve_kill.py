@@ -48,6 +48,13 @@ def test_a_worker_killed_mid_window_is_measured_and_reported(tmp_path: Path) -> 
     assert killed.others_max_gap_ms < 4000  # the other stream went on publishing
     assert killed.others_server_dropped is not None and killed.clients_connected
     assert variant.exit is not None and variant.exit.orphans == []
+    # Each worker's CPU over the window, by name: the survivor's at least (the killed one's
+    # pid is gone at the window's end).
+    assert step.server is not None
+    shares = step.server.worker_cpu_percent
+    assert f"worker {'w1' if killed.worker == 'w0' else 'w0'}" in shares, shares
+    assert all(0 <= v < 400 for v in shares.values())
+    assert step.gpu is None  # no GPU here: no utilization either
     print(
         f"ready in {variant.ready_seconds} s; killed {killed.worker} at {killed.t_s} s: failed "
         f"after {killed.failed_after_s} s, published again after {killed.republished_s_max} s; "

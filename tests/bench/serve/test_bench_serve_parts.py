@@ -10,7 +10,7 @@ import sys
 
 from vdet.bench.serve import proctree
 from vdet.bench.serve.events_client import latency_samples_ms, latency_summary_ms
-from vdet.bench.serve.gpu_memory import parse_devices, parse_processes
+from vdet.bench.serve.gpu_memory import parse_devices, parse_processes, parse_utilization
 from vdet.bench.serve.kill import KillRecord, pick_worker, summarize
 from vdet.bench.serve.results import ClientFigures, CloseEvent
 from vdet.bench.serve.scrape import (
@@ -113,6 +113,9 @@ def test_nvidia_smi_lines_are_read_and_the_tree_filters_processes() -> None:
     apps = "100, 500\n200, 700\n300, [N/A]\n"
     assert parse_processes(apps, [100, 300]) == 500.0
     assert parse_devices("") == ((), 0.0)
+    # utilization.gpu, utilization.decoder per device: their means; what does not parse is left.
+    assert parse_utilization("97, 100\n51, 40\n[N/A], [N/A]\n") == (74.0, 70.0)
+    assert parse_utilization("") is None
 
 
 def test_latency_summary_and_cdf_samples() -> None:

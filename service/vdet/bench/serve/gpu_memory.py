@@ -1,4 +1,5 @@
-"""GPU memory in use, from `nvidia-smi`: per device, and per process for a set of PIDs.
+"""GPU memory in use, from `nvidia-smi`: per device, and per process for a set of PIDs; and how
+busy the GPUs' SMs and decoders are.
 
 nvidia-smi is asked rather than NVML bound in-process so that the benchmark client makes no
 CUDA or NVML state of its own on the GPU it measures. Where nvidia-smi is missing or fails
@@ -84,3 +85,28 @@ def read_gpu_memory(pids: Iterable[int] = ()) -> GpuMemory | None:
         return None
     apps = query(["--query-compute-apps=pid,used_memory"]) or ""
     return GpuMemory(devices, used, parse_processes(apps, pids))
+
+
+def parse_utilization(text: str) -> tuple[float, float] | None:
+    """`utilization.gpu, utilization.decoder` lines (one per device) -> their means over the
+    devices; None when no line parses."""
+    busy, decoder = [], []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2:
+            continue
+        try:
+            busy.append(float(parts[0]))
+            decoder.append(float(parts[1]))
+        except ValueError:  # "[N/A]"
+            continue
+    if not busy:
+        return None
+    return sum(busy) / len(busy), sum(decoder) / len(decoder)
+
+
+def read_utilization() -> tuple[float, float] | None:
+    """(kernels busy %, decoders busy %) now, the driver's own sample of its last period;
+    None without a working nvidia-smi."""
+    text = query(["--query-gpu=utilization.gpu,utilization.decoder"])
+    return None if text is None else parse_utilization(text)

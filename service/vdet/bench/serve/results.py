@@ -110,6 +110,12 @@ class ServerUse(_Model):
         "100 the loop is saturated, whatever its lag probe says.",
     )
     cpu_percent_per_stream: float
+    worker_cpu_percent: dict[str, float] = Field(
+        default_factory=dict,
+        description="Each stream worker process's CPU (all its threads) over the window, % of "
+        "a core, by its role and name (GET /v1/workers): a worker near 100 x its busy threads "
+        "is the limit of its streams.",
+    )
     rss_mib: float
     pss_mib: float | None = Field(description="Proportional set size: shared pages split.")
     memory_mib_per_stream: float = Field(
@@ -121,6 +127,14 @@ class GpuUse(_Model):
     used_mib: float = Field(description="Used memory of every device at the window's end.")
     used_mib_per_stream: float = Field(description="(used - before the first stream) / streams.")
     server_processes_mib: float = Field(description="Listed for the server's PIDs (not MPS).")
+    busy_percent: float | None = Field(
+        default=None,
+        description="Mean over the window of nvidia-smi's utilization.gpu (the share of time a "
+        "kernel ran; not how full the SMs were), sampled every second, mean over devices.",
+    )
+    decoder_percent: float | None = Field(
+        default=None, description="The same for utilization.decoder (NVDEC engines busy)."
+    )
 
 
 class ServerCounters(_Model):

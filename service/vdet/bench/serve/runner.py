@@ -163,6 +163,30 @@ def server_config(opts: ServeBenchOptions, port: int) -> dict[str, Any]:
     return config
 
 
+def _cpu_seconds(names: dict[int, str]) -> dict[int, float]:
+    """CPU seconds of each named process still there."""
+    found = {pid: proctree.process_cpu_seconds(pid) for pid in names}
+    return {pid: cpu[0] for pid, cpu in found.items() if cpu is not None}
+
+
+async def _sample_utilization(until: float) -> tuple[float, float] | None:
+    """Mean (kernels busy %, decoders busy %) of the GPUs, sampled every second until the
+    wall-clock time `until`; None without nvidia-smi."""
+    samples = []
+    while time.time() < until:
+        sample = await asyncio.to_thread(gpu_memory.read_utilization)
+        if sample is None:
+            return None
+        samples.append(sample)
+        await asyncio.sleep(max(0.0, min(1.0, until - time.time())))
+    if not samples:
+        return None
+    return (
+        sum(s[0] for s in samples) / len(samples),
+        sum(s[1] for s in samples) / len(samples),
+    )
+
+
 # --------------------------------------------------------------------------- client processes
 
 
@@ -315,14 +339,17 @@ async def _run_step(
     # CPU only at the start: reading memory would stall the server inside the window.
     tree0, cpu0, t0 = server.note_tree(memory=False), time.process_time(), time.monotonic()
     api0 = proctree.process_cpu_seconds(server.pid)
+    worker_names = await control.worker_pids(http)
+    workers0 = _cpu_seconds(worker_names)
     scraped0 = await _metrics(http, prefix)
+    utilization = asyncio.create_task(_sample_utilization(window_end))
     trend = None
     if opts.memory_every_s > 0:
         trend = asyncio.create_task(
             memory_trend.sample_window(
                 server.pid,
                 [c.process.pid for c in clients if c.process.pid is not None],
-                await control.worker_pids(http),
+                worker_names,
                 until=window_end,
                 every_s=opts.memory_every_s,
             )
@@ -356,6 +383,8 @@ async def _run_step(
     await asyncio.sleep(max(0.0, window_end - time.time()))
     tree1, cpu1, t1 = server.note_tree(), time.process_time(), time.monotonic()
     api1 = proctree.process_cpu_seconds(server.pid)
+    workers1 = _cpu_seconds(worker_names)
+    busy = await utilization
     scraped1 = await _metrics(http, prefix)
     killed = await killing if killing is not None else None
     trends = await trend if trend is not None else None
@@ -400,6 +429,10 @@ async def _run_step(
             api_cpu_percent=None if api is None else round(api[0] / seconds * 100, 1),
             api_loop_cpu_percent=None if api is None else round(api[1] / seconds * 100, 1),
             cpu_percent_per_stream=round(cpu / n, 2),
+            worker_cpu_percent={
+                worker_names[pid]: round((workers1[pid] - workers0[pid]) / seconds * 100, 1)
+                for pid in sorted(workers0.keys() & workers1.keys(), key=worker_names.__getitem__)
+            },
             rss_mib=round(tree1.rss_mib, 1),
             pss_mib=round(tree1.pss_mib, 1) if tree1.pss_mib is not None else None,
             memory_mib_per_stream=round((memory - baseline.memory_mib) / n, 2),
@@ -410,6 +443,8 @@ async def _run_step(
             used_mib=gpu.used_mib,
             used_mib_per_stream=round((gpu.used_mib - baseline.gpu_used_mib) / n, 2),
             server_processes_mib=gpu.processes_mib,
+            busy_percent=None if busy is None else round(busy[0], 1),
+            decoder_percent=None if busy is None else round(busy[1], 1),
         )
     counters = stalls = None
     if scraped0 is not None and scraped1 is not None:
@@ -500,14 +535,22 @@ def _step_line(variant: str, step: StepResult) -> str:
 
 
 def _load_line(step: StepResult) -> str:
-    """The API process's CPU and its event loop's, and the p99 of each second at the first
-    client: where a tail comes from."""
+    """The API process's CPU and its event loop's, the busiest worker's, how busy the GPU
+    and its decoders were, and the p99 of each second at the first client: where a tail
+    comes from."""
     parts = []
     server = step.server
     if server is not None and server.api_cpu_percent is not None:
         parts.append(
             f"API process {server.api_cpu_percent:.0f}% (loop {server.api_loop_cpu_percent:.0f}%)"
         )
+    if server is not None and server.worker_cpu_percent:
+        cpu = server.worker_cpu_percent
+        busiest = max(cpu, key=cpu.__getitem__)
+        parts.append(f"workers {min(cpu.values()):.0f}-{cpu[busiest]:.0f}% ({busiest})")
+    gpu = step.gpu
+    if gpu is not None and gpu.busy_percent is not None:
+        parts.append(f"GPU busy {gpu.busy_percent:.0f}% (NVDEC {gpu.decoder_percent:.0f}%)")
     if step.clients and step.clients[0].latency_p99_per_s_ms:
         per_s = " ".join(
             "-" if v is None else f"{v:.0f}" for v in step.clients[0].latency_p99_per_s_ms
