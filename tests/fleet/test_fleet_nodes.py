@@ -147,14 +147,6 @@ def url(i: int) -> str:
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[NatsServer]:
-    nats_server_binary()
-    s = single_server(tmp_path / "nats")
-    yield s
-    s.stop()
-
-
-@pytest.fixture
 def start_nodes(tmp_path: Path) -> Iterator[Callable[..., list[Node]]]:
     started: list[Node] = []
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import nats
-import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
-from support.nats_servers import NatsServer, nats_server_binary, single_server
+from support.nats_servers import NatsServer
 
 from vdet.fleet.node import FleetNode
 from vdet.fleet.results_bus import (
@@ -24,14 +21,6 @@ from vdet.fleet.results_bus import (
     open_results,
 )
 from vdet.fleet.store import FleetOptions, FleetStore
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[NatsServer]:
-    nats_server_binary()
-    s = single_server(tmp_path / "nats")
-    yield s
-    s.stop()
 
 
 async def _read_all(reader: ResultsReader) -> list[BusResult | BusGap]:

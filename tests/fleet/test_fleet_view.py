@@ -5,22 +5,11 @@ stream removed while the view was not watching is told as removed."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from support.nats_servers import NatsServer, nats_server_binary, single_server
+from support.nats_servers import NatsServer
 
 from vdet.fleet.store import FleetOptions, FleetStore
 from vdet.fleet.view import FleetView
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[NatsServer]:
-    nats_server_binary()
-    s = single_server(tmp_path / "nats")
-    yield s
-    s.stop()
 
 
 def test_watching_again_keeps_the_view_until_the_new_one_is_whole(server: NatsServer) -> None:
