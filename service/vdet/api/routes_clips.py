@@ -33,10 +33,14 @@ StreamId = Annotated[str, Path(pattern=STREAM_ID_PATTERN)]
 ClipId = Annotated[str, Path(pattern=CLIP_ID_PATTERN, description="As listed.")]
 
 
+def _clips_off() -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail="clips are off (clips.folder)")
+
+
 def _store(service: Any) -> ClipStore:
     store = ClipStore.of(service.settings.clips)
     if store is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, detail="clips are off (clips.folder)")
+        raise _clips_off()
     return store
 
 
@@ -51,7 +55,7 @@ async def list_clips(stream_id: StreamId, service: ServiceDep, streams: StreamsD
         store = ClipStore.of(service.settings.clips)
         listing = await fleet_clips.list_clips(service, store, stream_id)
         if listing is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, detail="clips are off (clips.folder)")
+            raise _clips_off()
         if not listing.clips and fleet.spec(stream_id) is None:
             raise _no_stream(stream_id)
         return listing
@@ -81,9 +85,9 @@ async def get_clip(
         remote = await fleet_clips.locate(service, stream_id, clip_id)
         if remote is not None:
             return _remote_clip(service, remote, request.headers.get("range"))
-    if store is None:
-        _store(service)
     if found is None:
+        if store is None:
+            raise _clips_off()
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no clip {clip_id!r}")
     _, path = found
     return FileResponse(
@@ -101,7 +105,7 @@ async def delete_clip(stream_id: StreamId, clip_id: ClipId, service: ServiceDep)
     if not deleted and service.fleet is not None:
         deleted = await fleet_clips.delete(service, stream_id, clip_id)
     elif store is None:
-        _store(service)
+        raise _clips_off()
     if not deleted:
         raise HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no clip {clip_id!r}")
     return Response(status_code=204)
