@@ -15,7 +15,15 @@ decoded with `gpu.decoder` auto (NVDEC where it and the pipeline take the sequen
    objects) over the frames with results, and false boxes per frame at score >= 0.5 (boxes
    that match no truth object of their class at IoU 0.5).
 
+The RTSP cases are served by the project's RTSP test camera (GStreamer's RTSP server,
+tests/support/rtsp_server.py, run as a program under `--rtsp-python`: Debian's Python with
+GStreamer's bindings, or the folder bench/gpu/pack_rtsp_camera.sh packs), one pass of the
+whole sample clip in real time over RTSP/TCP: once without two pictures (every RTP packet of
+them lost), once losing single RTP packets inside pictures. A live stream has no end: its first
+pass is scored, up to the moment the server sees the camera's end of stream.
+
     python3 bench/gpu/media_matrix.py --out media.json [--frames 150] [--decoders auto cpu]
+        [--rtsp-python /usr/bin/python3]
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import av
 import yaml
 from websockets.sync.client import connect
 
@@ -52,6 +61,13 @@ from vdet.modelkit.dataset.media_cases import (
 FULL = (1920, 1080)
 # The frames the "whole frames lost" case leaves out (decode order = display order: IPPP).
 LOST_FRAMES = frozenset({40, 41, 100})
+# The RTSP cases: what the camera loses (rtsp_server.py --drop-rtp EVERY AFTER: every 400th
+# RTP packet after the first 300 of the session, about one every 2 s of the sample clip).
+RTSP_CASES: dict[str, tuple[int, int] | None] = {
+    "h264 rtsp, whole frames lost": None,
+    "h264 rtsp, RTP packets lost": (400, 300),
+}
+CAMERA = Path(__file__).resolve().parents[2] / "tests" / "support" / "rtsp_server.py"
 Maker = Callable[[Path, Path, int], object]  # (sample, case file, frames): writes the case
 
 
@@ -113,6 +129,11 @@ def _cases() -> dict[str, tuple[Maker, tuple[int, int]]]:
             enc("mjpeg", "yuvj420p", options={"qscale": "4"}, container_format="matroska"),
             FULL,
         ),
+        "h264 rtsp, whole frames lost": (
+            lambda s, d, n: drop_frames(s, d, set(LOST_FRAMES)),
+            FULL,
+        ),
+        "h264 rtsp, RTP packets lost": (lambda s, d, n: remux(s, d), FULL),
     }
 
 
@@ -149,7 +170,47 @@ def make_cases(folder: Path, frames: int, only: list[str] | None) -> dict[str, d
             made[name]["scale_from"] = (frames // 2, 1280 / FULL[0])
         if "whole frames lost" in name:
             made[name]["lost"] = sorted(LOST_FRAMES)
+        if name in RTSP_CASES:
+            made[name]["drop_rtp"] = RTSP_CASES[name]
+            with av.open(str(source)) as container:  # the sample's rate (a cut file's is off)
+                made[name]["fps"] = float(container.streams.video[0].average_rate or 30)
+            with av.open(str(path)) as container:  # one pass: the frames of the file
+                video = container.streams.video[0]
+                made[name]["pass_frames"] = sum(1 for p in container.demux(video) if p.size)
     return made
+
+
+def start_cameras(
+    cases: dict[str, dict[str, Any]], python: str, workdir: Path
+) -> list[subprocess.Popen[bytes]]:
+    """An RTSP camera for each RTSP case (its `url` set), or the case's `error`."""
+    cameras: list[subprocess.Popen[bytes]] = []
+    for index, (name, case) in enumerate(cases.items()):
+        if name not in RTSP_CASES or "path" not in case:
+            continue
+        port = _free_port()
+        drop = case.get("drop_rtp")
+        command = [python, str(CAMERA), "--file", case["path"], "--port", str(port)]
+        command += ["--name", f"case{index:02d}", "--no-loop"]
+        command += ["--drop-rtp", *map(str, drop)] if drop else []
+        log = (workdir / f"camera{index:02d}.log").open("wb")
+        camera = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        cameras.append(camera)
+        deadline = time.monotonic() + 30
+        while not _port_open(port):
+            if camera.poll() is not None or time.monotonic() > deadline:
+                case["error"] = f"the RTSP camera did not start (see {log.name})"
+                break
+            time.sleep(0.1)
+        else:
+            case["url"] = f"rtsp://127.0.0.1:{port}/case{index:02d}"
+    return cameras
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _free_port() -> int:
@@ -169,6 +230,9 @@ def _http(port: int, method: str, path: str, body: Any = None) -> Any:
     with urllib.request.urlopen(request, timeout=60) as answer:
         text = answer.read()
     return json.loads(text) if text else None
+
+
+_LIVE = ("connecting", "streaming")
 
 
 def serve_matrix(
@@ -211,8 +275,13 @@ def serve_matrix(
                     port,
                     "POST",
                     "/v1/streams",
-                    {"id": ids[name], "url": case["path"], "realtime": False},
+                    {"id": ids[name], "url": case.get("url", case["path"]), "realtime": False},
                 )
+            live = {ids[name] for name, case in cases.items() if "url" in case}
+            pass_frames = {ids[n]: c["pass_frames"] for n, c in cases.items() if "url" in c}
+            # A live stream's first pass ends where the server sees the camera's end of
+            # stream; its status then is kept and the stream removed (it would reconnect).
+            passed: dict[str, dict[str, Any]] = {}
             ended: set[str] = set()
             stop_at = time.monotonic() + timeout_s
             last_poll = 0.0
@@ -221,16 +290,29 @@ def serve_matrix(
                     message = json.loads(ws.recv(timeout=1.0))
                     if message.get("type") == "result":
                         result = message["result"]
-                        results.setdefault(result["source_id"], []).append(result)
+                        sid = result["source_id"]
+                        # A live stream's results from its first pass only.
+                        if sid not in passed and result["frame_index"] < pass_frames.get(sid, 1e9):
+                            results.setdefault(sid, []).append(result)
                 except TimeoutError:
                     pass
-                if time.monotonic() - last_poll > 2:
+                if time.monotonic() - last_poll > 1:
                     last_poll = time.monotonic()
                     for stream in _http(port, "GET", "/v1/streams")["streams"]:
-                        if stream["status"]["state"] in ("stopped", "failed"):
-                            ended.add(stream["id"])
+                        sid, status = stream["id"], stream["status"]
+                        if sid not in live:
+                            if status["state"] in ("stopped", "failed"):
+                                ended.add(sid)
+                        elif sid not in passed and (
+                            status["attempts"] > 1
+                            or (status["frames_decoded"] and status["state"] not in _LIVE)
+                        ):
+                            passed[sid] = status
+                            ended.add(sid)
+                            _http(port, "DELETE", f"/v1/streams/{sid}")
             time.sleep(1)
         statuses = {s["id"]: s["status"] for s in _http(port, "GET", "/v1/streams")["streams"]}
+        statuses.update(passed)
         ready = _http(port, "GET", "/readyz")
     finally:
         server.terminate()
@@ -266,7 +348,12 @@ def score(
     truth = sample_truth()
     found = total = false_boxes = 0
     for result in results:
-        index = _source_index(result["frame_index"], case.get("lost", []))
+        if "url" in case:
+            # A live stream's first frames are the probe's, not passed on (fflags nobuffer):
+            # the sample's frame is told by the timestamp, which the camera keeps from the file.
+            index = round(result["pts_s"] * case["fps"])
+        else:
+            index = _source_index(result["frame_index"], case.get("lost", []))
         scale = case["scale"]
         if "scale_from" in case and index >= case["scale_from"][0]:
             scale = case["scale_from"][1]
@@ -308,6 +395,11 @@ def main() -> None:
     parser.add_argument("--decoders", nargs="+", default=["auto", "cpu"])
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per server")
+    parser.add_argument(
+        "--rtsp-python",
+        default=os.environ.get("RTSP_CAMERA_PYTHON", "/usr/bin/python3"),
+        help="the Python that runs the RTSP camera (GStreamer's bindings importable)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="vdet-media-"))
     report: dict[str, Any] = {
@@ -316,14 +408,20 @@ def main() -> None:
         "frames": args.frames,
     }
     made = make_cases(workdir, args.frames, args.only)
+    cameras = start_cameras(made, args.rtsp_python, workdir)
     report["cases"] = {
         name: {k: v for k, v in c.items() if k != "path"} for name, c in made.items()
     }
     print(json.dumps(report["cases"], indent=1), flush=True)
-    usable = {name: c for name, c in made.items() if "path" in c}
-    for decoder in args.decoders:
-        report[f"decoder {decoder}"] = serve_matrix(usable, decoder, workdir, args.timeout)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    usable = {name: c for name, c in made.items() if "path" in c and "error" not in c}
+    try:
+        for decoder in args.decoders:
+            report[f"decoder {decoder}"] = serve_matrix(usable, decoder, workdir, args.timeout)
+            args.out.write_text(json.dumps(report, indent=1) + "\n")
+    finally:
+        for camera in cameras:
+            camera.terminate()
+            camera.wait(timeout=10)
     for name in usable:
         row = [name]
         for decoder in args.decoders:

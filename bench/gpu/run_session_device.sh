@@ -23,6 +23,10 @@
 #   ceiling   vdet bench serve --find-ceiling from $VDET_CEILING_MIN (112) by 16 to
 #             $VDET_CEILING_MAX (192) paced streams, 4 clients, worker processes, beside the
 #             decode-only ceiling of the same call
+#   camera    only unpacks .rtsp-camera.tar.xz (bench/gpu/pack_rtsp_camera.sh: the RTSP test
+#             camera with its Python and GStreamer) to /tmp/rtsp-camera and checks it starts;
+#             the tests and media phases of later calls on the same machine use it
+#             ($RTSP_CAMERA_PYTHON) for their RTSP cases
 # Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
 # samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
 # faster-coco-eval, the API's (fastapi, fastapi-offline, starlette, uvicorn, httptools, websockets,
@@ -33,15 +37,26 @@
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
 #   run: bash bench/gpu/run_session_device.sh tests|pipeline|streams|stability|rect|serve|media|
-#        tenbit|ceiling
+#        tenbit|ceiling|camera
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-phase=${1:?tests, pipeline, streams, stability, rect, serve, media, tenbit or ceiling}
+phase=${1:?tests, pipeline, streams, stability, rect, serve, media, tenbit, ceiling or camera}
 DEST=${OUT:-}
 OUT=/tmp/vdet-out
 mkdir -p "$OUT"
 pack() { [ -n "$DEST" ] && tar czf "$DEST/results-$phase.tgz" -C "$OUT" . ; }
 trap pack EXIT
+camera=/tmp/rtsp-camera/rtsp-camera/python3
+if [ "$phase" = camera ]; then
+  rm -rf /tmp/rtsp-camera && mkdir -p /tmp/rtsp-camera &&
+    tar -xJf .rtsp-camera.tar.xz -C /tmp/rtsp-camera || exit 1
+  "$camera" -c "import gi; gi.require_version('Gst', '1.0'); gi.require_version('GstRtspServer', '1.0')
+from gi.repository import Gst, GstRtspServer; Gst.init(None)
+print('rtsp camera:', Gst.version_string(), [e for e in ('qtdemux', 'h264parse', 'rtph264pay',
+      'appsrc', 'rtpbin') if not Gst.ElementFactory.find(e)] or 'all elements found')"
+  exit $?
+fi
+[ -x "$camera" ] && export RTSP_CAMERA_PYTHON=$camera
 export LD_LIBRARY_PATH=/usr/local/nvidia/lib64:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1 YOLO_OFFLINE=1 XDG_CACHE_HOME=/tmp/vdet-cache
 SITE=/tmp/site

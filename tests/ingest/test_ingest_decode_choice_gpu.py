@@ -14,6 +14,7 @@ import json
 import os
 import warnings
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -33,7 +34,11 @@ from vdet.ingest.decode_choice import VideoFormat, choose  # noqa: E402
 from vdet.ingest.nvdec import GpuVideoFrame, decoder_caps, load_pynvvideocodec  # noqa: E402
 from vdet.ingest.nvdec_reader import NvdecSourceReader  # noqa: E402
 from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader  # noqa: E402
-from vdet.modelkit.dataset.media_cases import write_format_sequence_ts, write_lossy_ts  # noqa: E402
+from vdet.modelkit.dataset.media_cases import (  # noqa: E402
+    drop_frames,
+    write_format_sequence_ts,
+    write_lossy_ts,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("always")]
 
@@ -90,6 +95,34 @@ def test_nvdec_hands_on_no_frame_of_a_damaged_chain(tmp_path: Path) -> None:
     # Every frame NVDEC hands on is bit for bit its decode of the whole clip.
     assert all(clean[pts] == digest for pts, digest in kept.items())
     assert 0.9 * cpu_damaged <= damaged <= cpu_damaged
+
+
+def test_frames_lost_on_an_rtsp_camera_are_dropped_on_nvdec(
+    rtsp_server_factory: Any, h264_clip: Path, tmp_path: Path
+) -> None:
+    """The real RTSP camera (GStreamer's server) without pictures 40 and 41 (a link that lost
+    every RTP packet of them): NVDEC hands on no picture after the loss up to the next keyframe
+    (frame 60, 1 s GOPs), each reported damaged with the frame_num reason, the rest decoded on
+    the GPU."""
+    cut = drop_frames(h264_clip, tmp_path / "cut.mp4", {40, 41})
+    camera = rtsp_server_factory(cut)
+    reader = NvdecSourceReader(camera.url, strict=True)
+    damaged: list[str] = []
+    kinds: list[str] = []
+    with reader:
+        reader.open()
+        for item in reader.frames():
+            if isinstance(item, DamagedFrame):
+                damaged.append(item.message)
+            elif isinstance(item, GpuVideoFrame):
+                kinds.append("gpu")
+            else:
+                kinds.append(type(item).__name__)
+            if len(damaged) + len(kinds) >= 75:  # 2.5 s: past the loss and its keyframe
+                break
+    assert 17 <= len(damaged) <= 21, damaged
+    assert all("H.264 frame_num" in message for message in damaged)
+    assert set(kinds) == {"gpu"}
 
 
 def test_a_stream_moves_to_the_cpu_and_back_at_new_sequences(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """A real RTSP camera for tests: GStreamer's RTSP server in a subprocess.
 
 `rtsp_server_factory` (a pytest fixture) starts ``tests/support/rtsp_server.py`` under
-Debian's ``/usr/bin/python3`` (GStreamer's bindings are installed there, not in the venv),
-serving an H.264 MP4/MKV, looped in real time, at ``rtsp://127.0.0.1:<port>/<name>``::
+Debian's ``/usr/bin/python3`` (GStreamer's bindings are installed there, not in the venv;
+``RTSP_CAMERA_PYTHON`` names another, such as the packed camera of
+bench/gpu/pack_rtsp_camera.sh on a machine without GStreamer), serving an H.264 MP4/MKV,
+looped in real time, at ``rtsp://127.0.0.1:<port>/<name>``::
 
     def test_camera(rtsp_server_factory, h264_clip):
         server = rtsp_server_factory(h264_clip)        # started and accepting connections
@@ -10,6 +12,7 @@ serving an H.264 MP4/MKV, looped in real time, at ``rtsp://127.0.0.1:<port>/<nam
         server.pause(); server.resume()                # it hangs (SIGSTOP), then goes on
         server.kill()                                  # the camera dies (SIGKILL)
         server.start()                                 # ... and comes back on the same port
+        lossy = rtsp_server_factory(h264_clip, drop_rtp=(97, 300))  # loses RTP packets
 
 Every server a test started is stopped when the test ends. Without GStreamer's RTSP server
 the fixture skips the test, except under CI (``CI`` set), where it fails: CI installs the
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-SYSTEM_PYTHON = "/usr/bin/python3"
+SYSTEM_PYTHON = os.environ.get("RTSP_CAMERA_PYTHON", "/usr/bin/python3")
 SERVER_SCRIPT = Path(__file__).with_name("rtsp_server.py")
 _PROBE = (
     "import gi; gi.require_version('Gst', '1.0'); gi.require_version('GstRtspServer', '1.0'); "
@@ -72,11 +75,20 @@ class RtspServer:
     """One RTSP server process serving `clip`; can be killed and started again on its port."""
 
     def __init__(
-        self, clip: Path, *, port: int | None = None, name: str = "cam", log_dir: Path
+        self,
+        clip: Path,
+        *,
+        port: int | None = None,
+        name: str = "cam",
+        drop_rtp: tuple[int, int] | None = None,
+        log_dir: Path,
     ) -> None:
         self.clip = clip
         self.port = port or free_port()
         self.name = name
+        # (every, after): every `every`-th RTP packet of a session after its first `after`
+        # is lost, inside pictures as on a lossy link (rtsp_server.py --drop-rtp).
+        self.drop_rtp = drop_rtp
         self.log_path = log_dir / f"rtsp-server-{self.port}.log"
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -106,6 +118,11 @@ class RtspServer:
                         str(self.port),
                         "--name",
                         self.name,
+                        *(
+                            ["--drop-rtp", *map(str, self.drop_rtp)]
+                            if self.drop_rtp is not None
+                            else []
+                        ),
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -174,7 +191,8 @@ RtspServerFactory = Callable[..., RtspServer]
 
 @pytest.fixture
 def rtsp_server_factory(tmp_path: Path) -> Iterator[RtspServerFactory]:
-    """Call with a clip path (and optional port=, name=) to get a started `RtspServer`."""
+    """Call with a clip path (and optional port=, name=, drop_rtp=) to get a started
+    `RtspServer`."""
     problem = gstreamer_rtsp_problem()
     if problem is not None:
         if os.environ.get("CI"):
@@ -182,8 +200,14 @@ def rtsp_server_factory(tmp_path: Path) -> Iterator[RtspServerFactory]:
         pytest.skip(problem)
     servers: list[RtspServer] = []
 
-    def start(clip: Path, *, port: int | None = None, name: str = "cam") -> RtspServer:
-        server = RtspServer(clip, port=port, name=name, log_dir=tmp_path)
+    def start(
+        clip: Path,
+        *,
+        port: int | None = None,
+        name: str = "cam",
+        drop_rtp: tuple[int, int] | None = None,
+    ) -> RtspServer:
+        server = RtspServer(clip, port=port, name=name, drop_rtp=drop_rtp, log_dir=tmp_path)
         servers.append(server)
         return server.start()
 

@@ -144,12 +144,62 @@ class LoopingSource:
                 return
 
 
+class RtpDropper:
+    """Drops every `every`-th RTP packet the payloader sends after the first `after` of a
+    session: a lossy link under the RTSP session (its RTP sequence numbers show the gap).
+
+    rtph264pay pushes buffer lists (one per access unit); a list that loses a packet is
+    pushed again without it and the original dropped."""
+
+    def __init__(self, every: int, after: int) -> None:
+        self.every = every
+        self.after = after
+        self.sent = 0
+        self.dropped = 0
+        self._pushing = False
+
+    def _lose_next(self) -> bool:
+        self.sent += 1
+        if self.sent > self.after and (self.sent - self.after) % self.every == 0:
+            self.dropped += 1
+            return True
+        return False
+
+    def on_data(self, pad: Gst.Pad, info: Gst.PadProbeInfo) -> Gst.PadProbeReturn:
+        if self._pushing:
+            return Gst.PadProbeReturn.OK
+        if not info.type & Gst.PadProbeType.BUFFER_LIST:
+            return Gst.PadProbeReturn.DROP if self._lose_next() else Gst.PadProbeReturn.OK
+        packets = info.get_buffer_list()
+        kept = [packets.get(i) for i in range(packets.length()) if not self._lose_next()]
+        if len(kept) == packets.length():
+            return Gst.PadProbeReturn.OK
+        if kept:
+            rest = Gst.BufferList.new_sized(len(kept))
+            for packet in kept:
+                rest.insert(-1, packet)
+            self._pushing = True
+            try:
+                pad.push_list(rest)
+            finally:
+                self._pushing = False
+        return Gst.PadProbeReturn.DROP
+
+
 class LoopingFactory(GstRtspServer.RTSPMediaFactory):
-    def __init__(self, units: list[AccessUnit], caps: str, clip_ns: int, loop: bool) -> None:
+    def __init__(
+        self,
+        units: list[AccessUnit],
+        caps: str,
+        clip_ns: int,
+        loop: bool,
+        drop_rtp: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__()
         self.units = units
         self.clip_ns = clip_ns
         self.loop = loop
+        self.drop_rtp = drop_rtp
         self.set_launch(
             f'( appsrc name=src format=time max-buffers=16 block=false caps="{caps}" ! '
             "h264parse ! rtph264pay name=pay0 pt=96 config-interval=1 )"
@@ -163,8 +213,15 @@ class LoopingFactory(GstRtspServer.RTSPMediaFactory):
         src = media.get_element().get_by_name_recurse_up("src")
         feeder = LoopingSource(self.units, self.clip_ns, self.loop)
         src.connect("need-data", feeder.on_need_data)
-        # Keep the feeder alive as long as the media lives.
+        # Keep the feeder (and the dropper) alive as long as the media lives.
         media._vdet_feeder = feeder  # type: ignore[attr-defined]
+        if self.drop_rtp is not None:
+            dropper = RtpDropper(*self.drop_rtp)
+            pay = media.get_element().get_by_name_recurse_up("pay0")
+            pay.get_static_pad("src").add_probe(
+                Gst.PadProbeType.BUFFER | Gst.PadProbeType.BUFFER_LIST, dropper.on_data
+            )
+            media._vdet_dropper = dropper  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="cam", help="mount path: rtsp://host:port/<name>")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--no-loop", action="store_true", help="end the stream after one pass")
+    parser.add_argument(
+        "--drop-rtp",
+        nargs=2,
+        type=int,
+        metavar=("EVERY", "AFTER"),
+        help="drop every EVERY-th RTP packet of a session after its first AFTER",
+    )
     args = parser.parse_args(argv)
 
     Gst.init(None)
@@ -182,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     server = GstRtspServer.RTSPServer()
     server.set_address(args.host)
     server.set_service(str(args.port))
-    factory = LoopingFactory(units, caps, clip_ns, loop=not args.no_loop)
+    drop_rtp = (args.drop_rtp[0], args.drop_rtp[1]) if args.drop_rtp else None
+    factory = LoopingFactory(units, caps, clip_ns, loop=not args.no_loop, drop_rtp=drop_rtp)
     server.get_mount_points().add_factory(f"/{args.name}", factory)
     if server.attach(None) == 0:
         print(f"cannot listen on {args.host}:{args.port}", file=sys.stderr, flush=True)
