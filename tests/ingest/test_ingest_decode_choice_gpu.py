@@ -125,6 +125,36 @@ def test_frames_lost_on_an_rtsp_camera_are_dropped_on_nvdec(
     assert set(kinds) == {"gpu"}
 
 
+def test_rtp_packets_lost_on_an_rtsp_camera_are_dropped_on_nvdec(
+    rtsp_server_factory: Any, h264_clip: Path
+) -> None:
+    """The real RTSP camera losing every 61st RTP packet, inside pictures as well: NVDEC
+    conceals what it lacks and says nothing, so the reader's relay reads the RTP sequence
+    numbers. Every frame handed on (over the clip's first pass) is bit for bit NVDEC's decode
+    of the whole clip; the rest are reported with the RTP reason."""
+    clean, _, _ = _read(NvdecSourceReader(str(h264_clip), strict=True))
+    camera = rtsp_server_factory(h264_clip, drop_rtp=(61, 40))
+    reader = NvdecSourceReader(camera.url, strict=True)
+    kept = wrong = 0
+    reasons: set[str] = set()
+    with reader:
+        reader.open()
+        for item in reader.frames():
+            if isinstance(item, DamagedFrame):
+                reasons.add(item.message.split(": ", 1)[1].split(";")[0])
+                continue
+            assert isinstance(item, GpuVideoFrame), item
+            assert item.pts_seconds is not None
+            if item.pts_seconds >= 3.9:  # the clip's first pass (4 s) is compared
+                break
+            item.wait(torch.cuda.current_stream())
+            digest = hashlib.sha1(item.nv12.cpu().numpy().tobytes()).digest()
+            wrong += clean[round(item.pts_seconds, 3)] != digest
+            kept += 1
+    assert kept >= 20 and wrong == 0, (kept, wrong, reasons)
+    assert "1 RTP packet(s) missing from the camera's sequence" in reasons, reasons
+
+
 def test_a_stream_moves_to_the_cpu_and_back_at_new_sequences(tmp_path: Path) -> None:
     parts = [("libx264", "yuv420p"), ("libx264", "yuv420p10le"), ("libx264", "yuv420p")]
     path = write_format_sequence_ts(tmp_path / "switch.ts", parts)

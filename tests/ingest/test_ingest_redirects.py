@@ -113,7 +113,7 @@ def test_an_rtsp_redirect_to_a_refused_host_is_never_contacted(outsider: Listene
     assert outsider.connections == 0
 
 
-def test_an_rtsp_redirect_to_an_allowed_camera_is_followed_through_the_guard(
+def test_an_rtsp_redirect_to_an_allowed_camera_is_followed_through_the_relay(
     rtsp_server_factory: Callable[[Path], RtspServer], faststart_clip: Path
 ) -> None:
     camera = rtsp_server_factory(faststart_clip)
@@ -125,7 +125,7 @@ def test_an_rtsp_redirect_to_an_allowed_camera_is_followed_through_the_guard(
     assert first_frames(url, SourcePolicy(), count=10) == 10
 
 
-def test_the_guard_passes_a_camera_through_whole(
+def test_the_relay_passes_a_camera_through_whole(
     rtsp_server_factory: Callable[[Path], RtspServer], faststart_clip: Path
 ) -> None:
     camera = rtsp_server_factory(faststart_clip)

@@ -18,11 +18,13 @@ later sequence NVDEC takes moves the stream back.
 Damage is tracked as on the CPU path (vdet.ingest.reader.CpuDecoding) with the signals NVDEC's
 path has: the demuxer's corrupt-packet flags (an MPEG-TS continuity error, say), H.264
 pictures that follow lost reference pictures (frame_num, vdet.ingest.reference_chain: whole
-frames lost on an RTSP link) and NVDEC failures damage the reference chain until the next
-intact keyframe packet; each decoded frame
-carries the state of its own packet (by presentation time, so reordered B-frames too), and the
-frames of a damaged chain are reported and dropped unless passed. NVDEC's per-picture decode
-status (concealed errors inside a slice) is not reachable through PyNvVideoCodec 2.2.
+frames lost on an RTSP link), RTP packets missing from an RTSP camera's sequence (read on the
+way by vdet.ingest.rtsp_relay: losses inside a picture, which FFmpeg's decoder would flag on
+the CPU path) and NVDEC failures damage the reference chain until the next intact keyframe
+packet; each decoded frame carries the state of its own packet (by presentation time, so
+reordered B-frames too), and the frames of a damaged chain are reported and dropped unless
+passed. NVDEC's per-picture decode status (concealed errors inside a slice) is not reachable
+through PyNvVideoCodec 2.2.
 
 `select_reader` is the one place that decides: decoder "cpu" -> `SourceReader`; "nvdec" ->
 `NvdecSourceReader` or an error when NVDEC is missing; "auto" -> NVDEC when `nvdec_available()`
@@ -63,6 +65,7 @@ from vdet.ingest.nvdec import (
     nvdec_available,
 )
 from vdet.ingest.reader import CpuDecoding, DecodeError, SourceError, SourceReader, StreamInfo
+from vdet.ingest.rtsp_relay import RtpLoss
 from vdet.ingest.urls import SourcePolicy
 
 log = logging.getLogger(__name__)
@@ -148,6 +151,8 @@ class NvdecSourceReader(SourceReader):
         self.format: VideoFormat | None = None  # the current sequence's, when FFmpeg told
         self.decoder_switches = 0
         self.decoder: NvdecDecoder | None = None
+        # NVDEC flags no concealed loss: RTP gaps are read on the way instead (RTSP only).
+        self.watch_rtp = True
 
     @property
     def on_cpu(self) -> bool:
@@ -321,6 +326,7 @@ class _NvdecDecoding:
         self.damage: str | None = None  # why the reference chain of the packets fed is damaged
         self._awaited: dict[int, str | None] = {}  # pts -> its packet's damage
         self._last_corrupt = False
+        self._rtp_losses: list[RtpLoss] = []  # seen on the way, their pictures not yet fed
 
     def annex_b(self, packet: av.Packet[Any]) -> list[bytes]:
         if not self.length_prefixed:
@@ -332,6 +338,18 @@ class _NvdecDecoding:
             self._annexb_pass = self.timeline.pass_index
         assert self._annexb is not None
         return [bytes(unit) for unit in self._annexb.filter(packet)]
+
+    def _rtp_lost(self, pts: int | None) -> int:
+        """RTP packets lost in or before the picture of the packet with `pts`: the losses
+        whose first damaged picture (its RTP time, which is the packet's pts) is this one or
+        an earlier one; all of them when the packet has no pts."""
+        self._rtp_losses += self.reader.rtp_losses()
+        lost = 0
+        while self._rtp_losses and (
+            pts is None or self._rtp_losses[0].ticks <= pts or len(self._rtp_losses) > _MAX_AWAITED
+        ):
+            lost += self._rtp_losses.pop(0).packets
+        return lost
 
     def _decoder(self) -> NvdecDecoder:
         if self.reader.decoder is None:
@@ -367,6 +385,9 @@ class _NvdecDecoding:
                 gap = cpu.chain_gap(unit)
                 if gap is not None:
                     self.damage = gap
+        lost = self._rtp_lost(packet.pts)
+        if lost:
+            self.damage = f"{lost} RTP packet(s) missing from the camera's sequence"
         if packet.pts is not None:
             self._awaited[packet.pts] = self.damage
             while len(self._awaited) > _MAX_AWAITED:

@@ -41,8 +41,9 @@ import numpy as np
 from vdet.core.redact import redact
 from vdet.core.types import ImageArray, VideoFrame
 from vdet.ingest.decode_choice import DecodeChoice
-from vdet.ingest.redirects import RedirectError, RtspGuard, check_redirect, http_location
+from vdet.ingest.redirects import RedirectError, check_redirect, http_location
 from vdet.ingest.reference_chain import ReferenceChain
+from vdet.ingest.rtsp_relay import RtpLoss, RtspRelay
 from vdet.ingest.urls import SourcePolicy, ffmpeg_whitelists, is_network_url
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ def _scheme_options(url: str, read_timeout_s: float) -> dict[str, str]:
     if scheme in ("rtsp", "rtsps"):
         return {
             "rtsp_transport": "tcp",  # interleaved over the RTSP connection: no UDP loss
+            # Video only: no audio over the link, and the video's pts is its RTP time (what
+            # vdet.ingest.rtsp_relay's losses are told in; with a second stream FFmpeg would
+            # move to the RTCP wall clock).
+            "allowed_media_types": "video",
             "timeout": microseconds(read_timeout_s),
             # Do not hold probe packets back: a live view wants the newest data first.
             "fflags": "nobuffer",
@@ -258,7 +263,10 @@ class SourceReader:
         self.pacing_resets = 0
         self.pacing_lag_dropped_s = 0.0
         self._container: av.container.InputContainer | None = None
-        self._guard: RtspGuard | None = None
+        # Through a relay that reads the RTP sequence numbers (vdet.ingest.rtsp_relay), for a
+        # reader that has no decoder of its own to flag concealed losses (NVDEC's).
+        self.watch_rtp = False
+        self._relay: RtspRelay | None = None
         self._stream: av.VideoStream | None = None
         self._thread: int | None = None
         # Called with every video packet (size > 0) and its arrival time, on the demuxing
@@ -340,14 +348,20 @@ class SourceReader:
         timeout = (self.connect_timeout_s, self.read_timeout_s) if self.live else None
         options = open_options(url, self.read_timeout_s)
         target = url
-        if self.policy is not None and self.live:
-            if url.lower().startswith("http"):
-                options["max_redirects"] = "0"  # vdet follows them itself, checked
-            elif self.policy.hosts is not None:  # rtsp(s) to restricted hosts
-                self._close_guard()
-                self._guard = RtspGuard(url, self.connect_timeout_s)
-                target = self._guard.local_url
+        if self.live and url.lower().startswith("rtsp"):
+            restricted = self.policy is not None and self.policy.hosts is not None
+            if restricted or self.watch_rtp:
+                self._close_relay()
+                self._relay = RtspRelay(
+                    url,
+                    self.connect_timeout_s,
+                    refuse_redirects=restricted,  # vdet follows them itself, checked
+                    watch_rtp=self.watch_rtp,
+                )
+                target = self._relay.local_url
                 options = open_options(target, self.read_timeout_s)
+        elif self.policy is not None and self.live and url.lower().startswith("http"):
+            options["max_redirects"] = "0"  # vdet follows them itself, checked
         return av.open(target, mode="r", container_options=options, timeout=timeout)
 
     def _redirect_of(self, url: str) -> str | None:
@@ -356,16 +370,22 @@ class SourceReader:
             return None
         if url.lower().startswith("http"):
             return http_location(url, self.connect_timeout_s)
-        guard, self._guard = self._guard, None
-        if guard is None:
+        relay, self._relay = self._relay, None
+        if relay is None:
             return None
-        guard.close()
-        return guard.location
+        relay.close()
+        return relay.location
 
-    def _close_guard(self) -> None:
-        guard, self._guard = self._guard, None
-        if guard is not None:
-            guard.close()
+    def _close_relay(self) -> None:
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            relay.close()
+
+    def rtp_losses(self) -> list[RtpLoss]:
+        """RTP packets lost on the way from an RTSP camera since the last call, when
+        `watch_rtp` is set (vdet.ingest.rtsp_relay); else none are seen."""
+        relay = self._relay
+        return relay.take_losses() if relay is not None else []
 
     def frames(self, first_index: int = 0) -> Iterator[VideoFrame | DecodeError]:
         """Decoded frames (and decode errors, which do not end the iteration) until the end.
@@ -463,7 +483,7 @@ class SourceReader:
 
     def close(self) -> None:
         """Release the connection; call it from the thread that opened. Idempotent."""
-        self._close_guard()
+        self._close_relay()
         container, self._container = self._container, None
         self._stream = None
         try:
