@@ -17,7 +17,8 @@
 #   serve     the worker-process GPU tests, then vdet bench serve (worker processes; one
 #             worker killed mid-window at 64 streams)
 #   media     bench/gpu/media_matrix.py: the media robustness matrix through vdet serve,
-#             gpu.decoder auto (NVDEC) beside gpu.decoder cpu
+#             gpu.decoder auto (NVDEC) beside gpu.decoder cpu (after the GPU tests named in
+#             $VDET_MEDIA_TESTS, if any)
 #   tenbit    vdet bench serve, paced, on the sample clip as 8-bit and as 10-bit HEVC (IPPP):
 #             streams per GPU with NVDEC's NV12 vs P016 surfaces, same server, same counts
 #   ceiling   vdet bench serve --find-ceiling from $VDET_CEILING_MIN (112) by 16 to
@@ -120,11 +121,16 @@ echo "install: $((SECONDS - started)) s"
 
 case $phase in
 media)
+  # $VDET_MEDIA_TESTS: GPU test files to run first (the decoder's own tests), same install.
   install_venv  # the matrix runs the installed `vdet serve`
-  timeout 560 python3 bench/gpu/media_matrix.py --out "$OUT/media.json" --frames 150 \
-    --timeout 200 >"$OUT/media.log" 2>&1
+  if [ -n "${VDET_MEDIA_TESTS:-}" ]; then
+    VDET_GPU_TESTS=$VDET_MEDIA_TESTS gpu_tests 240
+  fi
+  unset VDET_MEDIA_TESTS
+  timeout $((570 - (SECONDS - started))) python3 bench/gpu/media_matrix.py \
+    --out "$OUT/media.json" --frames 150 --timeout 200 >"$OUT/media.log" 2>&1
   echo "media rc=$? ($((SECONDS - started)) s)"
-  tail -n 17 "$OUT/media.log"
+  tail -n 25 "$OUT/media.log"
   ;;
 ceiling)
   low=${VDET_CEILING_MIN:-112} high=${VDET_CEILING_MAX:-192}
