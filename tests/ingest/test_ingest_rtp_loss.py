@@ -20,11 +20,13 @@ import av
 import numpy as np
 import pytest
 from support.fake_nvc import FakeNvc
+from support.redirecting import rtsp_redirector
 from support.rtsp import RtspServerFactory
 
 from vdet.ingest.nvdec_reader import NvdecSourceReader
 from vdet.ingest.reader import DamagedFrame, DecodeError, SourceReader
 from vdet.ingest.rtsp_relay import RtpLoss, RtspRelay, _Sequence
+from vdet.ingest.urls import SourcePolicy
 
 LOSSY = (61, 40)  # every 61st RTP packet of a session after its first 40
 
@@ -171,3 +173,16 @@ def test_hostile_frames_cost_nothing_and_end_the_connection_cleanly() -> None:
                 pass
         relay.close()
         assert all(loss.packets < 0x8000 for loss in relay.take_losses())
+
+
+def test_a_redirected_camera_is_watched_through_a_new_relay(
+    rtsp_server_factory: RtspServerFactory, h264_clip: Path
+) -> None:
+    """A camera behind an RTSP redirect, read by the NVDEC path under a policy that allows
+    every host: vdet follows the redirect itself, so the camera it lands on is read through
+    a relay too and its losses are seen."""
+    camera = rtsp_server_factory(h264_clip, drop_rtp=LOSSY)
+    url = rtsp_redirector("127.0.0.1", camera.url)
+    reader = NvdecSourceReader(url, nvc=FakeNvc(), device="cpu", policy=SourcePolicy())
+    reasons = {str(item) for index, item in _read(reader, 150) if index is None}
+    assert any("RTP packet(s) missing from the camera's sequence" in r for r in reasons), reasons

@@ -289,6 +289,9 @@ def _probe_format(codec: str, units: list[bytes]) -> VideoFormat | None:
     return format_of(codec, context.pix_fmt, context.width, context.height)
 
 
+# RTP losses whose picture has not come yet; more (a pts that never reaches them) are taken
+# at once.
+_MAX_PENDING_LOSSES = 64
 # Frames fed to NVDEC whose output is awaited, by presentation time: enough for any
 # reordering depth; older entries (frames the decoder never returned) are forgotten.
 _MAX_AWAITED = 64
@@ -346,7 +349,9 @@ class _NvdecDecoding:
         self._rtp_losses += self.reader.rtp_losses()
         lost = 0
         while self._rtp_losses and (
-            pts is None or self._rtp_losses[0].ticks <= pts or len(self._rtp_losses) > _MAX_AWAITED
+            pts is None
+            or self._rtp_losses[0].ticks <= pts
+            or len(self._rtp_losses) > _MAX_PENDING_LOSSES
         ):
             lost += self._rtp_losses.pop(0).packets
         return lost

@@ -352,10 +352,12 @@ class SourceReader:
             restricted = self.policy is not None and self.policy.hosts is not None
             if restricted or self.watch_rtp:
                 self._close_relay()
+                # With a policy vdet follows redirects itself, checked, through a new relay
+                # (FFmpeg would resolve a relative one against the relay's address).
                 self._relay = RtspRelay(
                     url,
                     self.connect_timeout_s,
-                    refuse_redirects=restricted,  # vdet follows them itself, checked
+                    refuse_redirects=self.policy is not None,
                     watch_rtp=self.watch_rtp,
                 )
                 target = self._relay.local_url
