@@ -34,6 +34,8 @@
 # python-multipart, annotated-doc, opentelemetry-api, click, tqdm) and what vdet.config needs
 # (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
 # python-dotenv); ultralytics only for the peer runs of `streams` and `pipeline`.
+# bench/gpu/repack_wheels.py recompresses them with LZMA (pip installs such wheels) to travel in
+# less space.
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
