@@ -49,6 +49,7 @@ OUT=/tmp/vdet-out
 mkdir -p "$OUT"
 pack() { [ -n "$DEST" ] && tar czf "$DEST/results-$phase.tgz" -C "$OUT" . ; }
 trap pack EXIT
+trap 'exit 143' TERM  # stopped from outside: still pack what is there
 camera=/tmp/rtsp-camera/rtsp-camera/python3
 if [ "$phase" = camera ]; then
   rm -rf /tmp/rtsp-camera && mkdir -p /tmp/rtsp-camera &&
@@ -124,12 +125,15 @@ echo "install: $((SECONDS - started)) s"
 case $phase in
 media)
   # $VDET_MEDIA_TESTS: GPU test files to run first (the decoder's own tests), same install.
+  # $VDET_MEDIA_BUDGET_S: the seconds the phase may take (default 570).
+  budget=${VDET_MEDIA_BUDGET_S:-570}
+  unset VDET_MEDIA_BUDGET_S
   install_venv  # the matrix runs the installed `vdet serve`
   if [ -n "${VDET_MEDIA_TESTS:-}" ]; then
     VDET_GPU_TESTS=$VDET_MEDIA_TESTS gpu_tests 240
   fi
   unset VDET_MEDIA_TESTS
-  timeout $((570 - (SECONDS - started))) python3 bench/gpu/media_matrix.py \
+  timeout $((budget - (SECONDS - started))) python3 bench/gpu/media_matrix.py \
     --out "$OUT/media.json" --frames 150 --timeout 200 >"$OUT/media.log" 2>&1
   echo "media rc=$? ($((SECONDS - started)) s)"
   tail -n 25 "$OUT/media.log"
