@@ -151,7 +151,7 @@ def make_cases(folder: Path, frames: int, only: list[str] | None) -> dict[str, d
     source = sample_clip()
     made: dict[str, dict[str, Any]] = {}
     for index, (name, (maker, size)) in enumerate(_cases().items()):
-        if only and name not in only:
+        if only and not any(word in name for word in only):
             continue
         path = folder / f"case{index:02d}{_suffix(name)}"
         started = time.monotonic()
@@ -393,7 +393,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--frames", type=int, default=150)
     parser.add_argument("--decoders", nargs="+", default=["auto", "cpu"])
-    parser.add_argument("--only", nargs="*", help="case names (default: all)")
+    parser.add_argument(
+        "--only", nargs="*", help="cases whose name contains one of these words (default: all)"
+    )
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per server")
     parser.add_argument(
         "--rtsp-python",

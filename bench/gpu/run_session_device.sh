@@ -126,15 +126,17 @@ case $phase in
 media)
   # $VDET_MEDIA_TESTS: GPU test files to run first (the decoder's own tests), same install.
   # $VDET_MEDIA_BUDGET_S: the seconds the phase may take (default 570).
-  budget=${VDET_MEDIA_BUDGET_S:-570}
-  unset VDET_MEDIA_BUDGET_S
+  # $VDET_MEDIA_ARGS: more arguments for media_matrix.py (e.g. --only NAME...).
+  budget=${VDET_MEDIA_BUDGET_S:-570} extra=${VDET_MEDIA_ARGS:-}
+  unset VDET_MEDIA_BUDGET_S VDET_MEDIA_ARGS
   install_venv  # the matrix runs the installed `vdet serve`
   if [ -n "${VDET_MEDIA_TESTS:-}" ]; then
     VDET_GPU_TESTS=$VDET_MEDIA_TESTS gpu_tests 240
   fi
   unset VDET_MEDIA_TESTS
+  # shellcheck disable=SC2086  # $extra: words
   timeout $((budget - (SECONDS - started))) python3 bench/gpu/media_matrix.py \
-    --out "$OUT/media.json" --frames 150 --timeout 200 >"$OUT/media.log" 2>&1
+    --out "$OUT/media.json" --frames 150 --timeout 200 $extra >"$OUT/media.log" 2>&1
   echo "media rc=$? ($((SECONDS - started)) s)"
   tail -n 25 "$OUT/media.log"
   ;;
