@@ -126,12 +126,13 @@ case $phase in
 media)
   # $VDET_MEDIA_TESTS: GPU test files to run first (the decoder's own tests), same install.
   # $VDET_MEDIA_BUDGET_S: the seconds the phase may take (default 570).
-  # $VDET_MEDIA_ARGS: more arguments for media_matrix.py (e.g. --only NAME...).
+  # $VDET_MEDIA_ARGS: more arguments for media_matrix.py (e.g. --only rtsp). The tests take at
+  # most half the budget.
   budget=${VDET_MEDIA_BUDGET_S:-570} extra=${VDET_MEDIA_ARGS:-}
   unset VDET_MEDIA_BUDGET_S VDET_MEDIA_ARGS
   install_venv  # the matrix runs the installed `vdet serve`
   if [ -n "${VDET_MEDIA_TESTS:-}" ]; then
-    VDET_GPU_TESTS=$VDET_MEDIA_TESTS gpu_tests 240
+    VDET_GPU_TESTS=$VDET_MEDIA_TESTS gpu_tests $((budget / 2))
   fi
   unset VDET_MEDIA_TESTS
   # shellcheck disable=SC2086  # $extra: words
