@@ -151,8 +151,9 @@ def test_rtp_packets_lost_on_an_rtsp_camera_are_dropped_on_nvdec(
             digest = hashlib.sha1(item.nv12.cpu().numpy().tobytes()).digest()
             wrong += clean[round(item.pts_seconds, 3)] != digest
             kept += 1
-    # A loss every ~10 pictures of 30-picture GOPs leaves the few frames between a keyframe and
-    # the GOP's first loss: 15 of the first pass on an H100; the floor keeps the check from being empty.
+    # A loss every ~10 pictures of 30-picture GOPs leaves the few frames between a keyframe
+    # and the GOP's first loss: 15 of the first pass on an H100; the floor keeps the check
+    # from passing on nothing.
     assert kept >= 10 and wrong == 0, (kept, wrong, reasons)
     assert "1 RTP packet(s) missing from the camera's sequence" in reasons, reasons
 
