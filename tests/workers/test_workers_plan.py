@@ -28,6 +28,12 @@ def settings(**values: object) -> Settings:
         # GPUs: the per-GPU cap over the GPUs the workers use.
         ({"max_streams": 64, "gpu": {"max_streams_per_gpu": 20}}, 2, 40),
         ({"max_streams": 64, "gpu": {"max_streams_per_gpu": 20}}, 4, 64),
+        # auto carries max_streams past its 16 processes a GPU: they take more streams each.
+        ({"max_streams": 161}, 1, 161),
+        ({"max_streams": 1024, "workers": {"streams_per_process": 1}}, 1, 1024),
+        ({"max_streams": 400}, 2, 400),
+        # A number of processes keeps streams_per_process as set.
+        ({"max_streams": 161, "workers": {"processes": 16}}, 1, 128),
     ],
 )
 def test_what_a_server_can_run(values: dict[str, object], gpus: int, expected: int) -> None:

@@ -22,7 +22,8 @@ class WorkerSettings(Strict):
         default="auto",
         description="Worker processes per GPU (GPU backends), or in all (CPU). 0 runs every "
         "stream inside the API process. auto: on a GPU node, enough per GPU for that GPU's "
-        "share of max_streams at streams_per_process each; on the CPU, 0.",
+        "share of max_streams at streams_per_process each (at most 16 per GPU, which then take "
+        "more streams each); on the CPU, 0.",
     )
     streams_per_process: int = Field(
         default=8,

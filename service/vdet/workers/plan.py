@@ -7,8 +7,10 @@ Rules (`workers.processes`):
 - 0: every stream runs inside the API process (one interpreter, as before worker processes).
 - a number N: N processes per GPU on a GPU node, N in all on the CPU.
 - auto: on a GPU node, per GPU enough processes for that GPU's share of `max_streams` at
-  `streams_per_process` each; on the CPU, 0 (ONNX Runtime already spreads one frame over every
-  core, and a laptop's demo needs no second interpreter).
+  `streams_per_process` each, at most MAX_AUTO_PROCESSES_PER_GPU; where that many cannot carry
+  the share at `streams_per_process`, each takes more, so that auto always carries
+  `max_streams`. On the CPU, 0 (ONNX Runtime already spreads one frame over every core, and a
+  laptop's demo needs no second interpreter).
 A GPU node is one with a visible NVIDIA GPU and a backend other than onnxruntime.
 
 Spares (`workers.spares`): idle worker processes, started like the others, that take a dead
@@ -92,15 +94,20 @@ def plan_workers(
                     f"gpu.devices {missing} do not exist; this node has {count} GPU(s)"
                 )
     if gpus:
+        per_process = w.streams_per_process
         if w.processes == "auto":
             share = math.ceil(settings.max_streams / len(gpus))
-            per_gpu = min(MAX_AUTO_PROCESSES_PER_GPU, math.ceil(share / w.streams_per_process))
+            per_gpu = min(MAX_AUTO_PROCESSES_PER_GPU, math.ceil(share / per_process))
+            # Past the process cap the workers take more streams each rather than refuse the
+            # streams max_streams admits (at 160 streams a GPU: 10 each instead of a limit
+            # of 128).
+            per_process = max(per_process, math.ceil(share / per_gpu))
         else:
             per_gpu = w.processes
         # Workers of a GPU are numbered together, so a GPU's workers sit side by side.
         return WorkerPlan(
             gpus=tuple(g for g in gpus for _ in range(per_gpu)),
-            streams_per_process=w.streams_per_process,
+            streams_per_process=per_process,
             spare_gpus=tuple(g for g in gpus for _ in range(_spares(settings, per_gpu))),
         )
     processes = 0 if w.processes == "auto" else w.processes
