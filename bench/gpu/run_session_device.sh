@@ -88,6 +88,33 @@ install_venv() {
   export PATH="/tmp/venv/bin:$PATH"
 }
 
+# profile_servers SECONDS: beside `vdet bench serve`, for each `vdet serve` it starts (3 at
+# most): once the GPU reports work (the streams run), py-spy samples the server and its worker
+# processes for SECONDS into $OUT/pyspy-<i>.txt (collapsed stacks, one line per stack and
+# thread, with its process). Needs py-spy among the wheels; without it, does nothing.
+profile_servers() {
+  command -v py-spy >/dev/null || { echo "no py-spy: no profile"; return; }
+  local seen="" pid i util
+  for i in 1 2 3; do
+    pid=""
+    for _ in $(seq 1 300); do
+      pid=$(pgrep -f "serve --config" | grep -vxF -e "${seen:-x}" | head -n 1)
+      [ -n "$pid" ] && break
+      sleep 1
+    done
+    [ -z "$pid" ] && return
+    seen+="${seen:+$'\n'}$pid"
+    for _ in $(seq 1 240); do
+      util=$(nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits | head -n 1)
+      [ "${util:-0}" -ge 30 ] && break
+      sleep 0.5
+    done
+    sleep 4
+    timeout $(($1 + 20)) py-spy record --pid "$pid" --subprocesses --duration "$1" --rate 67 \
+      --nonblocking --format raw --output "$OUT/pyspy-$i.txt" >"$OUT/pyspy-$i.log" 2>&1
+  done
+}
+
 # gpu_tests SECONDS: pytest -m gpu on $VDET_GPU_TESTS (test files or folders, in the order
 # given), its summary printed. Default: every test file of the tree that marks tests `gpu`
 # (directly, or through the kernel tests' `harness` fixture): collecting the whole tree would
@@ -250,6 +277,8 @@ serve)
   # $VDET_SERVE_KILL_AFTER seconds (default 3) into the window; either one empty: no kill.
   # $VDET_SERVE_VARIANTS: the server configurations, ';'-separated `vdet bench serve --variant`
   # texts (default: worker processes, `auto`); $VDET_WORKERS_TESTS_S=0 skips the tests.
+  # $VDET_SERVE_PROFILE_S=N: py-spy samples each server's processes for N s once its streams
+  # run (profile_servers; py-spy's wheel in .whl/).
   # $VDET_SERVE_UNPACED=1: the streams are added unpaced (`--unpaced`: each analyses the clip
   # as fast as the server detects), after the decode-only ceiling at the first stream count
   # (bench/gpu/streams.py, NVDEC alone over 8 processes) in the same call.
@@ -258,8 +287,8 @@ serve)
   variants=${VDET_SERVE_VARIANTS:-workers:workers.processes=auto}
   streams=${VDET_SERVE_STREAMS:-64,96}
   kill_after=${VDET_SERVE_KILL_AFTER-3} kill_streams=${VDET_SERVE_KILL_STREAMS-64}
-  unpaced=${VDET_SERVE_UNPACED:-0}
-  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS \
+  unpaced=${VDET_SERVE_UNPACED:-0} profile=${VDET_SERVE_PROFILE_S:-0}
+  unset VDET_SERVE_BUDGET VDET_WORKERS_TESTS_S VDET_SERVE_STREAMS VDET_SERVE_PROFILE_S \
     VDET_SERVE_KILL_AFTER VDET_SERVE_KILL_STREAMS VDET_SERVE_VARIANTS VDET_SERVE_UNPACED
   variant_args=()
   IFS=';' read -ra variant_list <<<"$variants"
@@ -285,11 +314,14 @@ serve)
     stream_runs 90 "decode_only:${streams%%,*}:u:x8" 3
     pace_args=(--unpaced)
   fi
+  profiler=""
+  if [ "$profile" -gt 0 ]; then profile_servers "$profile" & profiler=$!; fi
   timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch \
     --streams "$streams" --duration 10 --clients 4 "${pace_args[@]}" \
     "${variant_args[@]}" \
     "${kill_args[@]}" --output "$OUT/serve.json" >"$OUT/serve.log" 2>&1
   echo "bench serve rc=$? ($((SECONDS - started)) s)"
+  [ -n "$profiler" ] && { kill "$profiler" 2>/dev/null; wait "$profiler" 2>/dev/null; }
   tail -n 25 "$OUT/serve.log"
   ;;
 *)
