@@ -23,7 +23,7 @@
 #             streams per GPU with NVDEC's NV12 vs P016 surfaces, same server, same counts
 #   ceiling   vdet bench serve --find-ceiling from $VDET_CEILING_MIN (112) by 16 to
 #             $VDET_CEILING_MAX (192) paced streams, 4 clients, worker processes, beside the
-#             decode-only ceiling of the same call
+#             decode-only ceiling of the same call, in $VDET_CEILING_BUDGET_S (570) seconds
 #   camera    only unpacks .rtsp-camera.tar.xz (bench/gpu/pack_rtsp_camera.sh: the RTSP test
 #             camera with its Python and GStreamer) to /tmp/rtsp-camera and checks it starts;
 #             the tests and media phases of later calls on the same machine use it
@@ -169,10 +169,10 @@ media)
   tail -n 25 "$OUT/media.log"
   ;;
 ceiling)
-  low=${VDET_CEILING_MIN:-112} high=${VDET_CEILING_MAX:-192}
-  unset VDET_CEILING_MIN VDET_CEILING_MAX
+  low=${VDET_CEILING_MIN:-112} high=${VDET_CEILING_MAX:-192} budget=${VDET_CEILING_BUDGET_S:-570}
+  unset VDET_CEILING_MIN VDET_CEILING_MAX VDET_CEILING_BUDGET_S
   install_venv
-  timeout 570 /tmp/venv/bin/vdet bench serve --backend torch --find-ceiling \
+  timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch --find-ceiling \
     --min-streams "$low" --max-streams "$high" --clients 4 \
     --variant "workers:workers.processes=auto" \
     --output "$OUT/ceiling.json" >"$OUT/ceiling.log" 2>&1
