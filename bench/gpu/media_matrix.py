@@ -266,7 +266,9 @@ def serve_matrix(
                 break
             except OSError:
                 if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"vdet serve ({decoder}) did not start") from None
+                    log.flush()
+                    tail = (workdir / f"serve-{decoder}.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"vdet serve ({decoder}) did not start:\n{tail}") from None
                 time.sleep(1)
         ids = {name: f"case{i:02d}" for i, name in enumerate(cases)}
         with connect(f"ws://127.0.0.1:{port}/v1/events", max_size=None) as ws:
