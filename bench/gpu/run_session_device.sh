@@ -28,14 +28,10 @@
 #             camera with its Python and GStreamer) to /tmp/rtsp-camera and checks it starts;
 #             the tests and media phases of later calls on the same machine use it
 #             ($RTSP_CAMERA_PYTHON) for their RTSP cases
-# Wheels copied into .whl/ (what the GPU image lacks): av, pynvvideocodec (slimmed: no sources,
-# samples, benchmarks or CUDA 12 build), onnx2torch, pytest-asyncio, nvidia-ml-py,
-# faster-coco-eval, the API's (fastapi, fastapi-offline, starlette, uvicorn, httptools, websockets,
-# python-multipart, annotated-doc, opentelemetry-api, click, tqdm) and what vdet.config needs
-# (pydantic, pydantic-core, pydantic-settings, typing-inspection, annotated-types,
-# python-dotenv); ultralytics only for the peer runs of `streams` and `pipeline`.
-# bench/gpu/repack_wheels.py recompresses them with LZMA (pip installs such wheels) to travel in
-# less space.
+# The wheels the GPU image lacks, in .whl/: `bash bench/gpu/gather_wheels.sh` (its list: av,
+# PyNvVideoCodec slimmed, the API's, vdet.config's, MQTT and NATS clients, ...; more named on
+# its command line, e.g. py-spy for VDET_SERVE_PROFILE_S or ultralytics for the peer runs of
+# `streams` and `pipeline`), recompressed with LZMA to travel in less space.
 # JSON and logs are written under /tmp/vdet-out; when the caller sets $OUT (a folder copied back
 # from the GPU machine, best kept to a few files), they are packed there as ONE tarball,
 # $OUT/results-<phase>.tgz. The last lines printed are a short summary.
