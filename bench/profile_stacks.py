@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-_PROCESS = re.compile(r'^process \d+:"(?P<cmd>[^"]*)"$')
+# A process's command line may hold ';' (a multiprocessing child's `-c` code does).
+_PROCESS = re.compile(r'process \d+:"(?P<cmd>[^"]*)";?')
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
 
 
@@ -49,13 +50,11 @@ def parse(lines: Iterable[str]) -> list[Stack]:
         if not head or not count.isdigit():
             continue
         processes: list[str] = []
-        frames: list[str] = []
-        for part in head.split(";"):
-            if match := _PROCESS.match(part):
-                processes.append(match["cmd"])
-            else:
-                frames.append(part)
-        stacks.append(Stack(tuple(processes), tuple(frames), int(count)))
+        while match := _PROCESS.match(head):
+            processes.append(match["cmd"])
+            head = head[match.end() :]
+        frames = tuple(head.split(";")) if head else ()
+        stacks.append(Stack(tuple(processes), frames, int(count)))
     return stacks
 
 

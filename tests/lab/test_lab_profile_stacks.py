@@ -7,7 +7,8 @@ from support.lab import load_script
 profile = load_script("profile_stacks.py")
 
 SERVER = 'process 10:"/tmp/venv/bin/python /tmp/venv/bin/vdet serve --config c.yaml"'
-WORKER = 'process 11:"/tmp/venv/bin/python -c from multiprocessing.spawn import spawn_main"'
+# A spawned worker's command line holds ';'.
+WORKER = 'process 11:"/tmp/venv/bin/python -c from multiprocessing.spawn import spawn_main; s()"'
 LINES = [
     f"{SERVER};main (vdet/cli/serve.py:10);Hub.publish (/s/vdet/results/hub.py:40) 30\n",
     f"{SERVER};{WORKER};run (/s/vdet/streams/reader.py:5);decode (/s/nvc/__init__.py:9) 50\n",
