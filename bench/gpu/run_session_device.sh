@@ -168,7 +168,8 @@ ceiling)
   low=${VDET_CEILING_MIN:-112} high=${VDET_CEILING_MAX:-192} budget=${VDET_CEILING_BUDGET_S:-570}
   unset VDET_CEILING_MIN VDET_CEILING_MAX VDET_CEILING_BUDGET_S
   install_venv
-  timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch --find-ceiling \
+  timeout $((budget - (SECONDS - started))) /tmp/venv/bin/vdet bench serve --backend torch \
+    --find-ceiling \
     --min-streams "$low" --max-streams "$high" --clients 4 \
     --variant "workers:workers.processes=auto" \
     --output "$OUT/ceiling.json" >"$OUT/ceiling.log" 2>&1
