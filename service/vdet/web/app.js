@@ -1037,7 +1037,9 @@ function drawEditor(ctx, canvas) {
 
 // --- the event history -------------------------------------------------------------------
 
-const historyState = { before: null, cursors: [], timer: 0, shots: [] };
+// `asked` counts the pages asked for: a page that comes back after a later one was asked
+// for (the newest page's poll, answered after a click on "older") is dropped, not shown.
+const historyState = { before: null, cursors: [], timer: 0, shots: [], asked: 0 };
 
 function fillStreamChoices() {
   const select = $("#history-form").elements.namedItem("stream");
@@ -1064,11 +1066,14 @@ function historyQuery() {
 
 async function loadHistory() {
   clearTimeout(historyState.timer);
+  const asked = ++historyState.asked;
   try {
     const page = await api(`/v1/events/history?${historyQuery()}`);
+    if (asked !== historyState.asked) return;
     $("#history-error").textContent = "";
     renderHistory(page);
   } catch (err) {
+    if (asked !== historyState.asked) return;
     $("#history-error").textContent = apiErrorText(err);
   }
   // The newest page follows new events; an older page stays as it is.

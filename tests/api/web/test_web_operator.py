@@ -244,16 +244,36 @@ def test_history_pages_and_filters(server: Server, page: Page) -> None:
         form.locator("select[name=stream]").select_option("busy")
         form.locator("button[type=submit]").click()
         rows = page.locator("#history tbody tr")
-        wait_until(lambda: rows.count() == 25, 10, what="a full first page")
-        first_page = [r.get_attribute("data-event-id") for r in rows.all()]
-        assert all(r.locator("td").nth(1).inner_text() == "busy" for r in rows.all())
-        page.locator("#history-older").click()
-        wait_until(
-            lambda: rows.first.get_attribute("data-event-id") not in first_page, 10, what="page 2"
+
+        def shown() -> list[tuple[int, str]]:
+            """The rows' event ids and streams, read at once in the page (the newest page is
+            polled and redrawn while new events come)."""
+            script = (
+                "() => [...document.querySelectorAll('#history tbody tr')]"
+                ".map(r => [Number(r.dataset.eventId), r.cells[1].textContent.trim()])"
+            )
+            return [(int(i), s) for i, s in page.evaluate(script)]
+
+        wait_until(lambda: len(shown()) == 25, 10, what="a full first page")
+        assert {s for _, s in shown()} == {"busy"}
+        # The page asks for the events before the cursor its newest page gave; a poll of the
+        # newest page that comes back after the click is not drawn over page 2.
+        with page.expect_request(lambda r: "before_id=" in r.url) as asked:
+            page.locator("#history-older").click()
+        cursor = re.search(r"before_id=(\d+)", asked.value.url)
+        assert cursor is not None
+        before_id = int(cursor.group(1))
+        note = page.locator("#history-note")
+        wait_until(lambda: "page 2" in note.inner_text(), 10, what="page 2")
+        page.wait_for_timeout(6_000)  # past the newest page's poll interval (5 s)
+        second = [i for i, _ in shown()]
+        assert "page 2" in note.inner_text()
+        assert second and max(second) < before_id
+        assert second == sorted(second, reverse=True)
+        expected = http_json(
+            f"{server.base_url}/v1/events/history?stream=busy&limit=25&before_id={before_id}"
         )
-        second = [int(r.get_attribute("data-event-id") or 0) for r in rows.all()]
-        assert max(second) < min(int(i or 0) for i in first_page)
-        assert "page 2" in page.locator("#history-note").inner_text()
+        assert second == [e["id"] for e in expected["events"]]
         # A snapshot of an event, fetched on demand (or said to be gone).
         rows.first.locator("td[data-label=snapshot] button").click()
         wait_until(
