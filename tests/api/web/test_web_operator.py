@@ -333,19 +333,23 @@ def test_an_event_s_clip_plays_and_seeks_in_the_page(workdir: Path, page: Page) 
         clip = clips[0]
 
         # The first page follows new events; older pages stay put: page back (as an operator
-        # looking for an earlier event would) to a row the clip holds, then play it.
-        def holds(row: Any) -> bool:
-            return (
-                clip["start_time"] <= float(row.get_attribute("data-time") or 0) <= clip["end_time"]
-            )
-
+        # looking for an earlier event would) to a row the clip holds, then play it. Rows are
+        # read at once in the page and found again by their event (the newest page is
+        # redrawn by its poll).
+        script = (
+            "() => [...document.querySelectorAll('#history tbody tr')]"
+            ".map(r => [r.dataset.eventId, Number(r.dataset.time)])"
+        )
         covered = None
         for _ in range(40):
             older = page.locator("#history-older")
             if older.is_enabled():
                 older.click()
                 page.wait_for_timeout(300)
-            covered = next((r for r in history.all() if holds(r)), None)
+            start, end = clip["start_time"], clip["end_time"]
+            event_id = next((i for i, t in page.evaluate(script) if start <= t <= end), None)
+            if event_id is not None:
+                covered = page.locator(f'#history tbody tr[data-event-id="{event_id}"]')
             if covered is not None or not older.is_enabled():
                 break
         assert covered is not None, "no event of the clip in the history"
