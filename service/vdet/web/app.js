@@ -87,6 +87,10 @@ function setupKeyDialog() {
 // --- the stream list -----------------------------------------------------------------------
 
 let streams = [];
+// The stream list is asked for every second and after each change: an answer older than
+// one already shown (a slow poll overtaken by the refresh after a Remove) is not drawn.
+let streamsAsked = 0;
+let streamsShown = 0;
 let autoOpened = false;
 let offlineSince = null; // Date the server stopped answering, or null
 const countersBefore = new Map(); // id -> {processed, dropped, skipped, at}
@@ -99,8 +103,11 @@ function fmt(value, digits = 1) {
 
 async function refreshStreams() {
   if ($("#key-dialog").open) return; // waiting for the key: no point asking again
+  const asked = ++streamsAsked;
   try {
     const data = await api("/v1/streams");
+    if (asked < streamsShown) return;
+    streamsShown = asked;
     streams = data.streams;
     const now = performance.now();
     for (const s of streams) {
@@ -133,6 +140,7 @@ async function refreshStreams() {
       }
     }
   } catch (err) {
+    if (asked < streamsShown) return;
     if (err instanceof ApiError) {
       setOffline(false);
       $("#streams-error").textContent = err.message;

@@ -112,9 +112,32 @@ def test_rates_beside_totals_and_a_remove_confirmation_that_stays(
     assert "armed" in (remove.get_attribute("class") or "")
     wait_until(lambda: remove.inner_text() == "Remove", 5, what="the confirmation to expire")
     remove.click()
-    page.wait_for_timeout(1200)
+    # A poll of the list answered before the removal and arriving after it must not bring
+    # the row back: hold one answer (fetched now, with the row) on its way, remove, then let
+    # it through.
+    held: list[Any] = []
+
+    def hold(route: Any) -> None:
+        if route.request.method == "GET" and not held:
+            held.append((route, route.fetch()))
+        else:
+            route.continue_()
+
+    page.route("**/v1/streams", hold)
+    for _ in range(30):  # the list is polled every second
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "the stream list was not polled"
     remove.click()
     row(page, "spare").wait_for(state="detached", timeout=10_000)
+    late, answer = held[0]
+    assert "spare" in answer.text()
+    with page.expect_response(lambda r: r.request == late.request):
+        late.fulfill(response=answer)
+    page.unroute("**/v1/streams")
+    page.wait_for_timeout(300)  # the late answer reaches the page's handler
+    assert row(page, "spare").count() == 0
 
 
 def test_the_narrow_layout_fits_420_px(server: Server, page: Page) -> None:
@@ -256,8 +279,23 @@ def test_history_pages_and_filters(server: Server, page: Page) -> None:
 
         wait_until(lambda: len(shown()) == 25, 10, what="a full first page")
         assert {s for _, s in shown()} == {"busy"}
-        # The page asks for the events before the cursor its newest page gave; a poll of the
-        # newest page that comes back after the click is not drawn over page 2.
+        # The newest page's next poll is answered, and the answer held on its way until page
+        # 2 is drawn, then let through: it must not be drawn over page 2.
+        held: list[Any] = []
+
+        def hold(route: Any) -> None:
+            if "before_id=" in route.request.url or held:
+                route.continue_()
+            else:
+                held.append((route, route.fetch()))
+
+        page.route("**/v1/events/history?*", hold)
+        for _ in range(100):  # the poll comes within 5 s (the page's handlers run while waiting)
+            if held:
+                break
+            page.wait_for_timeout(100)
+        assert held, "the newest page was not polled"
+        # The page asks for the events before the cursor its newest page gave.
         with page.expect_request(lambda r: "before_id=" in r.url) as asked:
             page.locator("#history-older").click()
         cursor = re.search(r"before_id=(\d+)", asked.value.url)
@@ -265,7 +303,11 @@ def test_history_pages_and_filters(server: Server, page: Page) -> None:
         before_id = int(cursor.group(1))
         note = page.locator("#history-note")
         wait_until(lambda: "page 2" in note.inner_text(), 10, what="page 2")
-        page.wait_for_timeout(6_000)  # past the newest page's poll interval (5 s)
+        late, answer = held[0]
+        with page.expect_response(lambda r: r.request == late.request):
+            late.fulfill(response=answer)
+        page.unroute("**/v1/events/history?*")
+        page.wait_for_timeout(500)  # the late answer reaches the page's handler
         second = [i for i, _ in shown()]
         assert "page 2" in note.inner_text()
         assert second and max(second) < before_id
