@@ -32,3 +32,21 @@ def test_a_source_the_policy_refuses_never_reaches_a_worker(tmp_path: Path) -> N
     with pytest.raises(LimitError):
         pool.add(StreamSpec(id="a", url="rtsp://127.0.0.1:8554/cam"))
     assert len(pool) == 0
+
+
+@pytest.mark.parametrize(
+    ("per_process", "named"),
+    [
+        (8, "(workers.streams_per_process)"),
+        (10, "(max_streams over the GPU's worker processes, workers.processes auto)"),
+    ],
+)
+def test_a_full_gpu_says_what_set_each_worker_s_share(per_process: int, named: str) -> None:
+    # A worker's share is workers.streams_per_process (8 by default) unless `auto` raised it
+    # to carry max_streams; the refusal names the one that applies. No worker process runs
+    # here, so the GPU's only worker is never open.
+    plan = WorkerPlan(gpus=(0,), streams_per_process=per_process)
+    pool = WorkerPool(Settings(), plan, ResultsHub(), Metrics(), open_worker_streams)
+    with pytest.raises(LimitError) as refused:
+        pool.add(StreamSpec(id="a", url="rtsp://127.0.0.1:8554/cam"))
+    assert f"of GPU 0 already has {per_process} stream(s) {named}" in str(refused.value)

@@ -658,10 +658,14 @@ class WorkerPool:
         open_workers = [w for w in candidates if w.alive and load[w.index] < per_process]
         if not open_workers:
             where = "" if not gpus else f" of GPU {gpu}"
+            if per_process == self._settings.workers.streams_per_process:
+                share = "workers.streams_per_process"
+            else:  # `auto` raised the share past the process cap (vdet.workers.plan)
+                share = "max_streams over the GPU's worker processes, workers.processes auto"
             raise LimitError(
                 f"every running worker process{where} already has {per_process} stream(s) "
-                f"(workers.streams_per_process) or is restarting; delete a stream or start "
-                f"more worker processes (workers.processes)"
+                f"({share}) or is restarting; delete a stream or start more worker "
+                f"processes (workers.processes)"
             )
         return min(open_workers, key=lambda w: (load[w.index], w.index))
 
